@@ -1,0 +1,124 @@
+"""The Python-level half of the emulated device.
+
+A ``TorchFunctionMode`` that (1) remembers which Python API is running, so each
+event can name it (``Tensor.__getitem__`` rather than only ``aten::nonzero``),
+and (2) handles the few calls that never reach the aten dispatcher the way the
+emulator needs: ``torch.tensor``/``as_tensor``/``Tensor.new_tensor`` and
+``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode, resolve_name
+
+from . import rules
+from .emulate import _CPU, DeviceTensor, _api_stack, record
+from .events import H2D, SYNC
+
+__all__ = ["ApiMode"]
+
+_names: dict = {}
+
+
+def api_name(func) -> str:
+    name = _names.get(func)
+    if name is None:
+        try:
+            name = resolve_name(func) or getattr(func, "__qualname__", repr(func))
+        except Exception:  # some builtins cannot be resolved; a name is only a label
+            name = getattr(func, "__qualname__", repr(func))
+        name = name.replace("torch.Tensor.", "Tensor.").replace("torch.nn.functional.", "F.")
+        _names[func] = name
+    return name
+
+
+def _is_cuda(device) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def _read_device_elements(data, api: str):
+    """Replace device tensors nested in lists/tuples by CPU copies, recording one read each."""
+    if isinstance(data, DeviceTensor):
+        record(SYNC, api, rules.PYTHON_SYNC_RULES["torch.tensor"], data, api=api)
+        return data.elem
+    if isinstance(data, (list, tuple)):
+        return type(data)(_read_device_elements(d, api) for d in data)
+    return data
+
+
+def _new_tensor(func, args, kwargs, api: str):
+    if func is torch.Tensor.new_tensor:
+        owner, data, rest = args[0], args[1], args[2:]
+        device = kwargs.pop("device", owner.device)
+        kwargs.setdefault("dtype", owner.dtype)
+        build = torch.tensor
+    else:
+        data, rest = args[0], args[1:]
+        device = kwargs.pop("device", None)
+        build = func
+    if isinstance(data, torch.Tensor):
+        # From a tensor: a device-aware conversion, which the dispatch mode records.
+        out = data if build is torch.as_tensor else data.detach().clone()
+        return out.to(device=device if device is not None else data.device, dtype=kwargs.get("dtype"))
+    host_data = _read_device_elements(data, api)
+    out = build(host_data, *rest, device=_CPU, **kwargs)
+    if _is_cuda(device):
+        # The list is turned into a tensor on the host, then copied with a blocking copy.
+        record(H2D, api, "torch.tensor(data, device='cuda') copies host data to the device", out,
+               blocking=True, pinned=False, api=api)
+        return DeviceTensor(out)
+    return out
+
+
+class _EmulatedKernel(torch.autograd.Function):
+    """Runs a function on the held CPU tensors; its backward is not emulated."""
+
+    @staticmethod
+    def forward(ctx, fn, spec, *flat):
+        plain = [a.elem if isinstance(a, DeviceTensor) else a for a in flat]
+        args, kwargs = pytree.tree_unflatten(plain, spec)
+        return DeviceTensor(fn(*args, **kwargs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "backward through scaled_dot_product_attention is not emulated by syncfree.emulate_cuda(); "
+            "run the backward pass outside the emulated device."
+        )
+
+
+def _sdpa(func, args, kwargs):
+    # On a CPU build, SDPA with a "cuda" query picks its kernel by device type before it
+    # reaches aten. Run it on the CPU tensors so the numbers match a plain CPU run.
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    for a in flat:
+        if type(a) is torch.Tensor and a.dim() > 0:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+                "cpu! (emulated CUDA, in F.scaled_dot_product_attention)"
+            )
+    return _EmulatedKernel.apply(func, spec, *flat)
+
+
+_NEW_TENSOR = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor}
+
+
+class ApiMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        stack = _api_stack()
+        name = api_name(func)
+        stack.append(name)
+        try:
+            if func in _NEW_TENSOR:
+                return _new_tensor(func, args, kwargs, name)
+            if func is F.scaled_dot_product_attention and any(
+                isinstance(a, DeviceTensor) for a in pytree.tree_leaves((args, kwargs))
+            ):
+                return _sdpa(func, args, kwargs)
+            return func(*args, **kwargs)
+        finally:
+            stack.pop()

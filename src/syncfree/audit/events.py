@@ -1,0 +1,137 @@
+"""What the auditor records: one ``Event`` per host sync or host/device copy.
+
+Both engines (emulated and real CUDA) produce the same ``Event`` records, so a
+report from a CPU-only machine can be compared line by line with one from a GPU.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+__all__ = ["Event", "Frame", "Collector", "capture_stack", "active_collectors"]
+
+SYNC, H2D, D2H = "sync", "h2d", "d2h"
+
+# Frames inside these folders are machinery, not the code a user wants to see.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_SYNCFREE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_SKIP_PREFIXES = (_TORCH_DIR, _SYNCFREE_DIR)
+_SKIP_FILES = ("contextlib.py", "<frozen", "<string>")
+_MAX_CHAIN = 16
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python source line: a file, a line number, and the function it is in."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    @property
+    def short(self) -> str:
+        """The file path from its package root on (``transformers/models/...``)."""
+        parts = self.filename.replace("\\", "/").split("/")
+        for anchor in ("site-packages", "dist-packages", "src"):
+            if anchor in parts:
+                return "/".join(parts[len(parts) - 1 - parts[::-1].index(anchor) + 1 :])
+        return "/".join(parts[-3:])
+
+    @property
+    def code(self) -> str:
+        return linecache.getline(self.filename, self.lineno).strip()
+
+    def __str__(self) -> str:
+        return f"{self.short}:{self.lineno} ({self.function})"
+
+
+def _is_machinery(filename: str) -> bool:
+    return filename.startswith(_SKIP_PREFIXES) or any(s in filename for s in _SKIP_FILES)
+
+
+def capture_stack(skip_machinery: bool = True) -> tuple[Frame, ...]:
+    """The caller chain, innermost first, without frames from torch or syncfree."""
+    frames: list[Frame] = []
+    f = sys._getframe(1)
+    while f is not None and len(frames) < _MAX_CHAIN:
+        name = f.f_code.co_filename
+        if not (skip_machinery and _is_machinery(name)):
+            frames.append(Frame(name, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return tuple(frames)
+
+
+@dataclass
+class Event:
+    """A host sync or a host/device copy, and the source line that caused it.
+
+    ``kind`` is ``"sync"`` (the host reads device data and waits for it), ``"h2d"``
+    or ``"d2h"`` (a copy). ``waits`` is true whenever the host waits for the
+    device: every sync, and every copy to the host that is not a non-blocking
+    copy into pinned memory. ``blocking`` applies to copies.
+    """
+
+    kind: str
+    op: str
+    reason: str
+    api: str | None = None
+    shapes: tuple = ()
+    nbytes: int = 0
+    blocking: bool = True
+    pinned: bool | None = None
+    waits: bool = True
+    engine: str = "emulated"
+    stack: tuple[Frame, ...] = field(default_factory=tuple)
+
+    @property
+    def where(self) -> Frame | None:
+        """The innermost source line outside torch and syncfree."""
+        return self.stack[0] if self.stack else None
+
+    @property
+    def line(self) -> str:
+        """``file:line`` of ``where``, the key reports group by."""
+        w = self.where
+        return f"{w.short}:{w.lineno}" if w else "<unknown>"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shapes"] = [list(s) for s in self.shapes]
+        d["where"] = str(self.where) if self.where else None
+        d["line"] = self.line
+        d["code"] = self.where.code if self.where else ""
+        d["stack"] = [str(f) for f in self.stack]
+        return d
+
+
+class Collector:
+    """Receives events while it is active (``start`` .. ``stop``). Thread-safe enough for one forward."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def start(self) -> None:
+        with _lock:
+            _collectors.append(self)
+
+    def stop(self) -> None:
+        with _lock:
+            if self in _collectors:
+                _collectors.remove(self)
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+
+
+_lock = threading.Lock()
+_collectors: list[Collector] = []
+
+
+def active_collectors() -> list[Collector]:
+    return _collectors

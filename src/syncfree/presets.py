@@ -1,0 +1,155 @@
+"""Model presets: the published Qwen3-VL shapes written out as config values, and a tiny one for tests.
+
+Nothing is downloaded: presets build random-weight models from these values.
+A local checkpoint folder (one holding ``config.json``) can be given instead
+of a preset name, and its weights are loaded from disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PRESETS", "Preset", "load_config", "build_model", "build_vision_model"]
+
+# Token ids shared by every published Qwen3-VL checkpoint.
+_QWEN_TOKENS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                    vision_end_token_id=151653)
+_ROPE = dict(rope_type="default", rope_theta=5_000_000, mrope_section=[24, 20, 20], mrope_interleaved=True)
+
+# Qwen/Qwen3-VL-2B-Instruct config.json (values as published).
+_QWEN3_VL_2B = dict(
+    model_type="qwen3_vl",
+    tie_word_embeddings=True,
+    **_QWEN_TOKENS,
+    vision_config=dict(
+        depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+        hidden_act="gelu_pytorch_tanh", in_channels=3, patch_size=16, temporal_patch_size=2,
+        spatial_merge_size=2, num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17],
+    ),
+    text_config=dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+        max_position_embeddings=262144, rms_norm_eps=1e-6, rope_parameters=dict(_ROPE),
+        tie_word_embeddings=True,
+    ),
+)
+
+# Qwen/Qwen3-VL-8B-Instruct config.json (values as published).
+_QWEN3_VL_8B = dict(
+    model_type="qwen3_vl",
+    tie_word_embeddings=False,
+    **_QWEN_TOKENS,
+    vision_config=dict(
+        depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+        hidden_act="gelu_pytorch_tanh", in_channels=3, patch_size=16, temporal_patch_size=2,
+        spatial_merge_size=2, num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24],
+    ),
+    text_config=dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+        max_position_embeddings=262144, rms_norm_eps=1e-6, rope_parameters=dict(_ROPE),
+        tie_word_embeddings=False,
+    ),
+)
+
+# A tiny model with the real layout rules (patch 16, temporal patch 2, merge 2, three
+# deepstack levels, interleaved M-RoPE) and small widths, for tests.
+_QWEN3_VL_TINY = dict(
+    model_type="qwen3_vl",
+    tie_word_embeddings=False,
+    image_token_id=1000, video_token_id=1001, vision_start_token_id=1002, vision_end_token_id=1003,
+    vision_config=dict(
+        depth=4, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+        hidden_act="gelu_pytorch_tanh", in_channels=3, patch_size=16, temporal_patch_size=2,
+        spatial_merge_size=2, num_position_embeddings=64, deepstack_visual_indexes=[1, 2, 3],
+    ),
+    text_config=dict(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu",
+        max_position_embeddings=4096, rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=5_000_000, mrope_section=[2, 3, 3],
+                             mrope_interleaved=True),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    values: dict
+    pad_token_id: int
+    about: str
+
+
+PRESETS: dict[str, Preset] = {
+    "qwen3-vl-tiny": Preset("qwen3-vl-tiny", _QWEN3_VL_TINY, 0, "tiny Qwen3-VL for tests (vision depth 4)"),
+    "qwen3-vl-2b": Preset("qwen3-vl-2b", _QWEN3_VL_2B, 151643, "Qwen3-VL-2B-Instruct shapes, random weights"),
+    "qwen3-vl-8b": Preset("qwen3-vl-8b", _QWEN3_VL_8B, 151643, "Qwen3-VL-8B-Instruct shapes, random weights"),
+}
+
+
+def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
+    """A Transformers config for a preset name or a local checkpoint folder.
+
+    ``text_layers`` shortens the text model (its widths stay real), so the full
+    forward of a large preset fits a small machine; the vision tower is never shortened.
+    """
+    from transformers import AutoConfig
+
+    if model in PRESETS:
+        values = copy.deepcopy(PRESETS[model].values)
+        model_type = values.pop("model_type")
+        config = AutoConfig.for_model(model_type, **values)
+        config.text_config.pad_token_id = PRESETS[model].pad_token_id
+    elif os.path.isdir(model) and os.path.exists(os.path.join(model, "config.json")):
+        config = AutoConfig.from_pretrained(model, local_files_only=True)
+    else:
+        raise ValueError(
+            f"unknown model {model!r}: give a preset ({', '.join(PRESETS)}) or a local checkpoint "
+            "folder that holds a config.json (nothing is downloaded)"
+        )
+    if text_layers is not None:
+        if text_layers < 1:
+            raise ValueError(f"text_layers must be at least 1, got {text_layers}")
+        config.text_config.num_hidden_layers = text_layers
+    config._attn_implementation = attn
+    config.vision_config._attn_implementation = attn
+    config.text_config._attn_implementation = attn
+    return config
+
+
+def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torch.dtype = torch.float32,
+                text_layers: int | None = None, seed: int = 0):
+    """A ``*ForConditionalGeneration`` model in eval mode, on the CPU.
+
+    Presets get random weights drawn from ``seed``; a checkpoint folder is loaded from disk.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    config = load_config(model, text_layers=text_layers, attn=attn)
+    if model not in PRESETS:
+        return AutoModelForImageTextToText.from_pretrained(
+            model, config=config, dtype=dtype, local_files_only=True, attn_implementation=attn
+        ).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn)
+    return m.eval()
+
+
+def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torch.dtype = torch.float32,
+                       seed: int = 0):
+    """Only the vision tower (``*VisionModel``); for a preset, without building the text model."""
+    from transformers import AutoModel
+
+    if model not in PRESETS:
+        return build_model(model, attn=attn, dtype=dtype).model.visual
+    config = load_config(model, attn=attn)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = AutoModel.from_config(config.vision_config, dtype=dtype, attn_implementation=attn)
+    return m.eval()
