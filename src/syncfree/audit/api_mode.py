@@ -66,9 +66,11 @@ def _new_tensor(func, args, kwargs, api: str):
     host_data = _read_device_elements(data, api)
     out = build(host_data, *rest, device=_CPU, **kwargs)
     if _is_cuda(device):
-        # The list is turned into a tensor on the host, then copied with a blocking copy.
-        record(H2D, api, "torch.tensor(data, device='cuda') copies host data to the device", out,
-               blocking=True, pinned=False, api=api)
+        # The list is turned into a tensor on the host, then copied with a blocking copy
+        # (CUDA skips the copy of an empty tensor).
+        if out.numel():
+                record(H2D, api, "torch.tensor(data, device='cuda') copies host data to the device", out,
+                   blocking=True, pinned=False, api=api)
         return DeviceTensor(out)
     return out
 

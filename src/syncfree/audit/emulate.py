@@ -245,6 +245,8 @@ def _to_copy(func, args, kwargs):
     if isinstance(src, DeviceTensor):
         if target is None or target.type == "cuda":
             return DeviceTensor(func(src.elem, **kwargs))
+        if src.numel() == 0:  # CUDA skips the copy of an empty tensor
+            return func(src.elem, **kwargs)
         # Device to host. A non_blocking copy to the CPU lands in pinned memory: no wait.
         record(D2H, func.name(), "a device-to-host copy (.cpu(), .to('cpu'), .numpy())", src,
                blocking=not non_blocking, pinned=non_blocking)
@@ -252,8 +254,9 @@ def _to_copy(func, args, kwargs):
         return _mark_pinned(out) if non_blocking else out
     if target is not None and target.type == "cuda":
         pinned = is_pinned(src)
-        record(H2D, func.name(), "a host-to-device copy (.to('cuda'), .cuda())", src,
-               blocking=not (non_blocking and pinned), pinned=pinned)
+        if src.numel():  # CUDA skips the copy of an empty tensor
+                record(H2D, func.name(), "a host-to-device copy (.to('cuda'), .cuda())", src,
+                   blocking=not (non_blocking and pinned), pinned=pinned)
         # Crossing devices always makes a new tensor, even when dtype and layout match.
         out = func(src, **kwargs)
         return DeviceTensor(out.clone() if out is src else out)
@@ -263,6 +266,9 @@ def _to_copy(func, args, kwargs):
 def _copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+    if dst.numel() == 0:  # CUDA skips the copy of an empty tensor
+        func(dst.elem if isinstance(dst, DeviceTensor) else dst, src.elem if isinstance(src, DeviceTensor) else src)
+        return dst
     if isinstance(dst, DeviceTensor) and not isinstance(src, DeviceTensor):
         pinned = is_pinned(src)
         record(H2D, func.name(), "a host-to-device copy into an existing device tensor", src,

@@ -1,0 +1,71 @@
+"""The ``syncfree`` command: ``demo`` and ``audit``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+__all__ = ["main"]
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_layers: int | None) -> None:
+    from .inputs import LAYOUT_NAMES
+    from .presets import PRESETS
+
+    p.add_argument("--model", default=model,
+                   help=f"a preset ({', '.join(PRESETS)}) or a local checkpoint folder (default: {model})")
+    p.add_argument("--inputs", default=inputs, choices=LAYOUT_NAMES, help=f"input kind (default: {inputs})")
+    p.add_argument("--attn", default="sdpa", help="attention implementation: eager, sdpa, ... (default: sdpa)")
+    p.add_argument("--scope", default="full", choices=("vision", "rope", "full"),
+                   help="what to run: the vision tower, the rope index, or the whole prefill (default: full)")
+    p.add_argument("--text-layers", type=int, default=text_layers,
+                   help="shorten the text model to N layers (widths stay real); default: "
+                   + ("all" if text_layers is None else str(text_layers)))
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="model dtype (default: float32)")
+    p.add_argument("--image-side", type=int, default=None,
+                   help="image side in pixels (default: 448, or 64 for the tiny preset)")
+    p.add_argument("--engine", default="auto", choices=("auto", "emulated", "cuda"),
+                   help="auto: the real GPU if there is one, else the emulated device")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+
+
+def _run(args: argparse.Namespace, title: str) -> int:
+    import torch
+
+    from .audit_run import AuditSpec, run_audit
+
+    spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
+                     text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
+                     image_side=args.image_side)
+    print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, scope={spec.scope}", flush=True)
+    start = time.perf_counter()
+    report, about = run_audit(spec, engine=args.engine)
+    print(f"engine: {about['engine']}; vision depth {about['vision_depth']}, text layers {about['text_layers']}; "
+          f"grids {about['grids']}; sequence {about['sequence']}; {time.perf_counter() - start:.1f}s\n")
+    print(report.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"run": about, **report.to_dict()}, f, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="syncfree", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="audit a stock Qwen3-VL forward (offline, no GPU needed)")
+    _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
+    aud = sub.add_parser("audit", help="list every host sync and copy of one forward, by source line")
+    _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
+    args = parser.parse_args(argv)
+    title = "syncfree demo (stock Transformers)" if args.command == "demo" else "syncfree audit"
+    return _run(args, title)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
