@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
     args = parser.parse_args(argv)
     title = "syncfree demo (stock Transformers)" if args.command == "demo" else "syncfree audit"
-    return _run(args, title)
+    try:
+        return _run(args, title)
+    except ValueError as err:  # bad model name, sizes, ...: say what, not a traceback
+        print(f"syncfree {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

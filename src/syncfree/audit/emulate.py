@@ -126,7 +126,7 @@ def record(kind: str, op: str, reason: str, *tensors, nbytes: int | None = None,
         nbytes=sum(_nbytes(t) for t in plain) if nbytes is None else nbytes,
         blocking=blocking,
         pinned=pinned,
-        waits=(kind == SYNC or blocking) if waits is None else waits,
+        waits=(kind == SYNC or (kind == D2H and blocking)) if waits is None else waits,
         engine="emulated",
         stack=capture_stack(),
     )
@@ -306,6 +306,11 @@ _SPECIAL = {
 }
 
 
+def _synchronize(device=None) -> None:
+    record(SYNC, "torch.cuda.synchronize", rules.PYTHON_SYNC_RULES["torch.cuda.synchronize"],
+           api="torch.cuda.synchronize")
+
+
 # ---- the context ---------------------------------------------------------------------------
 _depth = 0
 
@@ -340,13 +345,14 @@ def emulate_cuda():
 
     guard = FakeCudaGuard()
     guard.install()
-    real_lazy_init = torch.cuda._lazy_init
+    real_lazy_init, real_synchronize = torch.cuda._lazy_init, torch.cuda.synchronize
     torch.cuda._lazy_init = lambda: None
+    torch.cuda.synchronize = _synchronize
     _depth = 1
     try:
         with ApiMode(), _DispatchMode():
             yield
     finally:
         _depth = 0
-        torch.cuda._lazy_init = real_lazy_init
+        torch.cuda._lazy_init, torch.cuda.synchronize = real_lazy_init, real_synchronize
         guard.restore()
