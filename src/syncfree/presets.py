@@ -77,6 +77,28 @@ _QWEN3_VL_TINY = dict(
 )
 
 
+# Qwen3-VL-MoE: the tiny model with a sparse-MoE text model (every layer sparse).
+_QWEN3_VL_MOE_TINY = copy.deepcopy(_QWEN3_VL_TINY)
+_QWEN3_VL_MOE_TINY["model_type"] = "qwen3_vl_moe"
+_QWEN3_VL_MOE_TINY["text_config"].update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         decoder_sparse_step=1, mlp_only_layers=[])
+
+# Qwen/Qwen3-VL-30B-A3B-Instruct config.json (values as published).
+_QWEN3_VL_30B_A3B = dict(
+    model_type="qwen3_vl_moe",
+    tie_word_embeddings=False,
+    **_QWEN_TOKENS,
+    vision_config=dict(_QWEN3_VL_8B["vision_config"], out_hidden_size=2048),
+    text_config=dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, hidden_act="silu",
+        max_position_embeddings=262144, rms_norm_eps=1e-6, rope_parameters=dict(_ROPE), num_experts=128,
+        num_experts_per_tok=8, moe_intermediate_size=768, decoder_sparse_step=1, mlp_only_layers=[],
+        norm_topk_prob=True,
+    ),
+)
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -89,6 +111,9 @@ PRESETS: dict[str, Preset] = {
     "qwen3-vl-tiny": Preset("qwen3-vl-tiny", _QWEN3_VL_TINY, 0, "tiny Qwen3-VL for tests (vision depth 4)"),
     "qwen3-vl-2b": Preset("qwen3-vl-2b", _QWEN3_VL_2B, 151643, "Qwen3-VL-2B-Instruct shapes, random weights"),
     "qwen3-vl-8b": Preset("qwen3-vl-8b", _QWEN3_VL_8B, 151643, "Qwen3-VL-8B-Instruct shapes, random weights"),
+    "qwen3-vl-moe-tiny": Preset("qwen3-vl-moe-tiny", _QWEN3_VL_MOE_TINY, 0, "tiny Qwen3-VL-MoE for tests"),
+    "qwen3-vl-30b-a3b": Preset("qwen3-vl-30b-a3b", _QWEN3_VL_30B_A3B, 151643,
+                               "Qwen3-VL-30B-A3B-Instruct shapes, random weights"),
 }
 
 

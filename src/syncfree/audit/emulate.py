@@ -218,7 +218,8 @@ class _DispatchMode(TorchDispatchMode):
         args, kwargs = pytree.tree_unflatten(unwrapped, spec)
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
-        out = func(*args, **kwargs)
+        gap = _CPU_KERNEL_GAPS.get(name)
+        out = gap(func, args, kwargs) if gap is not None else func(*args, **kwargs)
         # In-place and out= ops return their input: hand back the same wrapper object.
         return pytree.tree_map(lambda o: _rewrap(o, wrappers, name), out)
 
@@ -298,6 +299,18 @@ def _pin_memory(func, args, kwargs):
     return _mark_pinned(src.clone())
 
 
+def _histc_integer(func, args, kwargs):
+    # CUDA's histc takes integer inputs (Transformers' MoE code counts tokens per expert that way on
+    # CUDA); the CPU kernel does not. Counting in float64 gives the same counts.
+    x = args[0]
+    if x.dtype.is_floating_point:
+        return func(*args, **kwargs)
+    return func(x.double(), *args[1:], **kwargs).to(x.dtype)
+
+
+# CPU kernels that lack a dtype the CUDA kernel has: computed another way, same result.
+_CPU_KERNEL_GAPS = {"aten::histc": _histc_integer}
+
 _SPECIAL = {
     "aten::_to_copy": _to_copy,
     "aten::copy_": _copy_,
@@ -309,6 +322,19 @@ _SPECIAL = {
 def _synchronize(device=None) -> None:
     record(SYNC, "torch.cuda.synchronize", rules.PYTHON_SYNC_RULES["torch.cuda.synchronize"],
            api="torch.cuda.synchronize")
+
+
+# What torch.cuda answers while emulating: one device of compute capability 9.0 (the H100/H200
+# class these models are served on), so code that picks kernels by capability takes its GPU path.
+EMULATED_CAPABILITY = (9, 0)
+_CUDA_STANDINS = {
+    "_lazy_init": lambda: None,
+    "synchronize": _synchronize,
+    "get_device_capability": lambda device=None: EMULATED_CAPABILITY,
+    "device_count": lambda: 1,
+    "current_device": lambda: 0,
+    "get_device_name": lambda device=None: "syncfree emulated CUDA device (sm_90)",
+}
 
 
 # ---- the context ---------------------------------------------------------------------------
@@ -345,14 +371,15 @@ def emulate_cuda():
 
     guard = FakeCudaGuard()
     guard.install()
-    real_lazy_init, real_synchronize = torch.cuda._lazy_init, torch.cuda.synchronize
-    torch.cuda._lazy_init = lambda: None
-    torch.cuda.synchronize = _synchronize
+    real = {name: getattr(torch.cuda, name) for name in _CUDA_STANDINS}
+    for name, standin in _CUDA_STANDINS.items():
+        setattr(torch.cuda, name, standin)
     _depth = 1
     try:
         with ApiMode(), _DispatchMode():
             yield
     finally:
         _depth = 0
-        torch.cuda._lazy_init, torch.cuda.synchronize = real_lazy_init, real_synchronize
+        for name, fn in real.items():
+            setattr(torch.cuda, name, fn)
         guard.restore()

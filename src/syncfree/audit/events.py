@@ -51,7 +51,13 @@ class Frame:
         return f"{self.short}:{self.lineno} ({self.function})"
 
 
+# syncfree's one deliberate sync (the read when prepare() was skipped) is shown where it happens.
+_KEEP = os.path.join(_SYNCFREE_DIR, "host_read.py")
+
+
 def _is_machinery(filename: str) -> bool:
+    if filename == _KEEP:
+        return False
     return filename.startswith(_SKIP_PREFIXES) or any(s in filename for s in _SKIP_FILES)
 
 
