@@ -1,5 +1,12 @@
 """syncfree: a host-sync-free multimodal forward for Qwen-VL models in Transformers, and the proof.
 
+    model = syncfree.patch(model)                     # same outputs, no host syncs in the forward
+    kwargs = syncfree.prepare(processor_out, "cuda", model)
+    model(**kwargs); model.generate(**kwargs)
+
+    with syncfree.audit() as report: ...              # every sync and copy, by source line
+    with syncfree.emulate_cuda(): ...                 # ... also on a machine without a GPU
+
 Importing syncfree never initializes CUDA and never imports a Transformers
 ``modeling_*`` module; those load when a verb needs them.
 """
@@ -13,10 +20,16 @@ from .audit import (
     audit,
     emulate_cuda,
 )
+from .patching import UnsupportedTransformers, is_patched, patch, unpatch
+from .prepare import prepare
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "patch",
+    "unpatch",
+    "is_patched",
+    "prepare",
     "audit",
     "assert_no_sync",
     "emulate_cuda",
@@ -24,5 +37,6 @@ __all__ = [
     "SyncError",
     "CudaUnavailable",
     "EmulationUnavailable",
+    "UnsupportedTransformers",
     "__version__",
 ]

@@ -1,0 +1,25 @@
+"""The one deliberate host sync: reading small control tensors back when the user skipped ``prepare()``."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["read_to_host_syncs_once"]
+
+
+def read_to_host_syncs_once(tensors: dict) -> dict:
+    """Copy every device tensor in ``tensors`` to the host, waiting for the device exactly once.
+
+    All copies are queued as non-blocking copies into pinned memory, then one
+    synchronize waits for them together, instead of one blocking read each.
+    """
+    on_device = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
+    if not on_device:
+        return dict(tensors)
+    host = {k: v.to("cpu", non_blocking=True) for k, v in on_device.items()}
+    device_types = {v.device.type for v in on_device.values()}
+    if device_types == {"cuda"}:
+        torch.cuda.synchronize()
+    else:  # other accelerators: a blocking copy each (still correct, just not a single wait)
+        host = {k: v.to("cpu") for k, v in on_device.items()}
+    return {**tensors, **host}

@@ -1,0 +1,234 @@
+"""The host-side plan: everything a Qwen-VL forward derives from its small control tensors, computed once.
+
+``grid_thw``, ``input_ids``, ``mm_token_type_ids`` and ``attention_mask`` come
+out of the processor on the CPU. Everything the forward needs from them for
+control flow (segment lengths and split sizes as Python ints, the maximum
+segment length) or for indexing (cumulative lengths, rotary and interpolation
+indices, placeholder positions, 3D rotary positions) is computed here, on the
+host, and validated. ``Plan.to(device)`` then moves the tensors with pinned,
+non-blocking copies; the Python ints stay on the host, where the patched
+forward reads them without ever asking the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from .rope import rope_index
+
+__all__ = ["Plan", "VisionPlan", "ModelSpec", "build_plan"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The few config values a plan depends on (checked against the model at forward time)."""
+
+    model_type: str
+    spatial_merge_size: int
+    num_grid_per_side: int
+    image_token_id: int
+    video_token_id: int
+    vision_module: str  # where the stock vision helpers live (a transformers modeling module)
+
+    @classmethod
+    def from_config(cls, config) -> "ModelSpec":
+        vc = config.vision_config
+        module = f"transformers.models.{config.model_type}.modeling_{config.model_type}"
+        return cls(config.model_type, vc.spatial_merge_size, int(vc.num_position_embeddings**0.5),
+                   config.image_token_id, config.video_token_id, module)
+
+
+def _move(t: torch.Tensor, device) -> torch.Tensor:
+    # Pinned + non_blocking: the copy is queued and the host goes on (no wait, no sync).
+    if device is None or torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class VisionPlan:
+    """What the vision tower derives from one modality's ``grid_thw``."""
+
+    grid_thw: torch.Tensor  # (N, 3), on the host
+    seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches)
+    split_sizes: tuple[int, ...]  # merged tokens per image or video
+    max_seqlen: int
+    cu_seqlens: torch.Tensor  # (segments + 1,) int32
+    position_ids: torch.Tensor  # (patches, 2) rotary (row, col) ids
+    interp_indices: torch.Tensor  # (patches, taps) into the learned position table
+    interp_weights: torch.Tensor
+
+    @property
+    def num_patches(self) -> int:
+        return sum(self.seqlens)
+
+    def to(self, device) -> "VisionPlan":
+        moved = {f: _move(getattr(self, f), device)
+                 for f in ("cu_seqlens", "position_ids", "interp_indices", "interp_weights")}
+        return dataclasses.replace(self, **moved)
+
+    def vision_kwargs(self) -> dict:
+        """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
+        return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": self.position_ids,
+                "interp_indices": self.interp_indices, "interp_weights": self.interp_weights,
+                "syncfree_seqlens": self.seqlens}
+
+
+def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec) -> VisionPlan:
+    """Build a VisionPlan on the host with the installed Transformers' own helpers (so the numbers match)."""
+    grid = _check_grid(grid_thw, spec.spatial_merge_size, "grid_thw")
+    module = sys.modules.get(spec.vision_module) or __import__(spec.vision_module, fromlist=["_"])
+    merge = spec.spatial_merge_size
+    indices, weights = module.get_vision_interpolation_indices_and_weights(
+        grid, num_grid_per_side=spec.num_grid_per_side, mode="bilinear", align_corners=True,
+        spatial_merge_size=merge,
+    )
+    position_ids = module.get_vision_position_ids(grid, merge)
+    rows = grid.tolist()  # host tensor: no device involved
+    seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
+    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(seqlens, dtype=torch.int64).cumsum(0)
+    return VisionPlan(
+        grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 for t, h, w in rows),
+        max_seqlen=max(seqlens), cu_seqlens=cu, position_ids=position_ids, interp_indices=indices,
+        interp_weights=weights,
+    )
+
+
+def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
+    if not isinstance(grid, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor of shape (N, 3), got {type(grid).__name__}")
+    if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
+        raise ValueError(f"{name} must have shape (N, 3) with N >= 1, got {tuple(grid.shape)}")
+    if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.is_complex():
+        raise ValueError(f"{name} must hold integers (torch.long), got {grid.dtype}")
+    grid = grid.to("cpu", torch.long)
+    if bool((grid <= 0).any()):
+        raise ValueError(f"{name} must be positive everywhere, got {grid.tolist()}")
+    if bool((grid[:, 1:] % merge != 0).any()):
+        raise ValueError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
+                         f"got {grid.tolist()}")
+    return grid
+
+
+@dataclass
+class Plan:
+    """The whole forward's plan. Tensors live where ``device`` says; ints and sizes on the host."""
+
+    spec: ModelSpec
+    batch_shape: tuple[int, int]
+    image: VisionPlan | None
+    video: VisionPlan | None
+    n_image_tokens: int
+    n_video_tokens: int
+    visual_positions: torch.Tensor  # flat (b * S + s) positions of all vision placeholders, in order
+    image_in_visual: torch.Tensor  # where image features go among the visual positions
+    video_in_visual: torch.Tensor
+    position_ids: torch.Tensor | None  # (3, B, S) M-RoPE positions, as get_rope_index returns them
+    rope_deltas: torch.Tensor | None  # (B, 1)
+    padding_free: bool  # attention_mask is absent or all ones
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+    def to(self, device) -> "Plan":
+        moved = {name: _move(getattr(self, name), device) if getattr(self, name) is not None else None
+                 for name in ("visual_positions", "image_in_visual", "video_in_visual", "position_ids",
+                              "rope_deltas")}
+        return dataclasses.replace(
+            self, image=self.image.to(device) if self.image else None,
+            video=self.video.to(device) if self.video else None, device=str(torch.device(device)), **moved,
+        )
+
+    def check_model(self, spec: ModelSpec) -> None:
+        if (spec.spatial_merge_size, spec.num_grid_per_side) != (self.spec.spatial_merge_size,
+                                                                 self.spec.num_grid_per_side):
+            raise ValueError(
+                f"this syncfree plan was built for spatial_merge_size={self.spec.spatial_merge_size}, "
+                f"{self.spec.num_grid_per_side}x{self.spec.num_grid_per_side} position grid, but the model has "
+                f"{spec.spatial_merge_size} and {spec.num_grid_per_side}x{spec.num_grid_per_side}: pass the "
+                "model (or its config) to syncfree.prepare()"
+            )
+
+
+def _runs(types_row: torch.Tensor, kind: int) -> list[int]:
+    """Lengths of the runs of ``kind`` in one row of token types (host tensor)."""
+    values, counts = torch.unique_consecutive(types_row, return_counts=True)
+    return counts[values == kind].tolist()
+
+
+def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None,
+               image_grid_thw=None, video_grid_thw=None, pixel_values=None, pixel_values_videos=None) -> Plan:
+    """Validate the inputs and build the plan on the host. All tensors given must be on the CPU."""
+    merge2 = spec.spatial_merge_size**2
+    if mm_token_type_ids is None:
+        if input_ids is None:
+            raise ValueError("syncfree needs mm_token_type_ids (or input_ids) to place multimodal features")
+        mm_token_type_ids = (input_ids == spec.image_token_id).long() + 2 * (input_ids == spec.video_token_id).long()
+    types = mm_token_type_ids.to("cpu", torch.long)
+    if types.dim() != 2:
+        raise ValueError(f"mm_token_type_ids must have shape (batch, sequence), got {tuple(types.shape)}")
+    if input_ids is not None:
+        if input_ids.shape != types.shape:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} and mm_token_type_ids {tuple(types.shape)} "
+                             "must have the same shape")
+        for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
+            if not torch.equal(types == kind, input_ids == token):
+                raise ValueError(f"mm_token_type_ids marks {int((types == kind).sum())} tokens as "
+                                 f"{'image' if kind == 1 else 'video'} placeholders but input_ids holds "
+                                 f"{int((input_ids == token).sum())} token {token}")
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask.to("cpu")
+        if mask.shape != types.shape:
+            raise ValueError(f"attention_mask {tuple(mask.shape)} must match the tokens {tuple(types.shape)}")
+        types = torch.where(mask.bool(), types, torch.zeros_like(types))
+
+    plans = {}
+    for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
+                                     (2, "video", video_grid_thw, pixel_values_videos)):
+        runs = [n for row in types for n in _runs(row, kind)]
+        if grid is None:
+            if runs:
+                raise ValueError(f"the tokens hold {len(runs)} {name} placeholder runs but {name}_grid_thw is None")
+            plans[name] = None
+            continue
+        vp = vision_plan(grid, spec)
+        if kind == 1:
+            expected = list(vp.split_sizes)
+            unit = "image"
+        else:  # a Qwen3-VL video is split into frames, each between its own start/end tokens
+            expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
+            unit = "video frame"
+        if len(runs) != len(expected):
+            raise ValueError(f"the tokens hold {len(runs)} {unit} placeholder runs but {name}_grid_thw describes "
+                             f"{len(expected)} {unit}s ({name} features without a placeholder, or placeholders "
+                             "without features)")
+        if runs != expected:
+            raise ValueError(f"{name} placeholder runs have {runs} tokens but {name}_grid_thw needs {expected} "
+                             f"(t*h*w / {merge2} per {unit})")
+        if pixels is not None and pixels.shape[0] != vp.num_patches:
+            raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {pixels.shape[0]} "
+                             f"patches but {name}_grid_thw describes {vp.num_patches}")
+        plans[name] = vp
+
+    flat = types.flatten()
+    visual = torch.nonzero(flat > 0).flatten()
+    joint = flat[visual]
+    position_ids = rope_deltas = None
+    if plans["image"] is not None or plans["video"] is not None:
+        ids = input_ids if input_ids is not None else torch.zeros_like(types)
+        position_ids, rope_deltas = rope_index(
+            ids.to("cpu"), mm_token_type_ids.to("cpu"), image_grid_thw, video_grid_thw, mask,
+            spatial_merge_size=spec.spatial_merge_size,
+        )
+    return Plan(
+        spec=spec, batch_shape=tuple(types.shape), image=plans["image"], video=plans["video"],
+        n_image_tokens=int((flat == 1).sum()), n_video_tokens=int((flat == 2).sum()), visual_positions=visual,
+        image_in_visual=torch.nonzero(joint == 1).flatten(), video_in_visual=torch.nonzero(joint == 2).flatten(),
+        position_ids=position_ids, rope_deltas=rope_deltas,
+        padding_free=mask is None or bool(mask.bool().all()),
+    )
