@@ -28,11 +28,33 @@ def test_audit_rope_scope_only_sees_the_rope_index(tmp_path):
     assert events and all(any("get_rope_index" in frame for frame in e["stack"]) for e in events)
 
 
-def test_demo_prints_the_stock_table(capsys):
-    assert main(["demo", "--model", "qwen3-vl-tiny", "--inputs", "image"]) == 0
+def _comparison_rows(out: str) -> dict:
+    rows = {}
+    for line in out.splitlines():
+        for label in ("stock Transformers", "inputs from syncfree.prepare", "same inputs (one explicit read)"):
+            if line.startswith(("stock Transformers", "syncfree.patch")) and label in line:
+                rows[label] = [int(x) for x in line.split()[-5:]]
+    return rows
+
+
+def test_demo_prints_stock_and_patched_side_by_side(capsys):
+    assert main(["demo", "--model", "qwen3-vl-tiny", "--inputs", "mixed"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("syncfree demo (stock Transformers): qwen3-vl-tiny")
-    assert "get_rope_index" in out and "total (emulated)" in out
+    assert out.startswith("syncfree demo: qwen3-vl-tiny, mixed inputs")
+    rows = _comparison_rows(out)
+    assert rows["stock Transformers"][0] > 3 * load_config("qwen3-vl-tiny").vision_config.depth
+    assert rows["inputs from syncfree.prepare"][:2] == [0, 0]  # syncs, blocking copies
+    assert rows["same inputs (one explicit read)"][:2] == [1, 0]
+    assert "get_rope_index" in out and "read_to_host_syncs_once" in out
+
+
+def test_audit_compare_writes_every_variant(tmp_path):
+    path = tmp_path / "compare.json"
+    assert main(["audit", "--compare", "--scope", "rope", "--inputs", "mixed", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["run"]["variants"] == ["stock", "patched", "patched+prepare"]
+    assert data["stock"]["summary"]["syncs"] > 0
+    assert data["patched"]["summary"]["syncs"] == 0 and data["patched+prepare"]["summary"]["syncs"] == 0
 
 
 def test_unknown_model_is_a_clear_error(capsys):

@@ -20,7 +20,7 @@ from .audit import Report, audit, emulate_cuda
 from .inputs import build_inputs, named_layout
 from .presets import PRESETS, build_model, build_vision_model, load_config
 
-__all__ = ["AuditSpec", "run_audit", "SCOPES"]
+__all__ = ["AuditSpec", "run_audit", "run_compare", "SCOPES", "VARIANTS"]
 
 SCOPES = ("vision", "rope", "full")
 
@@ -42,11 +42,19 @@ class AuditSpec:
         return 64 if self.model.endswith("-tiny") else 448
 
 
+# What the comparison runs: stock with inputs moved as `processor(...).to("cuda")` does, the patched
+# model given the same inputs (it reads the control tensors once), and the patched model fed by prepare().
+VARIANTS = ("stock", "patched", "patched+prepare")
+
+
 def _forward(model, batch: dict, scope: str) -> None:
+    plan = batch.get("syncfree_plan")
     if scope == "vision":
-        for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
+                                   ("pixel_values_videos", "video_grid_thw", "video")):
             if pixels in batch:
-                model(batch[pixels].to(model.dtype), grid_thw=batch[grid])
+                extra = {"syncfree_vision_plan": getattr(plan, kind)} if plan is not None else {}
+                model(batch[pixels].to(model.dtype), grid_thw=batch[grid], **extra)
     elif scope == "rope":
         model.model.get_rope_index(
             input_ids=batch["input_ids"],
@@ -54,13 +62,23 @@ def _forward(model, batch: dict, scope: str) -> None:
             image_grid_thw=batch.get("image_grid_thw"),
             video_grid_thw=batch.get("video_grid_thw"),
             attention_mask=batch.get("attention_mask"),
+            **({"syncfree_plan": plan} if plan is not None else {}),
         )
     else:
         model(**batch)
 
 
 def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
-    """Audit one forward; returns the report and a description of what ran."""
+    """Audit one stock forward; returns the report and a description of what ran."""
+    reports, about = run_compare(spec, engine, variants=("stock",))
+    return reports["stock"], about
+
+
+def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...] = VARIANTS) -> tuple[dict, dict]:
+    """Audit one forward per variant (stock, patched, patched+prepare) of one model; returns reports by variant."""
+    from .patching import patch, unpatch
+    from .prepare import prepare
+
     if spec.scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {spec.scope!r}")
     config = load_config(spec.model, attn=spec.attn)
@@ -73,23 +91,35 @@ def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
                             seed=spec.seed)
     use_gpu = engine == "cuda" or (engine == "auto" and torch.cuda.is_available())
     context = contextlib.nullcontext() if use_gpu else emulate_cuda()
+    reports = {}
     with context, torch.no_grad():
         model.to("cuda")
-        device_batch = {k: v.to("cuda") for k, v in batch.items()}
-        if use_gpu:
-            _forward(model, device_batch, spec.scope)  # warm-up: first calls initialize kernels and caches
-            torch.cuda.synchronize()
-        with audit("cuda" if use_gpu else "emulated") as report:
-            _forward(model, device_batch, spec.scope)
+        for variant in variants:
+            if variant == "stock":
+                unpatch(model)
+            else:
+                patch(model)
+            if variant == "patched+prepare":
+                device_batch = prepare(batch, "cuda", config)
+            else:
+                device_batch = {k: v.to("cuda") for k, v in batch.items()}
+            if use_gpu:
+                _forward(model, device_batch, spec.scope)  # warm-up: first calls initialize kernels and caches
+                torch.cuda.synchronize()
+            with audit("cuda" if use_gpu else "emulated") as report:
+                _forward(model, device_batch, spec.scope)
+            reports[variant] = report
+        unpatch(model)
     about = {
         "model": spec.model,
         "inputs": spec.inputs,
         "attn": spec.attn,
         "scope": spec.scope,
         "engine": report.engine,
+        "variants": list(variants),
         "vision_depth": config.vision_config.depth,
         "text_layers": spec.text_layers or config.text_config.num_hidden_layers,
         "grids": {k: v.tolist() for k, v in batch.items() if k.endswith("grid_thw")},
         "sequence": list(batch["input_ids"].shape),
     }
-    return report, about
+    return reports, about

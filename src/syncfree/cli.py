@@ -32,40 +32,68 @@ def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_la
     p.add_argument("--engine", default="auto", choices=("auto", "emulated", "cuda"),
                    help="auto: the real GPU if there is one, else the emulated device")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    if p.prog.endswith("audit"):
+        p.add_argument("--compare", action="store_true",
+                       help="audit stock and syncfree-patched forwards side by side")
 
 
-def _run(args: argparse.Namespace, title: str) -> int:
+_LABELS = {
+    "stock": "stock Transformers, inputs moved with .to('cuda')",
+    "patched": "syncfree.patch, same inputs (one explicit read)",
+    "patched+prepare": "syncfree.patch, inputs from syncfree.prepare",
+}
+
+
+def _comparison(reports: dict) -> str:
+    rows = [("", "syncs", "blocking copies", "h2d", "d2h", "source lines")]
+    for variant, report in reports.items():
+        t = report.summary()
+        rows.append((_LABELS[variant], str(t["syncs"]), str(t["blocking_copies"]), str(t["h2d"]), str(t["d2h"]),
+                     str(t["lines"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     import torch
 
-    from .audit_run import AuditSpec, run_audit
+    from .audit_run import VARIANTS, AuditSpec, run_compare
 
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
                      image_side=args.image_side)
     print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, scope={spec.scope}", flush=True)
     start = time.perf_counter()
-    report, about = run_audit(spec, engine=args.engine)
+    reports, about = run_compare(spec, engine=args.engine, variants=VARIANTS if compare else ("stock",))
     print(f"engine: {about['engine']}; vision depth {about['vision_depth']}, text layers {about['text_layers']}; "
           f"grids {about['grids']}; sequence {about['sequence']}; {time.perf_counter() - start:.1f}s\n")
-    print(report.table())
+    if compare:
+        print(_comparison(reports) + "\n")
+    for variant, report in reports.items():
+        if compare:
+            print(f"-- {_LABELS[variant]} --")
+        print((report.table() if report.events else "(no syncs, no copies)") + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"run": about, **report.to_dict()}, f, indent=2)
-        print(f"\nwrote {args.json}")
+            json.dump({"run": about, **{v: r.to_dict() for v, r in reports.items()}} if compare
+                      else {"run": about, **reports["stock"].to_dict()}, f, indent=2)
+        print(f"wrote {args.json}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="syncfree", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="audit a stock Qwen3-VL forward (offline, no GPU needed)")
+    demo = sub.add_parser("demo", help="stock vs syncfree-patched Qwen3-VL forward, audited (offline, no GPU needed)")
     _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
     aud = sub.add_parser("audit", help="list every host sync and copy of one forward, by source line")
     _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
     args = parser.parse_args(argv)
-    title = "syncfree demo (stock Transformers)" if args.command == "demo" else "syncfree audit"
+    demo_run = args.command == "demo"
+    title = "syncfree demo" if demo_run else "syncfree audit"
     try:
-        return _run(args, title)
+        return _run(args, title, compare=demo_run or args.compare)
     except ValueError as err:  # bad model name, sizes, ...: say what, not a traceback
         print(f"syncfree {args.command}: error: {err}", file=sys.stderr)
         return 2

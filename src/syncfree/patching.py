@@ -60,6 +60,9 @@ def _qwen3_vl_targets(prefix: str) -> tuple[Target, ...]:
                ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask"),
                ("video_grid_thw[:, 0] = 1", "max(grid_thw[1], grid_thw[2]) // spatial_merge_size",
                 "llm_positions.max() + 1 - len(current_input_ids)")),
+        Target(f"{prefix}ForConditionalGeneration", "forward", "make_generation_forward",
+               ("input_ids", "pixel_values", "image_grid_thw", "video_grid_thw", "mm_token_type_ids", "kwargs"),
+               ("self.model(",)),
         Target(f"{prefix}TextModel", "_deepstack_process", "make_deepstack_process",
                ("hidden_states", "visual_pos_masks", "visual_embeds"),
                ("hidden_states[visual_pos_masks, :] + visual_embeds", "hidden_states.clone()")),
@@ -132,9 +135,11 @@ def _replacements(family: Family) -> list[tuple[type, Target, object]]:
 def _family_of(model: torch.nn.Module) -> Family:
     for module in model.modules():
         config = getattr(module, "config", None)
-        model_type = getattr(config, "model_type", None)
-        if model_type in FAMILIES:
-            return FAMILIES[model_type]
+        model_type = getattr(config, "model_type", None) or ""
+        # A vision tower or text model alone carries the sub-config's type ("qwen3_vl_vision").
+        for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text")):
+            if name in FAMILIES:
+                return FAMILIES[name]
     types_seen = sorted({getattr(getattr(m, "config", None), "model_type", None) or "" for m in model.modules()} - {""})
     raise ValueError(f"syncfree.patch: no supported model in {type(model).__name__} (model types found: "
                      f"{types_seen or 'none'}; supported: {', '.join(FAMILIES)})")

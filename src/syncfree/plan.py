@@ -78,9 +78,9 @@ class VisionPlan:
                 "syncfree_seqlens": self.seqlens}
 
 
-def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec) -> VisionPlan:
+def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw") -> VisionPlan:
     """Build a VisionPlan on the host with the installed Transformers' own helpers (so the numbers match)."""
-    grid = _check_grid(grid_thw, spec.spatial_merge_size, "grid_thw")
+    grid = _check_grid(grid_thw, spec.spatial_merge_size, name)
     module = sys.modules.get(spec.vision_module) or __import__(spec.vision_module, fromlist=["_"])
     merge = spec.spatial_merge_size
     indices, weights = module.get_vision_interpolation_indices_and_weights(
@@ -143,6 +143,28 @@ class Plan:
             video=self.video.to(device) if self.video else None, device=str(torch.device(device)), **moved,
         )
 
+    def expanded(self, batch_size: int) -> "Plan":
+        """The plan for each row repeated ``batch_size // rows`` times, as generate() expands inputs
+        for beams and ``num_return_sequences``. Rebuilt on the host from the kept host inputs: no sync."""
+        rows = self.batch_shape[0]
+        if batch_size == rows:
+            return self
+        if batch_size % rows:
+            raise ValueError(f"a syncfree plan for {rows} rows cannot describe a batch of {batch_size}")
+        k, host = batch_size // rows, self.extra["host"]
+        tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
+                  for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
+        grids = {}
+        for name, per_row in (("image_grid_thw", self.extra["images_per_row"]),
+                              ("video_grid_thw", self.extra["videos_per_row"])):
+            grid = host.get(name)
+            if grid is None:
+                grids[name] = None
+                continue
+            chunks = torch.split(grid, per_row)
+            grids[name] = torch.cat([c for c in chunks for _ in range(k)])
+        return build_plan(self.spec, **tokens, **grids, grids_optional=True).to(self.device)
+
     def check_model(self, spec: ModelSpec) -> None:
         if (spec.spatial_merge_size, spec.num_grid_per_side) != (self.spec.spatial_merge_size,
                                                                  self.spec.num_grid_per_side):
@@ -161,8 +183,13 @@ def _runs(types_row: torch.Tensor, kind: int) -> list[int]:
 
 
 def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None,
-               image_grid_thw=None, video_grid_thw=None, pixel_values=None, pixel_values_videos=None) -> Plan:
-    """Validate the inputs and build the plan on the host. All tensors given must be on the CPU."""
+               image_grid_thw=None, video_grid_thw=None, pixel_values=None, pixel_values_videos=None,
+               grids_optional: bool = False) -> Plan:
+    """Validate the inputs and build the plan on the host.
+
+    The token and grid tensors must be on the CPU; of the pixel tensors only the shapes are read.
+    ``grids_optional``: the features were computed already (no pixels), so placeholders need no grid.
+    """
     merge2 = spec.spatial_merge_size**2
     if mm_token_type_ids is None:
         if input_ids is None:
@@ -187,16 +214,17 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             raise ValueError(f"attention_mask {tuple(mask.shape)} must match the tokens {tuple(types.shape)}")
         types = torch.where(mask.bool(), types, torch.zeros_like(types))
 
-    plans = {}
+    plans, n_runs = {}, {}
     for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
                                      (2, "video", video_grid_thw, pixel_values_videos)):
         runs = [n for row in types for n in _runs(row, kind)]
+        n_runs[name] = len(runs)
         if grid is None:
-            if runs:
+            if runs and not grids_optional:
                 raise ValueError(f"the tokens hold {len(runs)} {name} placeholder runs but {name}_grid_thw is None")
             plans[name] = None
             continue
-        vp = vision_plan(grid, spec)
+        vp = vision_plan(grid, spec, f"{name}_grid_thw")
         if kind == 1:
             expected = list(vp.split_sizes)
             unit = "image"
@@ -219,16 +247,31 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     visual = torch.nonzero(flat > 0).flatten()
     joint = flat[visual]
     position_ids = rope_deltas = None
-    if plans["image"] is not None or plans["video"] is not None:
+    # The 3D positions need a grid for every vision run (absent when generate() pre-encoded the pixels).
+    if any(plans.values()) and all(plans[name] is not None or not n_runs[name] for name in plans):
         ids = input_ids if input_ids is not None else torch.zeros_like(types)
         position_ids, rope_deltas = rope_index(
             ids.to("cpu"), mm_token_type_ids.to("cpu"), image_grid_thw, video_grid_thw, mask,
             spatial_merge_size=spec.spatial_merge_size,
         )
+    # Kept on the host so the plan can be rebuilt for an expanded batch (generate with beams).
+    images_per_row = [len(_runs(row, 1)) for row in types]
+    frames_per_row = [len(_runs(row, 2)) for row in types]
+    videos_per_row = []
+    if video_grid_thw is not None:
+        frames = torch.as_tensor(video_grid_thw)[:, 0].cumsum(0).tolist()
+        done = 0
+        for n in frames_per_row:
+            done += n
+            videos_per_row.append(sum(1 for f in frames if f <= done) - sum(videos_per_row))
+    host = {"input_ids": input_ids, "mm_token_type_ids": mm_token_type_ids, "attention_mask": attention_mask,
+            "image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw}
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=plans["image"], video=plans["video"],
         n_image_tokens=int((flat == 1).sum()), n_video_tokens=int((flat == 2).sum()), visual_positions=visual,
         image_in_visual=torch.nonzero(joint == 1).flatten(), video_in_visual=torch.nonzero(joint == 2).flatten(),
         position_ids=position_ids, rope_deltas=rope_deltas,
         padding_free=mask is None or bool(mask.bool().all()),
+        extra={"host": {k: v.to("cpu") if isinstance(v, torch.Tensor) else v for k, v in host.items()},
+               "images_per_row": images_per_row, "videos_per_row": videos_per_row},
     )

@@ -22,7 +22,7 @@ from ..plan import ModelSpec, Plan, build_plan, vision_plan
 from ..rope import rope_index
 
 __all__ = ["make_attention_forward", "make_vision_forward", "make_model_forward", "make_get_rope_index",
-           "make_deepstack_process"]
+           "make_deepstack_process", "make_generation_forward"]
 
 
 def _module_of(obj):
@@ -83,8 +83,10 @@ def make_get_rope_index(stock):
     def get_rope_index(self, input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None,
                        attention_mask=None, **kwargs):
         plan = kwargs.get("syncfree_plan")
-        if isinstance(plan, Plan) and plan.position_ids is not None and tuple(input_ids.shape) == plan.batch_shape:
-            return plan.position_ids, plan.rope_deltas
+        if isinstance(plan, Plan) and input_ids.shape[1] == plan.batch_shape[1]:
+            plan = plan.expanded(input_ids.shape[0])
+            if plan.position_ids is not None:
+                return plan.position_ids, plan.rope_deltas
         return rope_index(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, attention_mask,
                           spatial_merge_size=self.config.vision_config.spatial_merge_size)
 
@@ -109,18 +111,45 @@ def make_deepstack_process(stock):
     return _deepstack_process
 
 
+# ---- the generation model: let generate() pass the plan along ------------------------------------------
+def make_generation_forward(stock):
+    """Stock forward, with ``syncfree_plan`` in its signature: generate() checks kwargs against it."""
+    import inspect
+
+    signature = inspect.signature(stock)
+    params = list(signature.parameters.values())
+    plan_param = inspect.Parameter("syncfree_plan", inspect.Parameter.KEYWORD_ONLY, default=None)
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    params.insert(at, plan_param)
+
+    @functools.wraps(stock)
+    def forward(self, *args, syncfree_plan=None, **kwargs):
+        if syncfree_plan is not None:
+            kwargs["syncfree_plan"] = syncfree_plan
+        return stock(self, *args, **kwargs)
+
+    forward.__signature__ = signature.replace(parameters=params)
+    return forward
+
+
 # ---- the multimodal model forward ---------------------------------------------------------------------
 def _plan_for(model, syncfree_plan, input_ids, mm_token_type_ids, attention_mask, image_grid_thw, video_grid_thw,
-              device) -> Plan:
+              pixel_values, pixel_values_videos, device) -> Plan:
+    # generate() may encode the pixels itself and hand over only the features (mm_encoder_outputs),
+    # dropping the grids: the plan then places features by their tokens alone.
+    grids_optional = pixel_values is None and pixel_values_videos is None
     spec = ModelSpec.from_config(model.config)
     if syncfree_plan is not None:
         syncfree_plan.check_model(spec)
-        return syncfree_plan
+        rows = (input_ids if input_ids is not None else mm_token_type_ids).shape[0]
+        return syncfree_plan.expanded(rows)
     # No prepare(): read the small control tensors once, build the plan, send it back.
     host = read_to_host_syncs_once({"input_ids": input_ids, "mm_token_type_ids": mm_token_type_ids,
                                     "attention_mask": attention_mask, "image_grid_thw": image_grid_thw,
                                     "video_grid_thw": video_grid_thw})
-    return build_plan(spec, **host).to(device)
+    # Of the pixels only the shapes are checked: they are host metadata, nothing is read.
+    return build_plan(spec, pixel_values=pixel_values, pixel_values_videos=pixel_values_videos,
+                      grids_optional=grids_optional, **host).to(device)
 
 
 def _output_class(stock_forward):
@@ -167,7 +196,7 @@ def make_model_forward(stock):
                 raise ValueError("syncfree's patched forward needs input_ids or mm_token_type_ids to place "
                                  "multimodal features without a host sync")
             plan = _plan_for(self, syncfree_plan, input_ids, mm_token_type_ids, attention_mask, image_grid_thw,
-                             video_grid_thw, inputs_embeds.device)
+                             video_grid_thw, pixel_values, pixel_values_videos, inputs_embeds.device)
         if pixel_values is not None and encoder.get("image") is None:
             encoder["image"] = self.get_image_features(pixel_values, plan.image.grid_thw, return_dict=True,
                                                        syncfree_vision_plan=plan.image, **kwargs)
@@ -250,6 +279,8 @@ def _text_attention_mask(language_model, plan, attention_mask, inputs_embeds, ca
     stock ends up with); padding -> the same 4D mask stock builds, made without the skip check.
     """
     if plan is None or attention_mask is None or attention_mask.dim() != 2 or cache_length != 0:
+        return attention_mask
+    if position_ids is None:  # the text model makes its own positions; leave the mask to it
         return attention_mask
     text_position_ids = position_ids[0] if position_ids.dim() == 3 and position_ids.shape[0] == 4 else None
     if plan.padding_free and (text_position_ids is None or cache is not None):

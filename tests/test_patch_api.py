@@ -1,0 +1,192 @@
+"""patch/unpatch mechanics, refusal on unknown Transformers code, clear errors for bad input, compile."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import syncfree
+from syncfree.inputs import Image, Text, Video, build_inputs, named_layout
+from syncfree.presets import build_model
+
+
+@pytest.fixture(scope="module")
+def patched():
+    return syncfree.patch(build_model("qwen3-vl-tiny"))
+
+
+@pytest.fixture
+def modeling():
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    return modeling_qwen3_vl
+
+
+def test_class_patching_covers_models_built_afterwards_and_unpatch_restores_exactly(modeling):
+    originals = {name: modeling.Qwen3VLModel.__dict__[name] for name in ("forward", "get_rope_index")}
+    attention = modeling.Qwen3VLVisionAttention.__dict__["forward"]
+    syncfree.patch()
+    try:
+        model = build_model("qwen3-vl-tiny")
+        assert syncfree.is_patched(model)
+        assert modeling.Qwen3VLModel.__dict__["forward"] is not originals["forward"]
+        syncfree.patch()  # patching twice keeps the real originals
+    finally:
+        syncfree.unpatch()
+    assert {name: modeling.Qwen3VLModel.__dict__[name] for name in originals} == originals
+    assert modeling.Qwen3VLVisionAttention.__dict__["forward"] is attention
+    assert not syncfree.is_patched(model)
+
+
+def test_instance_patch_leaves_the_class_alone(patched, modeling):
+    other = build_model("qwen3-vl-tiny")
+    assert syncfree.is_patched(patched) and not syncfree.is_patched(other)
+    assert "forward" in patched.model.__dict__ and "forward" not in other.model.__dict__
+
+
+def test_patching_a_vision_tower_alone(modeling):
+    from syncfree.presets import build_vision_model
+
+    visual = syncfree.patch(build_vision_model("qwen3-vl-tiny"))
+    assert "forward" in visual.__dict__ and "forward" in visual.blocks[0].attn.__dict__
+
+
+def test_unknown_transformers_code_is_refused_and_nothing_is_patched(monkeypatch, modeling):
+    def forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+        return hidden_states  # a "new release" whose attention no longer splits with lengths.tolist()
+
+    monkeypatch.setattr(modeling.Qwen3VLVisionAttention, "forward", forward)
+    model = build_model("qwen3-vl-tiny")
+    import transformers
+
+    with pytest.raises(syncfree.UnsupportedTransformers,
+                       match=rf"Transformers {transformers.__version__}.*Qwen3VLVisionAttention.forward.*no longer "
+                             r"contains \['is_flash_attention_requested"):
+        syncfree.patch(model)
+    assert not syncfree.is_patched(model)
+
+
+def test_models_of_other_families_are_refused_with_the_types_found():
+    with pytest.raises(ValueError, match="no supported model.*supported: qwen3_vl"):
+        syncfree.patch(torch.nn.Linear(2, 2))
+
+
+def _expect(patched, batch, match):
+    with pytest.raises(ValueError, match=match):
+        syncfree.prepare(batch, None, patched)
+    with pytest.raises(ValueError, match=match), torch.no_grad():
+        patched(**batch)  # the patched forward validates the same way when prepare() was skipped
+
+
+def test_grid_and_token_count_mismatch(patched):
+    batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
+    batch["image_grid_thw"] = torch.tensor([[1, 8, 8]])
+    _expect(patched, batch, r"image placeholder runs have \[4\] tokens but image_grid_thw needs \[16\]")
+
+
+@pytest.mark.parametrize("grid, match", [
+    (torch.tensor([1, 4, 4]), r"image_grid_thw must have shape \(N, 3\)"),
+    (torch.tensor([[1, 4]]), r"image_grid_thw must have shape \(N, 3\)"),
+    (torch.tensor([[1.0, 4.0, 4.0]]), "image_grid_thw must hold integers"),
+    (torch.tensor([[1, 3, 4]]), "multiples of spatial_merge_size=2"),
+])
+def test_wrong_grid_shape_or_dtype(patched, grid, match):
+    batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
+    batch["image_grid_thw"] = grid
+    with pytest.raises(ValueError, match=match):
+        syncfree.prepare(batch, None, patched)
+
+
+@pytest.mark.parametrize("frames", [2, 4])
+def test_video_frame_runs_must_match_video_grid(patched, frames):
+    batch = build_inputs(patched.config, [[Text(3), Video(6, 32, 32), Text(2)]])  # three frame runs
+    batch["video_grid_thw"] = torch.tensor([[frames, 2, 2]])
+    batch["pixel_values_videos"] = batch["pixel_values_videos"][: frames * 4]
+    _expect(patched, batch, rf"the tokens hold 3 video frame placeholder runs but video_grid_thw describes {frames}")
+
+
+def test_features_for_an_image_without_placeholder(patched):
+    batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
+    extra = build_inputs(patched.config, [[Image(32, 32)]])
+    batch["image_grid_thw"] = torch.cat([batch["image_grid_thw"], extra["image_grid_thw"]])
+    batch["pixel_values"] = torch.cat([batch["pixel_values"], extra["pixel_values"]])
+    _expect(patched, batch, "1 image placeholder runs but image_grid_thw describes 2 images")
+
+
+def test_pixel_rows_must_match_the_grid(patched):
+    batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
+    batch["pixel_values"] = batch["pixel_values"][:-1]
+    _expect(patched, batch, "pixel_values has 15 patches but image_grid_thw describes 16")
+
+
+def test_prepare_refuses_device_tensors_and_is_idempotent(patched):
+    batch = build_inputs(patched.config, named_layout("image", 64))
+    host = syncfree.prepare(batch, None, patched)
+    again = syncfree.prepare(host, None, patched)
+    assert again["syncfree_plan"] is host["syncfree_plan"]
+    from syncfree.audit import emulate_cuda
+
+    with emulate_cuda():
+        moved = {k: v.to("cuda") for k, v in batch.items()}
+        with pytest.raises(ValueError, match="expects the processor's CPU tensors, but input_ids is on cuda:0"):
+            syncfree.prepare(moved, "cuda", patched)
+
+
+def test_prepared_batch_pickles_for_dataloader_workers(patched):
+    batch = build_inputs(patched.config, named_layout("mixed", 64))
+    host = syncfree.prepare(batch, None, patched)
+    restored = pickle.loads(pickle.dumps(host))
+    with torch.no_grad():
+        assert torch.equal(patched(**restored).logits, patched(**host).logits)
+
+
+def test_plan_built_for_other_config_values_is_refused(patched):
+    import dataclasses
+
+    from syncfree.plan import ModelSpec
+
+    batch = build_inputs(patched.config, named_layout("image", 64))
+    other = dataclasses.replace(ModelSpec.from_config(patched.config), num_grid_per_side=48)
+    default_plan = syncfree.prepare(batch, None, other)
+    with pytest.raises(ValueError, match="pass the model \\(or its config\\) to syncfree.prepare"), torch.no_grad():
+        patched(**default_plan)
+
+
+def test_patched_vision_tower_compiles_without_graph_breaks(patched):
+    batch = build_inputs(patched.config, named_layout("images", 64))
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
+    args = (batch["pixel_values"],)
+    kwargs = {"grid_thw": batch["image_grid_thw"], "syncfree_vision_plan": plan}
+    explained = torch._dynamo.explain(patched.model.visual)(*args, **kwargs)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    stock_explained = torch._dynamo.explain(build_model("qwen3-vl-tiny").model.visual)(
+        *args, grid_thw=batch["image_grid_thw"])
+    assert stock_explained.graph_break_count > 0
+    compiled = torch.compile(patched.model.visual, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(*args, **kwargs).pooler_output, patched.model.visual(*args, **kwargs).pooler_output)
+
+
+def test_peft_wrapped_model_is_patched_and_stays_sync_free():
+    from peft import LoraConfig, get_peft_model
+
+    from syncfree.audit import assert_no_sync, emulate_cuda
+
+    def lora(model):
+        torch.manual_seed(1)
+        wrapped = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        return wrapped
+
+    stock, patched = lora(build_model("qwen3-vl-tiny")), syncfree.patch(lora(build_model("qwen3-vl-tiny")))
+    assert syncfree.is_patched(patched)
+    batch = build_inputs(stock.config, named_layout("mixed", 64))
+    with torch.no_grad():
+        expected = stock(**batch).logits
+        with emulate_cuda():
+            patched.to("cuda")
+            kwargs = syncfree.prepare(batch, "cuda", patched)
+            with assert_no_sync():
+                logits = patched(**kwargs).logits
+            assert torch.equal(logits.cpu(), expected)
