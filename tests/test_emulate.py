@@ -170,3 +170,14 @@ def test_importing_syncfree_touches_neither_cuda_nor_modeling_modules():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr
+
+
+def test_model_round_trip_to_cuda_and_back_gives_plain_parameters_still_tied():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    with emulate_cuda():
+        model.to("cuda")
+        model.to("cpu")
+    assert type(model[0].weight) is torch.nn.Parameter and model[0].weight.device.type == "cpu"
+    assert model[1].weight is model[0].weight
+    assert model(torch.tensor([1, 2])).shape == (2, 10)

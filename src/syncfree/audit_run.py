@@ -83,7 +83,8 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {spec.scope!r}")
     config = load_config(spec.model, attn=spec.attn)
     pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
-    batch = build_inputs(config, named_layout(spec.inputs, spec.side()), seed=spec.seed, pad_token_id=pad)
+    unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    batch = build_inputs(config, named_layout(spec.inputs, spec.side(), unit), seed=spec.seed, pad_token_id=pad)
     if spec.scope == "vision":
         model = build_vision_model(spec.model, attn=spec.attn, dtype=spec.dtype, seed=spec.seed)
     else:

@@ -1,9 +1,11 @@
-"""Model inputs laid out exactly as the Qwen3-VL processor lays them out, without a tokenizer.
+"""Model inputs laid out exactly as the Qwen-VL processors lay them out, without a tokenizer.
 
-The processor turns each image into ``<|vision_start|>`` + one ``<|image_pad|>``
-per merged patch + ``<|vision_end|>``, and each video into, per temporal patch,
-a timestamp in text (``<1.2 seconds>``) followed by start, ``<|video_pad|>`` per
-merged patch of that frame, and end. ``mm_token_type_ids`` marks image pads 1
+The processors turn each image into ``<|vision_start|>`` + one ``<|image_pad|>``
+per merged patch + ``<|vision_end|>``. Qwen3-VL turns each video into, per
+temporal patch, a timestamp in text (``<1.2 seconds>``) followed by start,
+``<|video_pad|>`` per merged patch of that frame, and end; Qwen2-VL and
+Qwen2.5-VL put the whole video between one start and end, and Qwen2.5-VL adds
+``second_per_grid_ts`` (temporal patch size / fps per video). ``mm_token_type_ids`` marks image pads 1
 and video pads 2; everything else, the start/end tokens included, is text (0).
 A batch is padded (left by default, as for generation) and the grids are listed
 in order of appearance across the batch. Pixel values are random (the processor
@@ -78,7 +80,8 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         ids = torch.randint(1, text_hi, (n,), generator=gen).tolist()
         return [i if i not in specials and i != pad else 1 for i in ids]
 
-    rows, types, image_grids, video_grids = [], [], [], []
+    timestamps = config.model_type.startswith("qwen3")  # Qwen3-VL: one run per frame, timestamps between
+    rows, types, image_grids, video_grids, seconds = [], [], [], [], []
     for sample in samples:
         ids: list[int] = []
         kinds: list[int] = []
@@ -94,6 +97,12 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
                 ids += [config.vision_start_token_id] + [config.image_token_id] * per_frame
                 ids += [config.vision_end_token_id]
                 kinds += [0] + [1] * per_frame + [0]
+            elif not timestamps:
+                video_grids.append((t, h, w))
+                seconds.append(tpatch / item.fps)
+                ids += [config.vision_start_token_id] + [config.video_token_id] * (t * per_frame)
+                ids += [config.vision_end_token_id]
+                kinds += [0] + [2] * (t * per_frame) + [0]
             else:
                 video_grids.append((t, h, w))
                 for stamp in _timestamps(item.frames, item.fps, tpatch):
@@ -124,15 +133,19 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         grid = torch.tensor(video_grids, dtype=torch.long)
         out["pixel_values_videos"] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
         out["video_grid_thw"] = grid
+        if config.model_type == "qwen2_5_vl":
+            out["second_per_grid_ts"] = torch.tensor(seconds)
     return out
 
 
 LAYOUT_NAMES = ("image", "images", "video", "mixed")
 
 
-def named_layout(name: str, side: int = 448) -> list[list[Item]]:
-    """The CLI's input kinds. ``side`` is the image side in pixels (448 for real presets, 64 for tiny)."""
-    half = max(side // 2 // 32 * 32, 32)
+def named_layout(name: str, side: int = 448, unit: int = 32) -> list[list[Item]]:
+    """The CLI's input kinds. ``side`` is the image side in pixels (448 for real presets, 64 for tiny);
+    ``unit`` is patch size x merge size (32 for Qwen3-VL, 28 for Qwen2/2.5-VL)."""
+    side = max(side // unit * unit, unit)
+    half = max(side // 2 // unit * unit, unit)
     if name == "image":
         return [[Text(12), Image(side, side), Text(20)]]
     if name == "images":

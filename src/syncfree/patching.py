@@ -42,38 +42,66 @@ class Family:
         return importlib.import_module(self.modeling)
 
 
+_ATTENTION_NEEDS = ("lengths.tolist()", "is_flash_attention_requested(self.config)", "apply_rotary_pos_emb_vision",
+                    "self.qkv(hidden_states)", "self.proj(attn_output)")
+_MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
+                 "image_grid_thw", "video_grid_thw", "mm_token_type_ids")
+_MODEL_NEEDS = ("get_placeholder_mask(", "masked_scatter(", "compute_3d_position_ids(", "self.language_model(")
+_ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
+_ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positions.max() + 1 - len(current_input_ids)",
+               "mm_token_type_ids[batch_idx]")
+_VISION_NEEDS = ("get_vision_position_ids(grid_thw", "get_vision_attention_seqlens(grid_thw", "kwargs=kwargs",
+                 "**kwargs,")
+
+
+def _generation(cls: str) -> Target:
+    return Target(cls, "forward", "make_generation_forward",
+                  ("input_ids", "pixel_values", "image_grid_thw", "video_grid_thw", "mm_token_type_ids", "kwargs"),
+                  ("self.model(",))
+
+
 def _qwen3_vl_targets(prefix: str) -> tuple[Target, ...]:
     return (
         Target(f"{prefix}VisionAttention", "forward", "make_attention_forward",
-               ("hidden_states", "cu_seqlens", "position_embeddings", "max_seqlen"),
-               ("lengths.tolist()", "is_flash_attention_requested(self.config)", "apply_rotary_pos_emb_vision",
-                "self.qkv(hidden_states)", "self.proj(attn_output)")),
+               ("hidden_states", "cu_seqlens", "position_embeddings", "max_seqlen"), _ATTENTION_NEEDS),
         Target(f"{prefix}VisionModel", "forward", "make_vision_forward", ("hidden_states", "grid_thw"),
-               ("get_vision_interpolation_indices_and_weights(", "get_vision_position_ids(grid_thw",
-                "get_vision_attention_seqlens(grid_thw", "kwargs=kwargs", "**kwargs,")),
-        Target(f"{prefix}Model", "forward", "make_model_forward",
-               ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
-                "image_grid_thw", "video_grid_thw", "mm_token_type_ids"),
-               ("get_placeholder_mask(", "masked_scatter(", "deepstack_visual_embeds", "compute_3d_position_ids(",
-                "self.language_model(")),
-        Target(f"{prefix}Model", "get_rope_index", "make_get_rope_index",
-               ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask"),
-               ("video_grid_thw[:, 0] = 1", "max(grid_thw[1], grid_thw[2]) // spatial_merge_size",
-                "llm_positions.max() + 1 - len(current_input_ids)")),
-        Target(f"{prefix}ForConditionalGeneration", "forward", "make_generation_forward",
-               ("input_ids", "pixel_values", "image_grid_thw", "video_grid_thw", "mm_token_type_ids", "kwargs"),
-               ("self.model(",)),
+               _VISION_NEEDS + ("get_vision_interpolation_indices_and_weights(",)),
+        Target(f"{prefix}Model", "forward", "make_model_forward", _MODEL_PARAMS,
+               _MODEL_NEEDS + ("deepstack_visual_embeds",)),
+        Target(f"{prefix}Model", "get_rope_index", "make_get_rope_index", _ROPE_PARAMS,
+               _ROPE_NEEDS + ("video_grid_thw[:, 0] = 1",)),
+        _generation(f"{prefix}ForConditionalGeneration"),
         Target(f"{prefix}TextModel", "_deepstack_process", "make_deepstack_process",
                ("hidden_states", "visual_pos_masks", "visual_embeds"),
                ("hidden_states[visual_pos_masks, :] + visual_embeds", "hidden_states.clone()")),
     )
 
 
+def _qwen2_vl_targets(attention: str, vision: str, prefix: str, window: bool) -> tuple[Target, ...]:
+    return (
+        Target(attention, "forward", "make_attention_forward",
+               ("hidden_states", "cu_seqlens", "position_embeddings", "max_seqlen"), _ATTENTION_NEEDS),
+        Target(vision, "forward", "make_vision_forward", ("hidden_states", "grid_thw"),
+               _VISION_NEEDS + (("get_vision_window_index(", 'kwarg_name="max_window_seqlen"') if window
+                                else ())),
+        Target(f"{prefix}Model", "forward", "make_model_forward", _MODEL_PARAMS, _MODEL_NEEDS),
+        Target(f"{prefix}Model", "get_rope_index", "make_get_rope_index", _ROPE_PARAMS,
+               _ROPE_NEEDS + (("tokens_per_second * ",) if window else ())),
+        _generation(f"{prefix}ForConditionalGeneration"),
+    )
+
+
 FAMILIES: dict[str, Family] = {
-    "qwen3_vl": Family("qwen3_vl", "transformers.models.qwen3_vl.modeling_qwen3_vl", "syncfree.models.qwen3_vl",
+    "qwen3_vl": Family("qwen3_vl", "transformers.models.qwen3_vl.modeling_qwen3_vl", "syncfree.models.qwen_vl",
                        _qwen3_vl_targets("Qwen3VL")),
     "qwen3_vl_moe": Family("qwen3_vl_moe", "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
-                           "syncfree.models.qwen3_vl", _qwen3_vl_targets("Qwen3VLMoe")),
+                           "syncfree.models.qwen_vl", _qwen3_vl_targets("Qwen3VLMoe")),
+    "qwen2_vl": Family("qwen2_vl", "transformers.models.qwen2_vl.modeling_qwen2_vl", "syncfree.models.qwen_vl",
+                       _qwen2_vl_targets("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
+                                         window=False)),
+    "qwen2_5_vl": Family("qwen2_5_vl", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "syncfree.models.qwen_vl",
+                         _qwen2_vl_targets("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel",
+                                           "Qwen2_5_VL", window=True)),
 }
 
 # Stock functions replaced at class level: (class, attr) -> stock function.

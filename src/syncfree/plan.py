@@ -13,6 +13,7 @@ forward reads them without ever asking the device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 
@@ -25,21 +26,62 @@ __all__ = ["Plan", "VisionPlan", "ModelSpec", "build_plan"]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The few config values a plan depends on (checked against the model at forward time)."""
+    """The config values a plan depends on (checked against the model at forward time)."""
 
     model_type: str
     spatial_merge_size: int
-    num_grid_per_side: int
+    num_grid_per_side: int | None  # learned position table side (Qwen3-VL); None: no interpolation
     image_token_id: int
     video_token_id: int
     vision_module: str  # where the stock vision helpers live (a transformers modeling module)
+    window_size: int | None = None  # window attention (Qwen2.5-VL)
+    patch_size: int = 16
+    split_video_frames: bool = True  # Qwen3-VL: one placeholder run per frame; Qwen2/2.5: one per video
+    tokens_per_second: float | None = None  # Qwen2.5-VL video time scaling
+    truncate_seconds: bool = False  # Transformers <= 5.17 truncated second_per_grid_ts to int before scaling
 
     @classmethod
     def from_config(cls, config) -> "ModelSpec":
+        model_type = config.model_type
         vc = config.vision_config
-        module = f"transformers.models.{config.model_type}.modeling_{config.model_type}"
-        return cls(config.model_type, vc.spatial_merge_size, int(vc.num_position_embeddings**0.5),
-                   config.image_token_id, config.video_token_id, module)
+        qwen3 = model_type.startswith("qwen3_vl")
+        module = f"transformers.models.{model_type}.modeling_{model_type}"
+        return cls(
+            model_type, vc.spatial_merge_size, int(vc.num_position_embeddings**0.5) if qwen3 else None,
+            config.image_token_id, config.video_token_id, module,
+            window_size=vc.window_size if model_type == "qwen2_5_vl" else None, patch_size=vc.patch_size,
+            split_video_frames=qwen3,
+            tokens_per_second=vc.tokens_per_second if model_type == "qwen2_5_vl" else None,
+            truncate_seconds=model_type == "qwen2_5_vl" and _truncates_seconds(module),
+        )
+
+    def rope_options(self, second_per_grid_ts=None) -> dict:
+        """The keyword arguments of ``rope_index`` for this model family."""
+        options = {"spatial_merge_size": self.spatial_merge_size, "split_video_frames": self.split_video_frames}
+        if self.tokens_per_second is not None:
+            options.update(tokens_per_second=self.tokens_per_second, second_per_grid_ts=second_per_grid_ts,
+                           truncate_seconds=self.truncate_seconds)
+        return options
+
+    @classmethod
+    def for_vision_model(cls, visual) -> "ModelSpec":
+        """The vision-side values, from a vision tower alone (token ids unknown: -1)."""
+        vc = visual.config
+        module = type(visual).__module__
+        return cls(
+            module.rsplit(".", 1)[-1].removeprefix("modeling_"), vc.spatial_merge_size,
+            getattr(visual, "num_grid_per_side", None), -1, -1, module,
+            window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _truncates_seconds(module_name: str) -> bool:
+    # Older Transformers computed Qwen2.5-VL's video time step as tokens_per_second * int(seconds).
+    import inspect
+
+    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    return "int(next(second_per_grid_ts))" in inspect.getsource(module.Qwen2_5_VLModel.get_rope_index)
 
 
 def _move(t: torch.Tensor, device) -> torch.Tensor:
@@ -59,23 +101,37 @@ class VisionPlan:
     max_seqlen: int
     cu_seqlens: torch.Tensor  # (segments + 1,) int32
     position_ids: torch.Tensor  # (patches, 2) rotary (row, col) ids
-    interp_indices: torch.Tensor  # (patches, taps) into the learned position table
-    interp_weights: torch.Tensor
+    interp_indices: torch.Tensor | None = None  # (patches, taps) into the learned position table (Qwen3-VL)
+    interp_weights: torch.Tensor | None = None
+    window_index: torch.Tensor | None = None  # merged-patch permutation into windows (Qwen2.5-VL)
+    cu_window_seqlens: torch.Tensor | None = None
+    window_seqlens: tuple[int, ...] = ()
+    max_window_seqlen: int = 0
+
+    _TENSORS = ("cu_seqlens", "position_ids", "interp_indices", "interp_weights", "window_index", "cu_window_seqlens")
 
     @property
     def num_patches(self) -> int:
         return sum(self.seqlens)
 
     def to(self, device) -> "VisionPlan":
-        moved = {f: _move(getattr(self, f), device)
-                 for f in ("cu_seqlens", "position_ids", "interp_indices", "interp_weights")}
+        moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
         return dataclasses.replace(self, **moved)
 
     def vision_kwargs(self) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
-        return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": self.position_ids,
-                "interp_indices": self.interp_indices, "interp_weights": self.interp_weights,
-                "syncfree_seqlens": self.seqlens}
+        kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": self.position_ids}
+        # Attention layers find their host split sizes by the length of the cu_seqlens they are given
+        # (full and window segmentations; equal lengths mean equal segmentations).
+        seqlens = {len(self.seqlens) + 1: self.seqlens}
+        if self.interp_indices is not None:
+            kwargs.update(interp_indices=self.interp_indices, interp_weights=self.interp_weights)
+        if self.window_index is not None:
+            kwargs.update(window_index=self.window_index, cu_window_seqlens=self.cu_window_seqlens,
+                          max_window_seqlen=self.max_window_seqlen)
+            seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
+        kwargs["syncfree_seqlens"] = seqlens
+        return kwargs
 
 
 def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw") -> VisionPlan:
@@ -83,10 +139,18 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw")
     grid = _check_grid(grid_thw, spec.spatial_merge_size, name)
     module = sys.modules.get(spec.vision_module) or __import__(spec.vision_module, fromlist=["_"])
     merge = spec.spatial_merge_size
-    indices, weights = module.get_vision_interpolation_indices_and_weights(
-        grid, num_grid_per_side=spec.num_grid_per_side, mode="bilinear", align_corners=True,
-        spatial_merge_size=merge,
-    )
+    extra = {}
+    if spec.num_grid_per_side is not None:
+        extra["interp_indices"], extra["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
+            grid, num_grid_per_side=spec.num_grid_per_side, mode="bilinear", align_corners=True,
+            spatial_merge_size=merge,
+        )
+    if spec.window_size is not None:
+        window_index, cu_window = module.get_vision_window_index(
+            grid, spatial_merge_size=merge, window_size=spec.window_size, patch_size=spec.patch_size)
+        window_seqlens = tuple((cu_window[1:] - cu_window[:-1]).tolist())  # host tensor: no device involved
+        extra.update(window_index=window_index, cu_window_seqlens=cu_window, window_seqlens=window_seqlens,
+                     max_window_seqlen=max(window_seqlens))
     position_ids = module.get_vision_position_ids(grid, merge)
     rows = grid.tolist()  # host tensor: no device involved
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
@@ -94,8 +158,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw")
     cu[1:] = torch.tensor(seqlens, dtype=torch.int64).cumsum(0)
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 for t, h, w in rows),
-        max_seqlen=max(seqlens), cu_seqlens=cu, position_ids=position_ids, interp_indices=indices,
-        interp_weights=weights,
+        max_seqlen=max(seqlens), cu_seqlens=cu, position_ids=position_ids, **extra,
     )
 
 
@@ -156,8 +219,11 @@ class Plan:
                   for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
         grids = {}
         for name, per_row in (("image_grid_thw", self.extra["images_per_row"]),
-                              ("video_grid_thw", self.extra["videos_per_row"])):
+                              ("video_grid_thw", self.extra["videos_per_row"]),
+                              ("second_per_grid_ts", self.extra["videos_per_row"])):
             grid = host.get(name)
+            if grid is not None and not isinstance(grid, torch.Tensor):
+                grid = torch.as_tensor(grid)
             if grid is None:
                 grids[name] = None
                 continue
@@ -166,13 +232,12 @@ class Plan:
         return build_plan(self.spec, **tokens, **grids, grids_optional=True).to(self.device)
 
     def check_model(self, spec: ModelSpec) -> None:
-        if (spec.spatial_merge_size, spec.num_grid_per_side) != (self.spec.spatial_merge_size,
-                                                                 self.spec.num_grid_per_side):
+        if spec != self.spec:
+            differ = [f"{f.name}={getattr(self.spec, f.name)!r} (model: {getattr(spec, f.name)!r})"
+                      for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(self.spec, f.name)]
             raise ValueError(
-                f"this syncfree plan was built for spatial_merge_size={self.spec.spatial_merge_size}, "
-                f"{self.spec.num_grid_per_side}x{self.spec.num_grid_per_side} position grid, but the model has "
-                f"{spec.spatial_merge_size} and {spec.num_grid_per_side}x{spec.num_grid_per_side}: pass the "
-                "model (or its config) to syncfree.prepare()"
+                f"this syncfree plan was built for other model values: {', '.join(differ)}; pass the model "
+                "(or its config) to syncfree.prepare()"
             )
 
 
@@ -183,8 +248,8 @@ def _runs(types_row: torch.Tensor, kind: int) -> list[int]:
 
 
 def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None,
-               image_grid_thw=None, video_grid_thw=None, pixel_values=None, pixel_values_videos=None,
-               grids_optional: bool = False) -> Plan:
+               image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None, pixel_values=None,
+               pixel_values_videos=None, grids_optional: bool = False) -> Plan:
     """Validate the inputs and build the plan on the host.
 
     The token and grid tensors must be on the CPU; of the pixel tensors only the shapes are read.
@@ -225,12 +290,12 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             plans[name] = None
             continue
         vp = vision_plan(grid, spec, f"{name}_grid_thw")
-        if kind == 1:
-            expected = list(vp.split_sizes)
-            unit = "image"
-        else:  # a Qwen3-VL video is split into frames, each between its own start/end tokens
+        if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens
             expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
             unit = "video frame"
+        else:
+            expected = list(vp.split_sizes)
+            unit = name
         if len(runs) != len(expected):
             raise ValueError(f"the tokens hold {len(runs)} {unit} placeholder runs but {name}_grid_thw describes "
                              f"{len(expected)} {unit}s ({name} features without a placeholder, or placeholders "
@@ -243,6 +308,12 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
                              f"patches but {name}_grid_thw describes {vp.num_patches}")
         plans[name] = vp
 
+    if second_per_grid_ts is not None and video_grid_thw is not None:
+        n_videos = len(video_grid_thw)
+        if len(second_per_grid_ts) != n_videos:
+            raise ValueError(f"second_per_grid_ts has {len(second_per_grid_ts)} entries but video_grid_thw describes "
+                             f"{n_videos} videos")
+
     flat = types.flatten()
     visual = torch.nonzero(flat > 0).flatten()
     joint = flat[visual]
@@ -252,20 +323,21 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
         ids = input_ids if input_ids is not None else torch.zeros_like(types)
         position_ids, rope_deltas = rope_index(
             ids.to("cpu"), mm_token_type_ids.to("cpu"), image_grid_thw, video_grid_thw, mask,
-            spatial_merge_size=spec.spatial_merge_size,
+            **spec.rope_options(second_per_grid_ts),
         )
     # Kept on the host so the plan can be rebuilt for an expanded batch (generate with beams).
     images_per_row = [len(_runs(row, 1)) for row in types]
     frames_per_row = [len(_runs(row, 2)) for row in types]
-    videos_per_row = []
-    if video_grid_thw is not None:
+    videos_per_row = [] if spec.split_video_frames else frames_per_row
+    if video_grid_thw is not None and spec.split_video_frames:
         frames = torch.as_tensor(video_grid_thw)[:, 0].cumsum(0).tolist()
         done = 0
         for n in frames_per_row:
             done += n
             videos_per_row.append(sum(1 for f in frames if f <= done) - sum(videos_per_row))
     host = {"input_ids": input_ids, "mm_token_type_ids": mm_token_type_ids, "attention_mask": attention_mask,
-            "image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw}
+            "image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw,
+            "second_per_grid_ts": second_per_grid_ts}
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=plans["image"], video=plans["video"],
         n_image_tokens=int((flat == 1).sum()), n_video_tokens=int((flat == 2).sum()), visual_positions=visual,

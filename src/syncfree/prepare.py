@@ -14,10 +14,10 @@ __all__ = ["prepare"]
 _QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.models.qwen3_vl.modeling_qwen3_vl")
 
 _PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-                "pixel_values", "pixel_values_videos")
+                "second_per_grid_ts", "pixel_values", "pixel_values_videos")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
 # looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device).
-_HOST_ONLY = ("image_grid_thw", "video_grid_thw")
+_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 def _spec(model) -> ModelSpec:

@@ -99,6 +99,50 @@ _QWEN3_VL_30B_A3B = dict(
 )
 
 
+# Qwen2-VL and Qwen2.5-VL: patch 14 (images are multiples of 28 pixels), no deepstack.
+_ROPE_QWEN2 = dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[16, 24, 24])
+_QWEN2_VISION = dict(depth=32, embed_dim=1280, mlp_ratio=4, num_heads=16, hidden_act="quick_gelu", in_channels=3,
+                     patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+_QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, hidden_act="silu",
+                      in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                      fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)
+
+
+def _qwen2_text(hidden, intermediate, layers, heads, kv_heads, vocab, tie):
+    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_act="silu",
+                max_position_embeddings=128000, rms_norm_eps=1e-6, rope_parameters=dict(_ROPE_QWEN2),
+                tie_word_embeddings=tie)
+
+
+# Qwen/Qwen2-VL-2B-Instruct and -7B-Instruct, Qwen/Qwen2.5-VL-3B-Instruct and -7B-Instruct (values as published).
+_QWEN2_VL_2B = dict(model_type="qwen2_vl", tie_word_embeddings=True, **_QWEN_TOKENS,
+                    vision_config=dict(_QWEN2_VISION, hidden_size=1536),
+                    text_config=_qwen2_text(1536, 8960, 28, 12, 2, 151936, True))
+_QWEN2_VL_7B = dict(model_type="qwen2_vl", tie_word_embeddings=False, **_QWEN_TOKENS,
+                    vision_config=dict(_QWEN2_VISION, hidden_size=3584),
+                    text_config=_qwen2_text(3584, 18944, 28, 28, 4, 152064, False))
+_QWEN25_VL_3B = dict(model_type="qwen2_5_vl", tie_word_embeddings=True, **_QWEN_TOKENS,
+                     vision_config=dict(_QWEN25_VISION, out_hidden_size=2048),
+                     text_config=_qwen2_text(2048, 11008, 36, 16, 2, 151936, True))
+_QWEN25_VL_7B = dict(model_type="qwen2_5_vl", tie_word_embeddings=False, **_QWEN_TOKENS,
+                     vision_config=dict(_QWEN25_VISION, out_hidden_size=3584),
+                     text_config=_qwen2_text(3584, 18944, 28, 28, 4, 152064, False))
+
+_TINY_IDS = dict(image_token_id=1000, video_token_id=1001, vision_start_token_id=1002, vision_end_token_id=1003)
+_TINY_QWEN2_TEXT = dict(_qwen2_text(64, 128, 2, 4, 2, 1024, False), bos_token_id=None, eos_token_id=None,
+                        rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]))
+_QWEN2_VL_TINY = dict(model_type="qwen2_vl", tie_word_embeddings=False, **_TINY_IDS,
+                      vision_config=dict(_QWEN2_VISION, depth=2, embed_dim=32, num_heads=2, mlp_ratio=2,
+                                         hidden_size=64),
+                      text_config=_TINY_QWEN2_TEXT)
+# Window 112 px = 4x4 merged patches, so test images larger than that get several (padded) windows.
+_QWEN25_VL_TINY = dict(model_type="qwen2_5_vl", tie_word_embeddings=False, **_TINY_IDS,
+                       vision_config=dict(_QWEN25_VISION, depth=4, hidden_size=32, intermediate_size=64,
+                                          num_heads=2, out_hidden_size=64, fullatt_block_indexes=[1, 3]),
+                       text_config=_TINY_QWEN2_TEXT)
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -114,6 +158,12 @@ PRESETS: dict[str, Preset] = {
     "qwen3-vl-moe-tiny": Preset("qwen3-vl-moe-tiny", _QWEN3_VL_MOE_TINY, 0, "tiny Qwen3-VL-MoE for tests"),
     "qwen3-vl-30b-a3b": Preset("qwen3-vl-30b-a3b", _QWEN3_VL_30B_A3B, 151643,
                                "Qwen3-VL-30B-A3B-Instruct shapes, random weights"),
+    "qwen2-vl-tiny": Preset("qwen2-vl-tiny", _QWEN2_VL_TINY, 0, "tiny Qwen2-VL for tests"),
+    "qwen2-vl-2b": Preset("qwen2-vl-2b", _QWEN2_VL_2B, 151643, "Qwen2-VL-2B-Instruct shapes, random weights"),
+    "qwen2-vl-7b": Preset("qwen2-vl-7b", _QWEN2_VL_7B, 151643, "Qwen2-VL-7B-Instruct shapes, random weights"),
+    "qwen2.5-vl-tiny": Preset("qwen2.5-vl-tiny", _QWEN25_VL_TINY, 0, "tiny Qwen2.5-VL for tests (window attention)"),
+    "qwen2.5-vl-3b": Preset("qwen2.5-vl-3b", _QWEN25_VL_3B, 151643, "Qwen2.5-VL-3B-Instruct shapes, random weights"),
+    "qwen2.5-vl-7b": Preset("qwen2.5-vl-7b", _QWEN25_VL_7B, 151643, "Qwen2.5-VL-7B-Instruct shapes, random weights"),
 }
 
 

@@ -374,12 +374,17 @@ def emulate_cuda():
     real = {name: getattr(torch.cuda, name) for name in _CUDA_STANDINS}
     for name, standin in _CUDA_STANDINS.items():
         setattr(torch.cuda, name, standin)
+    # model.to("cpu") must swap each emulated parameter for a plain one in place (as model.to("cuda")
+    # did the other way), or the module would keep wrappers whose data is on the host.
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
     _depth = 1
     try:
         with ApiMode(), _DispatchMode():
             yield
     finally:
         _depth = 0
+        torch.__future__.set_swap_module_params_on_conversion(swap)
         for name, fn in real.items():
             setattr(torch.cuda, name, fn)
         guard.restore()

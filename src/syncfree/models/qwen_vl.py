@@ -1,4 +1,4 @@
-"""Sync-free replacements for the Qwen3-VL family (Qwen3-VL and Qwen3-VL-MoE share this code).
+"""Sync-free replacements for Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE share this code).
 
 Each ``make_*`` takes the stock function it replaces and returns the replacement.
 Where stock code is already sync-free once it is handed host-side values, the
@@ -45,8 +45,10 @@ def make_attention_forward(stock):
         q, k = m.apply_rotary_pos_emb_vision(q, k, cos, sin)
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         attention = m.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, m.eager_attention_forward)
-        # The segment lengths are Python ints from the plan: no per-layer read of cu_seqlens.
-        splits = [torch.split(t, list(syncfree_seqlens), dim=2) for t in (q, k, v)]
+        # The segment lengths are Python ints from the plan: no per-layer read of cu_seqlens. Models
+        # with window attention alternate two segmentations; the plan keys them by cu_seqlens' length.
+        sizes = syncfree_seqlens[cu_seqlens.shape[0]] if isinstance(syncfree_seqlens, dict) else syncfree_seqlens
+        splits = [torch.split(t, list(sizes), dim=2) for t in (q, k, v)]
         outputs = [
             attention(self, qi, ki, vi, attention_mask=None, scaling=self.scaling,
                       dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0]
@@ -67,9 +69,7 @@ def make_vision_forward(stock):
             if grid_thw is None:
                 raise ValueError("the vision tower needs grid_thw (or a syncfree plan)")
             host_grid = read_to_host_syncs_once({"grid_thw": grid_thw})["grid_thw"]
-            spec = ModelSpec(type(self).__module__.rsplit("_", 1)[0], self.config.spatial_merge_size,
-                             self.num_grid_per_side, -1, -1, type(self).__module__)
-            plan = vision_plan(host_grid, spec).to(hidden_states.device)
+            plan = vision_plan(host_grid, ModelSpec.for_vision_model(self)).to(hidden_states.device)
         # Stock helpers pop these precomputed values from kwargs instead of deriving them from grid_thw,
         # so grid_thw is never read on the device (and may stay on the host).
         return stock(self, hidden_states, grid_thw=plan.grid_thw, **{**plan.vision_kwargs(), **kwargs})
@@ -87,8 +87,8 @@ def make_get_rope_index(stock):
             plan = plan.expanded(input_ids.shape[0])
             if plan.position_ids is not None:
                 return plan.position_ids, plan.rope_deltas
-        return rope_index(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, attention_mask,
-                          spatial_merge_size=self.config.vision_config.spatial_merge_size)
+        options = ModelSpec.from_config(self.config).rope_options(kwargs.get("second_per_grid_ts"))
+        return rope_index(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, attention_mask, **options)
 
     return get_rope_index
 
@@ -134,7 +134,7 @@ def make_generation_forward(stock):
 
 # ---- the multimodal model forward ---------------------------------------------------------------------
 def _plan_for(model, syncfree_plan, input_ids, mm_token_type_ids, attention_mask, image_grid_thw, video_grid_thw,
-              pixel_values, pixel_values_videos, device) -> Plan:
+              second_per_grid_ts, pixel_values, pixel_values_videos, device) -> Plan:
     # generate() may encode the pixels itself and hand over only the features (mm_encoder_outputs),
     # dropping the grids: the plan then places features by their tokens alone.
     grids_optional = pixel_values is None and pixel_values_videos is None
@@ -146,7 +146,7 @@ def _plan_for(model, syncfree_plan, input_ids, mm_token_type_ids, attention_mask
     # No prepare(): read the small control tensors once, build the plan, send it back.
     host = read_to_host_syncs_once({"input_ids": input_ids, "mm_token_type_ids": mm_token_type_ids,
                                     "attention_mask": attention_mask, "image_grid_thw": image_grid_thw,
-                                    "video_grid_thw": video_grid_thw})
+                                    "video_grid_thw": video_grid_thw, "second_per_grid_ts": second_per_grid_ts})
     # Of the pixels only the shapes are checked: they are host metadata, nothing is read.
     return build_plan(spec, pixel_values=pixel_values, pixel_values_videos=pixel_values_videos,
                       grids_optional=grids_optional, **host).to(device)
@@ -174,6 +174,7 @@ def make_model_forward(stock):
     output_class = _output_class(stock)
     fields = {f.name for f in dataclasses.fields(output_class)}
     generic = sys.modules["transformers.utils.generic"]
+    stock_params = _parameters_of(stock)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, pixel_values=None,
                 pixel_values_videos=None, image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None,
@@ -181,6 +182,10 @@ def make_model_forward(stock):
         cache = kwargs.pop("cache", None)
         legacy_cache = kwargs.pop("past_key_values", None)
         cache = cache if cache is not None else legacy_cache
+        # Arguments the stock forward names go where stock sends them, not on to the vision tower.
+        second_per_grid_ts = kwargs.pop("second_per_grid_ts", None)
+        text_kwargs = {"use_cache": kwargs.pop("use_cache")} if "use_cache" in stock_params and "use_cache" in kwargs \
+            else {}
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if (pixel_values is not None or pixel_values_videos is not None) and mm_encoder_outputs is not None:
@@ -196,7 +201,8 @@ def make_model_forward(stock):
                 raise ValueError("syncfree's patched forward needs input_ids or mm_token_type_ids to place "
                                  "multimodal features without a host sync")
             plan = _plan_for(self, syncfree_plan, input_ids, mm_token_type_ids, attention_mask, image_grid_thw,
-                             video_grid_thw, pixel_values, pixel_values_videos, inputs_embeds.device)
+                             video_grid_thw, second_per_grid_ts, pixel_values, pixel_values_videos,
+                             inputs_embeds.device)
         if pixel_values is not None and encoder.get("image") is None:
             encoder["image"] = self.get_image_features(pixel_values, plan.image.grid_thw, return_dict=True,
                                                        syncfree_vision_plan=plan.image, **kwargs)
@@ -218,7 +224,8 @@ def make_model_forward(stock):
             else:
                 mask = (mm_token_type_ids == (1 if kind == "image" else 2)).unsqueeze(-1).to(inputs_embeds.device)
             inputs_embeds = inputs_embeds.masked_scatter(mask, embeds)
-            deepstack[kind] = [_cat(f) for f in encoder[kind].deepstack_features]
+            if getattr(encoder[kind], "deepstack_features", None) is not None:  # Qwen3-VL
+                deepstack[kind] = [_cat(f) for f in encoder[kind].deepstack_features]
 
         visual_positions = deepstack_embeds = None
         if deepstack:
@@ -239,17 +246,19 @@ def make_model_forward(stock):
             if plan is not None and plan.position_ids is not None and cache_length == 0:
                 position_ids, self.rope_deltas = plan.position_ids, plan.rope_deltas
             else:
+                extra = {"second_per_grid_ts": second_per_grid_ts} if second_per_grid_ts is not None else {}
                 position_ids = self.compute_3d_position_ids(
                     input_ids=input_ids, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
                     inputs_embeds=inputs_embeds, attention_mask=attention_mask, mm_token_type_ids=mm_token_type_ids,
-                    **{cache_name: cache},
+                    **{cache_name: cache}, **extra,
                 )
         text_mask = _text_attention_mask(self.language_model, plan, attention_mask, inputs_embeds, cache,
                                          cache_length, position_ids)
+        if visual_positions is not None:
+            text_kwargs.update(visual_pos_masks=visual_positions, deepstack_visual_embeds=deepstack_embeds)
         outputs = self.language_model(
             input_ids=None, position_ids=position_ids, attention_mask=text_mask, inputs_embeds=inputs_embeds,
-            visual_pos_masks=visual_positions, deepstack_visual_embeds=deepstack_embeds, **{cache_name: cache},
-            **kwargs,
+            **{cache_name: cache}, **text_kwargs, **kwargs,
         )
         extras = {"rope_deltas": self.rope_deltas, "image_outputs": encoder.get("image"),
                   "video_outputs": encoder.get("video")}
@@ -286,7 +295,7 @@ def _text_attention_mask(language_model, plan, attention_mask, inputs_embeds, ca
     if plan.padding_free and (text_position_ids is None or cache is not None):
         # (Without a mask, cache and text positions, the mask code would look for packed sequences.)
         return None
-    if language_model.config._attn_implementation != "sdpa":
+    if language_model.config._attn_implementation != "sdpa" or getattr(language_model, "has_sliding_layers", False):
         return attention_mask
     if plan.padding_free:
         return attention_mask
