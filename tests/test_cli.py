@@ -61,3 +61,15 @@ def test_unknown_model_is_a_clear_error(capsys):
     assert main(["audit", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert "unknown model 'no-such-model'" in err and "qwen3-vl-8b" in err
+
+
+def test_audit_compare_for_qwen2_5_vl_window_attention(tmp_path):
+    path = tmp_path / "qwen25.json"
+    assert main(["audit", "--compare", "--model", "qwen2.5-vl-tiny", "--inputs", "mixed", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["run"]["model"] == "qwen2.5-vl-tiny"
+    split = [s for s in data["stock"]["lines"] if "lengths.tolist()" in s["code"]]
+    assert split and split[0]["syncs"] == 3 * load_config("qwen2.5-vl-tiny").vision_config.depth * 2
+    assert data["patched"]["summary"]["syncs"] == 1
+    assert data["patched+prepare"]["summary"] == {**data["patched+prepare"]["summary"], "syncs": 0,
+                                                   "blocking_copies": 0}

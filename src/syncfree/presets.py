@@ -218,13 +218,20 @@ def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torc
 
 def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torch.dtype = torch.float32,
                        seed: int = 0):
-    """Only the vision tower (``*VisionModel``); for a preset, without building the text model."""
-    from transformers import AutoModel
+    """Only the vision tower; for a preset, without building the text model."""
+    import importlib
 
     if model not in PRESETS:
         return build_model(model, attn=attn, dtype=dtype).model.visual
     config = load_config(model, attn=attn)
+    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    cls = getattr(module, _VISION_CLASSES[config.model_type])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        m = AutoModel.from_config(config.vision_config, dtype=dtype, attn_implementation=attn)
+        m = cls._from_config(config.vision_config, dtype=dtype, attn_implementation=attn)
     return m.eval()
+
+
+_VISION_CLASSES = {"qwen3_vl": "Qwen3VLVisionModel", "qwen3_vl_moe": "Qwen3VLMoeVisionModel",
+                   "qwen2_vl": "Qwen2VisionTransformerPretrainedModel",
+                   "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel"}
