@@ -82,6 +82,50 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import dataclasses
+    import sys as _sys
+
+    import torch
+
+    from .bench import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig, run_matrix, table, write_results
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: this machine has no CUDA device")
+    if args.quick:
+        cfg = BenchConfig(models=tuple(args.models or QUICK_MODELS), scenarios=tuple(args.scenarios or SCENARIOS),
+                          device=device, repeats=args.repeats or 2, budget_s=1.0, scale=0.08, max_frames=4,
+                          graph_breaks=True, text_layers=2)
+    else:
+        attns = tuple(args.attn or (("sdpa", "eager") if device == "cuda" else ("sdpa",)))
+        cfg = BenchConfig(models=tuple(args.models or MODELS), scenarios=tuple(args.scenarios or SCENARIOS),
+                          scopes=tuple(args.scopes), attns=attns, compile=(False, True) if args.compile else (False,),
+                          device=device, repeats=args.repeats or 5, budget_s=args.budget,
+                          text_layers=args.text_layers, dtype=_DTYPES[args.dtype])
+    unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    print(f"syncfree bench on {device}: {len(cfg.models)} models x {len(cfg.scenarios)} scenarios x "
+          f"{len(cfg.scopes)} scopes x {len(cfg.attns)} attention x {len(cfg.compile)} compile, stock vs patched",
+          flush=True)
+    tty = _sys.stdout.isatty()
+
+    def progress(line: str) -> None:
+        print(("\r\033[K" if tty else "") + line, end="" if tty else "\n", flush=True)
+
+    records = run_matrix(cfg, progress=progress)
+    if tty:
+        print()
+    name = args.name or f"bench-{device}{'-quick' if args.quick else ''}"
+    paths = write_results(args.out, name, dataclasses.asdict(cfg), records, plot=not args.no_plot)
+    from .bench.results import pairs
+
+    print("\n" + table(pairs(records)))
+    print("\nwrote " + ", ".join(p for p in paths.values() if p))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="syncfree", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,7 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
     aud = sub.add_parser("audit", help="list every host sync and copy of one forward, by source line")
     _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
+    bench = sub.add_parser("bench", help="stock vs patched latency, syncs and graph breaks over the scenario matrix")
+    bench.add_argument("--quick", action="store_true", help="tiny models and inputs: a smoke run of under a minute")
+    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    bench.add_argument("--models", nargs="+", help="presets or checkpoint folders (default: the real shapes)")
+    bench.add_argument("--scenarios", nargs="+", help="scenario names (default: all)")
+    bench.add_argument("--attn", nargs="+", help="attention implementations (default: sdpa; sdpa and eager on cuda)")
+    bench.add_argument("--compile", action="store_true", help="also time the torch.compile'd vision tower")
+    bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full"),
+                       help="vision tower alone and/or the full prefill (default: both)")
+    bench.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="model dtype (default float32)")
+    bench.add_argument("--repeats", type=int, help="timed runs per variant (default 5; 2 with --quick)")
+    bench.add_argument("--budget", type=float, default=20.0, help="seconds per variant before repeats are cut")
+    bench.add_argument("--text-layers", type=int, default=2, help="text layers for the full scope (default 2)")
+    bench.add_argument("--out", default="benchmarks/results", help="output folder (default benchmarks/results)")
+    bench.add_argument("--name", help="file name stem (default bench-<device>[-quick])")
+    bench.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        try:
+            return _bench(args)
+        except ValueError as err:
+            print(f"syncfree bench: error: {err}", file=sys.stderr)
+            return 2
     demo_run = args.command == "demo"
     title = "syncfree demo" if demo_run else "syncfree audit"
     try:

@@ -1,0 +1,107 @@
+"""Bench results: pairing stock with patched, the terminal table, JSON + CSV files, and the plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import time
+
+import torch
+
+__all__ = ["pairs", "table", "write_results", "machine"]
+
+_KEY = ("model", "scenario", "scope", "attn", "compiled", "device")
+
+
+def pairs(records: list[dict]) -> list[dict]:
+    """One row per cell with stock and patched side by side; ratio = patched / stock latency."""
+    cells: dict[tuple, dict] = {}
+    for r in records:
+        cells.setdefault(tuple(r[k] for k in _KEY), {})[r["variant"]] = r
+    out = []
+    for key, v in cells.items():
+        if {"stock", "patched"} <= v.keys():
+            stock, patched = v["stock"], v["patched"]
+            out.append({**dict(zip(_KEY, key)), "stock_ms": stock["latency_ms"], "patched_ms": patched["latency_ms"],
+                        "ratio": patched["latency_ms"] / stock["latency_ms"],
+                        "stock_syncs": stock.get("syncs"), "patched_syncs": patched.get("syncs"),
+                        "stock_graph_breaks": stock.get("graph_breaks"),
+                        "patched_graph_breaks": patched.get("graph_breaks")})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = ("model", "scenario", "scope", "attn", "compile", "stock ms", "patched ms", "ratio", "syncs s/p",
+            "breaks s/p")
+    lines = [head]
+    for r in rows:
+        breaks = "" if r["stock_graph_breaks"] is None else f"{r['stock_graph_breaks']}/{r['patched_graph_breaks']}"
+        syncs = "" if r["stock_syncs"] is None else f"{r['stock_syncs']}/{r['patched_syncs']}"
+        lines.append((r["model"], r["scenario"], r["scope"], r["attn"], "yes" if r["compiled"] else "no",
+                      f"{r['stock_ms']:.1f}", f"{r['patched_ms']:.1f}", f"{r['ratio']:.3f}", syncs, breaks))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    text.insert(1, "-" * len(text[0]))
+    return "\n".join(text)
+
+
+def machine(device: str) -> dict:
+    import transformers
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def write_results(out_dir: str, name: str, config: dict, records: list[dict], plot: bool = True) -> dict:
+    """Write ``<name>.json``, ``<name>.csv`` and (with matplotlib) ``<name>.png``; returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    rows = pairs(records)
+    result = {"benchmark": "syncfree bench", "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": machine(config.get("device", "cpu")), "config": config, "pairs": rows, "records": records}
+    paths = {"json": os.path.join(out_dir, f"{name}.json"), "csv": os.path.join(out_dir, f"{name}.csv")}
+    with open(paths["json"], "w") as f:
+        json.dump(result, f, indent=2)
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
+        writer.writeheader()
+        writer.writerows(rows)
+    if plot and rows:
+        try:
+            paths["png"] = _plot(rows, os.path.join(out_dir, f"{name}.png"), result["machine"])
+        except ImportError:
+            paths["png"] = None  # matplotlib is in the `bench` extra
+    return paths
+
+
+def _plot(rows: list[dict], path: str, info: dict) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\n{r['scenario']} {r['scope']}{' c' if r['compiled'] else ''}" for r in rows]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(rows)), 8), sharex=True)
+    x = range(len(rows))
+    ax1.bar(x, [r["ratio"] for r in rows], color=["tab:green" if r["ratio"] < 1 else "tab:red" for r in rows])
+    ax1.axhline(1.0, color="black", linewidth=0.8)
+    ax1.set_ylabel("patched / stock latency")
+    ax1.set_title(f"syncfree bench on {info.get('gpu', 'CPU')} (torch {info['torch']}, "
+                  f"transformers {info['transformers']})")
+    width = 0.4
+    ax2.bar([i - width / 2 for i in x], [r["stock_syncs"] or 0 for r in rows], width, label="stock")
+    ax2.bar([i + width / 2 for i in x], [r["patched_syncs"] or 0 for r in rows], width, label="patched")
+    ax2.set_ylabel("host syncs per forward")
+    ax2.legend()
+    ax2.set_xticks(list(x))
+    ax2.set_xticklabels(labels, rotation=90, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,217 @@
+"""Run the matrix: stock vs patched, side by side in one process, for every model/scenario/scope/attention/compile.
+
+Latency: one warm-up, then up to ``repeats`` timed runs (fewer when one forward is slow, so a
+big input does not eat the whole budget; on the CPU a forward longer than the budget is taken
+as its own measurement); CUDA events on the GPU, ``perf_counter`` on the CPU. The full scope
+asks for the last position's logits only, as ``generate()``'s prefill does.
+The patched time includes ``syncfree.prepare`` (it starts from the processor's CPU tensors, as
+stock does). Host syncs come from ``syncfree.audit`` (the real device on a GPU; on a CPU, the
+emulated one, run on the same layout at its smallest pixel size, since the syncs depend on the
+layout and not on the pixel count). Graph breaks come from ``torch._dynamo.explain`` of the
+vision tower. Every ratio is patched / stock within this one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..audit import audit, emulate_cuda
+from ..inputs import build_inputs
+from ..patching import patch, unpatch
+from ..prepare import prepare
+from ..presets import PRESETS, build_model, load_config
+from .scenarios import SCENARIOS
+
+__all__ = ["BenchConfig", "run_matrix"]
+
+
+@dataclass
+class BenchConfig:
+    models: tuple[str, ...]
+    scenarios: tuple[str, ...] = tuple(SCENARIOS)
+    scopes: tuple[str, ...] = ("vision", "full")
+    attns: tuple[str, ...] = ("sdpa",)
+    compile: tuple[bool, ...] = (False,)
+    device: str = "cpu"
+    repeats: int = 5
+    budget_s: float = 20.0  # timed seconds per variant before the repeats are cut
+    scale: float = 1.0
+    max_frames: int | None = None
+    text_layers: int = 2
+    dtype: str = "float32"
+    graph_breaks: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn, device: str, repeats: int, budget_s: float) -> list[float]:
+    """Milliseconds per call: one warm-up, then timed calls within the budget."""
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    first = time.perf_counter() - start
+    if device == "cpu" and first > budget_s:
+        return [first * 1e3]  # a forward this long on the CPU is its own measurement: no warm-up effect left
+    n = max(1, min(repeats, int(budget_s / max(first, 1e-6))))
+    out = []
+    for _ in range(n):
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(begin.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
+    """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
+    visual = model.model.visual
+    if compiled:
+        visual = torch.compile(visual, fullgraph=variant == "patched", dynamic=False)
+
+    def move(kwargs):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+    def run():
+        if variant == "patched":
+            kwargs = prepare(batch, device, model)
+        else:
+            kwargs = move(batch)
+        if scope == "vision":
+            plan = kwargs.get("syncfree_plan")
+            for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
+                                       ("pixel_values_videos", "video_grid_thw", "video")):
+                if pixels in kwargs:
+                    extra = {"syncfree_vision_plan": getattr(plan, kind)} if plan is not None else {}
+                    visual(kwargs[pixels].to(model.dtype), grid_thw=kwargs[grid], **extra)
+        else:
+            model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
+
+    return run
+
+
+def _audits(model, batch: dict, scopes, device: str) -> dict:
+    """Syncs and copies of one forward per (scope, variant), on the real device or the emulated one.
+
+    One emulated session per scenario: moving a large model onto the emulated device costs a copy.
+    """
+    gpu = device == "cuda"
+    out = {}
+    with contextlib.nullcontext() if gpu else emulate_cuda():
+        if not gpu:
+            model.to("cuda")
+        try:
+            for scope in scopes:
+                for variant in ("stock", "patched"):
+                    (patch if variant == "patched" else unpatch)(model)
+                    run = _runner(model, batch, scope, variant, "cuda", compiled=False)
+                    with audit() as report:
+                        run()
+                    s = report.summary()
+                    out[scope, variant] = {"syncs": s["syncs"], "blocking_copies": s["blocking_copies"],
+                                           "h2d": s["h2d"], "d2h": s["d2h"],
+                                           "sync_lines": sorted({e.line for e in report.syncs})}
+        finally:
+            unpatch(model)
+            if not gpu:
+                model.to("cpu")
+    return out
+
+
+def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
+    if variant == "patched":
+        kwargs = prepare(batch, device, model)
+    else:
+        kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    plan = kwargs.get("syncfree_plan")
+    if "pixel_values" not in kwargs:
+        return None
+    extra = {"syncfree_vision_plan": plan.image} if plan is not None else {}
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.model.visual)(kwargs["pixel_values"].to(model.dtype),
+                                                          grid_thw=kwargs["image_grid_thw"],
+                                                          **extra)
+    return explained.graph_break_count
+
+
+def run_matrix(cfg: BenchConfig, progress=None) -> list[dict]:
+    """Run every cell of the matrix; returns one record per (cell, variant)."""
+    records = []
+    cells = [(m, a) for m in cfg.models for a in cfg.attns]
+    total = len(cells) * len(cfg.scenarios) * len(cfg.scopes) * len(cfg.compile) * 2
+    done = 0
+    pending: list = []
+    for model_name, attn in cells:
+        model = build_model(model_name, attn=attn, text_layers=cfg.text_layers,
+                            dtype=getattr(torch, cfg.dtype)).to(cfg.device)
+        config = load_config(model_name)
+        unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+        pad = PRESETS[model_name].pad_token_id if model_name in PRESETS else None
+        for scenario_name in cfg.scenarios:
+            scenario = SCENARIOS[scenario_name]
+            batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
+            small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
+            with torch.no_grad():
+                audits = _audits(model, small, cfg.scopes, cfg.device)
+            for scope in cfg.scopes:
+                for compiled in cfg.compile:
+                    if compiled and scope != "vision":
+                        continue  # compiling the whole prefill is out of this matrix: the vision tower is
+                    for variant in ("stock", "patched"):
+                        (patch if variant == "patched" else unpatch)(model)
+                        done += 1
+                        if progress:
+                            progress(f"[{done}/{total}] {model_name} {scenario_name} {scope} {attn}"
+                                     f"{' compiled' if compiled else ''} {variant}")
+                        with torch.no_grad():
+                            times = _time(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
+                                          cfg.repeats, cfg.budget_s)
+                            record = {
+                                "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,
+                                "compiled": compiled, "device": cfg.device, "variant": variant,
+                                "latency_ms": statistics.median(times), "latency_min_ms": min(times),
+                                "latency_max_ms": max(times), "repeats": len(times),
+                                "tokens": int(batch["input_ids"].numel()),
+                                "patches": int(sum(batch[k].shape[0] for k in ("pixel_values", "pixel_values_videos")
+                                                   if k in batch)),
+                            }
+                            if not compiled:
+                                record.update(audits[scope, variant])
+                            if cfg.device == "cuda":
+                                from .gpu_metrics import profile_forward
+
+                                torch.cuda.reset_peak_memory_stats()
+                                record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda",
+                                                                        compiled))
+                                record["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                            if cfg.graph_breaks and scope == "vision" and not compiled:
+                                pending.append((record, small, variant))
+                        records.append(record)
+                unpatch(model)
+        # Last, as Dynamo keeps weak references to the parameters, after which model.to() cannot swap them.
+        breaks: dict = {}
+        for record, small, variant in pending:
+            key = (record["scenario"], variant)
+            if key not in breaks:
+                (patch if variant == "patched" else unpatch)(model)
+                breaks[key] = _graph_breaks(model, small, variant, cfg.device)
+            record["graph_breaks"] = breaks[key]
+        pending.clear()
+        unpatch(model)
+        del model
+    return records
