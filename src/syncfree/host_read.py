@@ -16,9 +16,8 @@ def read_to_host_syncs_once(tensors: dict) -> dict:
     on_device = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
     if not on_device:
         return dict(tensors)
-    host = {k: v.to("cpu", non_blocking=True) for k, v in on_device.items()}
-    device_types = {v.device.type for v in on_device.values()}
-    if device_types == {"cuda"}:
+    if {v.device.type for v in on_device.values()} == {"cuda"}:
+        host = {k: v.to("cpu", non_blocking=True) for k, v in on_device.items()}
         torch.cuda.synchronize()
     else:  # other accelerators: a blocking copy each (still correct, just not a single wait)
         host = {k: v.to("cpu") for k, v in on_device.items()}
