@@ -88,7 +88,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .bench import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig, run_matrix, table, write_results
+    from .bench import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig, pairs, run_matrix, table, write_results
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -119,8 +119,6 @@ def _bench(args: argparse.Namespace) -> int:
         print()
     name = args.name or f"bench-{device}{'-quick' if args.quick else ''}"
     paths = write_results(args.out, name, dataclasses.asdict(cfg), records, plot=not args.no_plot)
-    from .bench.results import pairs
-
     print("\n" + table(pairs(records)))
     print("\nwrote " + ", ".join(p for p in paths.values() if p))
     return 0

@@ -279,10 +279,11 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             raise ValueError(f"attention_mask {tuple(mask.shape)} must match the tokens {tuple(types.shape)}")
         types = torch.where(mask.bool(), types, torch.zeros_like(types))
 
-    plans, n_runs = {}, {}
+    plans, n_runs, row_runs = {}, {}, {}
     for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
                                      (2, "video", video_grid_thw, pixel_values_videos)):
-        runs = [n for row in types for n in _runs(row, kind)]
+        row_runs[name] = [_runs(row, kind) for row in types]
+        runs = [n for per_row in row_runs[name] for n in per_row]
         n_runs[name] = len(runs)
         if grid is None:
             if runs and not grids_optional:
@@ -326,8 +327,8 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             **spec.rope_options(second_per_grid_ts),
         )
     # Kept on the host so the plan can be rebuilt for an expanded batch (generate with beams).
-    images_per_row = [len(_runs(row, 1)) for row in types]
-    frames_per_row = [len(_runs(row, 2)) for row in types]
+    images_per_row = [len(r) for r in row_runs["image"]]
+    frames_per_row = [len(r) for r in row_runs["video"]]
     videos_per_row = [] if spec.split_video_frames else frames_per_row
     if video_grid_thw is not None and spec.split_video_frames:
         frames = torch.as_tensor(video_grid_thw)[:, 0].cumsum(0).tolist()

@@ -19,6 +19,7 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .api_mode import api_name
 from .events import D2H, H2D, SYNC, Event, capture_stack
 
 __all__ = ["CudaEngine", "CudaUnavailable"]
@@ -78,7 +79,7 @@ class _CallTracker(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         outer = (self.api, self.in_copy)
-        self.api = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        name = self.api = api_name(func)
         copy = _copy_kind(func, args, kwargs)
         self.in_copy = copy is not None
         try:
@@ -92,7 +93,7 @@ class _CallTracker(TorchFunctionMode):
             pinned = bool(host is not None and host.is_pinned())
             blocking = not (non_blocking and pinned)
             self.engine.add(Event(
-                kind=direction, op=getattr(func, "__name__", "copy"), api=self.api_name(func),
+                kind=direction, op=getattr(func, "__name__", "copy"), api=name,
                 reason="a host-to-device copy" if direction == H2D else "a device-to-host copy",
                 shapes=(tuple(data.shape),) if isinstance(data, torch.Tensor) else (),
                 nbytes=data.numel() * data.element_size() if isinstance(data, torch.Tensor) else 0,
@@ -101,10 +102,6 @@ class _CallTracker(TorchFunctionMode):
             ))
         return out
 
-    @staticmethod
-    def api_name(func) -> str:
-        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
-        return name.replace("TensorBase.", "Tensor.")
 
 
 class CudaEngine:
