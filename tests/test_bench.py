@@ -53,3 +53,17 @@ def test_patched_vision_tower_has_no_graph_breaks_where_stock_has_some(quick):
 def test_gpu_busy_time_is_the_union_of_kernel_intervals():
     assert busy_time([(0, 2), (1, 3), (5, 6), (5.5, 5.8)]) == 4
     assert busy_time([]) == 0
+
+
+def test_gpu_profile_counts_only_device_activity(monkeypatch):
+    # On a machine without CUDA the profiler sees host ops only: none may count as a kernel, a copy or a sync.
+    import torch
+
+    from syncfree.bench.gpu_metrics import profile_forward
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    a = torch.ones(128, 128)
+    got = profile_forward(lambda: (a @ a).sum().item())
+    assert got["wall_ms"] > 0
+    assert (got["kernel_ms"], got["busy_fraction"]) == (0, 0)
+    assert (got["memcpy_htod"], got["memcpy_dtoh"], got["stream_syncs"]) == (0, 0, 0)

@@ -51,3 +51,134 @@ def test_real_and_emulated_engines_agree_on_syncs_by_line():
         with audit("cuda") as report:
             model(**device_batch)
     assert _syncs_by_line(report) == emulated
+
+
+# ---- the engine's own logic, without a device: its hooks are fed what CUDA would send them ----
+
+def _waits(monkeypatch):
+    """A _HostWaits wired to a plain list, with torch.cuda.synchronize a stand-in that only counts."""
+    from syncfree.audit.cuda_engine import _CallTracker, _HostWaits
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    events = []
+    tracker = _CallTracker(SimpleNamespace(add=events.append))
+    return _HostWaits(events.append, tracker), tracker, events, calls
+
+
+def test_cuda_sync_warnings_become_sync_events_at_the_calling_line(monkeypatch):
+    import warnings
+
+    waits, tracker, events, _ = _waits(monkeypatch)
+    waits.install()
+    try:
+        tracker.api = "Tensor.tolist"
+        warnings.warn("called a synchronizing CUDA operation"); line = sys._getframe().f_lineno  # noqa: E702
+        warnings.warn("called a synchronizing CUDA operation")  # "always": the second is not deduplicated
+    finally:
+        waits.uninstall()
+        tracker.api = None
+    assert [e.kind for e in events] == ["sync", "sync"]
+    assert events[0].api == "Tensor.tolist" and events[0].engine == "cuda"
+    assert (events[0].where.filename, events[0].where.lineno) == (__file__, line)
+
+
+def test_cuda_sync_warning_inside_a_recorded_copy_is_not_counted_twice(monkeypatch):
+    import warnings
+
+    waits, tracker, events, _ = _waits(monkeypatch)
+    waits.install()
+    try:
+        tracker.in_copy = True
+        warnings.warn("called a synchronizing CUDA operation")
+    finally:
+        waits.uninstall()
+    assert events == []
+
+
+def test_other_warnings_pass_through_the_cuda_engine(monkeypatch):
+    import warnings
+
+    waits, _, events, _ = _waits(monkeypatch)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        waits.install()
+        try:
+            warnings.warn("something else entirely")
+        finally:
+            waits.uninstall()
+    assert events == []
+    assert [str(w.message) for w in seen] == ["something else entirely"]
+
+
+def test_device_wide_synchronize_is_a_sync_event_and_still_waits(monkeypatch):
+    # CUDA's sync debug mode does not see cudaDeviceSynchronize, so the engine wraps the Python call.
+    waits, _, events, calls = _waits(monkeypatch)
+    stand_in = torch.cuda.synchronize
+    waits.install()
+    try:
+        torch.cuda.synchronize()
+    finally:
+        waits.uninstall()
+    assert calls == [None]  # the real synchronize still ran
+    assert [(e.kind, e.api) for e in events] == [("sync", "torch.cuda.synchronize")]
+    assert torch.cuda.synchronize is stand_in  # and is back after the audit
+
+
+@pytest.mark.parametrize("call, expected", [
+    ((torch.Tensor.to, (torch.ones(2), "cuda"), {}), ("h2d", False)),
+    ((torch.Tensor.to, (torch.ones(2), "cuda"), {"non_blocking": True}), ("h2d", True)),
+    ((torch.Tensor.to, (torch.ones(2), torch.float64), {}), None),
+    ((torch.Tensor.to, (torch.ones(2), "cpu"), {}), None),
+    ((torch.Tensor.cuda, (torch.ones(2),), {"non_blocking": True}), ("h2d", True)),
+    ((torch.tensor, ([1, 2],), {"device": "cuda"}), ("h2d", False)),
+    ((torch.tensor, ([1, 2],), {}), None),
+])
+def test_copies_are_recognised_from_the_python_call(call, expected):
+    from syncfree.audit.cuda_engine import _copy_kind
+
+    got = _copy_kind(*call)
+    assert (None if got is None else (got[0], got[2])) == expected
+
+
+# ---- the GPU script's cross-check, run on two emulated engines: its plumbing, without a GPU ----
+
+CROSS_CHECK = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu", "cross_check.py")
+
+
+def _cross_check(tmp_path, *args):
+    out = tmp_path / "cc.json"
+    proc = subprocess.run([sys.executable, CROSS_CHECK, "--out", str(out), "--engines", "emulated", "emulated",
+                           "--inputs", "mixed", *args], capture_output=True, text=True, timeout=300)
+    return proc, json.loads(out.read_text())
+
+
+def test_cross_check_agrees_with_itself_and_counts_every_variant(tmp_path):
+    proc, data = _cross_check(tmp_path, "--models", "qwen3-vl-tiny")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [entry] = data["results"]
+    assert data["lines_that_differ"] == 0 and entry["errors"] == {}
+    syncs = {v: entry["variants"][v]["syncs"] for v in ("stock", "patched", "patched+prepare")}
+    assert syncs["stock"][0] == syncs["stock"][1] > 0
+    assert syncs["patched"] == [1, 1] and syncs["patched+prepare"] == [0, 0]
+
+
+def test_cross_check_reports_a_failing_pair_and_exits_non_zero(tmp_path):
+    proc, data = _cross_check(tmp_path, "--models", "no-such-preset")
+    assert proc.returncode == 1
+    [entry] = data["results"]
+    assert set(entry["errors"]) == {"emulated1", "emulated2"}
+    assert "no-such-preset" in entry["errors"]["emulated1"]
+
+
+def test_cross_check_compare_lists_lines_whose_counts_differ():
+    sys.path.insert(0, os.path.dirname(CROSS_CHECK))
+    try:
+        from cross_check import compare
+    finally:
+        sys.path.pop(0)
+    real = {"lines": {"stock": ["a.py:1", "a.py:1", "b.py:2"], "patched": ["h.py:9"]}}
+    emulated = {"lines": {"stock": ["a.py:1", "b.py:2", "c.py:3"], "patched": ["h.py:9"]}}
+    got = compare(real, emulated)
+    assert got["stock"] == {"syncs": [3, 3], "differ": {"a.py:1": [2, 1], "c.py:3": [0, 1]}}
+    assert got["patched"]["differ"] == {} and got["patched+prepare"]["syncs"] == [0, 0]

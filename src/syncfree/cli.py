@@ -96,13 +96,17 @@ def _bench(args: argparse.Namespace) -> int:
     if args.quick:
         cfg = BenchConfig(models=tuple(args.models or QUICK_MODELS), scenarios=tuple(args.scenarios or SCENARIOS),
                           device=device, repeats=args.repeats or 2, budget_s=1.0, scale=0.08, max_frames=4,
-                          graph_breaks=True, text_layers=2)
+                          scopes=tuple(args.scopes), compile=(False, True) if args.compile else (False,),
+                          graph_breaks=not args.no_graph_breaks, text_layers=2,
+                          deadline_s=args.deadline, keep_going=args.keep_going)
     else:
         attns = tuple(args.attn or (("sdpa", "eager") if device == "cuda" else ("sdpa",)))
         cfg = BenchConfig(models=tuple(args.models or MODELS), scenarios=tuple(args.scenarios or SCENARIOS),
                           scopes=tuple(args.scopes), attns=attns, compile=(False, True) if args.compile else (False,),
                           device=device, repeats=args.repeats or 5, budget_s=args.budget,
-                          text_layers=args.text_layers, dtype=_DTYPES[args.dtype])
+                          text_layers=args.text_layers, dtype=_DTYPES[args.dtype],
+                          graph_breaks=not args.no_graph_breaks, deadline_s=args.deadline,
+                          keep_going=args.keep_going)
     unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -114,14 +118,26 @@ def _bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(("\r\033[K" if tty else "") + line, end="" if tty else "\n", flush=True)
 
-    records = run_matrix(cfg, progress=progress)
+    name = args.name or f"bench-{device}{'-quick' if args.quick else ''}"
+    config = dataclasses.asdict(cfg)
+
+    def save(run, plot: bool = False) -> dict:
+        # Rewritten after every scenario, so a run stopped by a timeout still leaves its results.
+        return write_results(args.out, name, config, run.records, plot=plot, errors=run.errors,
+                             not_run=run.not_run)
+
+    run = run_matrix(cfg, progress=progress, on_update=save)
     if tty:
         print()
-    name = args.name or f"bench-{device}{'-quick' if args.quick else ''}"
-    paths = write_results(args.out, name, dataclasses.asdict(cfg), records, plot=not args.no_plot)
-    print("\n" + table(pairs(records)))
+    paths = save(run, plot=not args.no_plot)
+    print("\n" + table(pairs(run.records)))
+    for e in run.errors:
+        print(f"\nFAILED {e['model']} {e['attn']} {e['scenario'] or '(building the model)'}: {e['error']}")
+    if run.not_run:
+        print(f"\nnot run (past the {cfg.deadline_s:g} s deadline): "
+              + ", ".join(f"{c['model']}/{c['attn']}/{c['scenario']}" for c in run.not_run))
     print("\nwrote " + ", ".join(p for p in paths.values() if p))
-    return 0
+    return 1 if run.errors else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="benchmarks/results", help="output folder (default benchmarks/results)")
     bench.add_argument("--name", help="file name stem (default bench-<device>[-quick])")
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    bench.add_argument("--no-graph-breaks", action="store_true",
+                       help="skip counting the vision tower's graph breaks (torch._dynamo.explain)")
+    bench.add_argument("--deadline", type=float, metavar="SECONDS",
+                       help="start no new scenario after this many seconds; the rest are listed as not run")
+    bench.add_argument("--keep-going", action="store_true",
+                       help="record a failing scenario and go on (the exit status is then 1)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         try:

@@ -198,10 +198,12 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
 
 
 def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torch.dtype = torch.float32,
-                text_layers: int | None = None, seed: int = 0):
-    """A ``*ForConditionalGeneration`` model in eval mode, on the CPU.
+                text_layers: int | None = None, seed: int = 0, device: str | torch.device = "cpu"):
+    """A ``*ForConditionalGeneration`` model in eval mode, on ``device`` (the CPU by default).
 
-    Presets get random weights drawn from ``seed``; a checkpoint folder is loaded from disk.
+    Presets get random weights drawn from ``seed`` (on a GPU they are drawn there: building an
+    8B-shaped model on the host first would take longer than benchmarking it); a checkpoint
+    folder is loaded from disk.
     """
     from transformers import AutoModelForImageTextToText
 
@@ -209,8 +211,11 @@ def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torc
     if model not in PRESETS:
         return AutoModelForImageTextToText.from_pretrained(
             model, config=config, dtype=dtype, local_files_only=True, attn_implementation=attn
-        ).eval()
-    with torch.random.fork_rng(devices=[]):
+        ).to(device).eval()
+    device = torch.device(device)
+    # Draw from the seed without disturbing the caller's random state, on the host or the device.
+    forked = [device.index or 0] if device.type != "cpu" else []
+    with torch.random.fork_rng(devices=forked, device_type=device.type if forked else "cuda"), device:
         torch.manual_seed(seed)
         m = AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn)
     return m.eval()

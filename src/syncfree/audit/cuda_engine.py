@@ -2,6 +2,8 @@
 
 * Syncs come from ``torch.cuda.set_sync_debug_mode("warn")``: CUDA's own hook
   warns at each synchronizing call, and we take the Python stack at that moment.
+  That hook sits in stream synchronizes and blocking copies only, so a device-wide
+  ``torch.cuda.synchronize()`` would pass unseen: it is wrapped for the audit.
 * Copies come from the Python calls that make them (``.to``, ``.cuda``, ``.cpu``,
   ``copy_``, ``torch.tensor(..., device=...)``), with their direction, size,
   pinning and blocking; the profiler's memcpy activities are counted beside them
@@ -21,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from .api_mode import api_name
 from .events import D2H, H2D, SYNC, Event, capture_stack
+from .rules import PYTHON_SYNC_RULES
 
 __all__ = ["CudaEngine", "CudaUnavailable"]
 
@@ -103,6 +106,45 @@ class _CallTracker(TorchFunctionMode):
         return out
 
 
+class _HostWaits:
+    """Turns CUDA's sync warnings, and Python calls of ``torch.cuda.synchronize``, into sync events.
+
+    Installed for one audit; needs no device itself (``torch.cuda.synchronize`` is only wrapped),
+    so its logic is tested on the CPU.
+    """
+
+    def __init__(self, add, tracker: _CallTracker) -> None:
+        self._add, self._tracker = add, tracker
+
+    def _sync_event(self, reason: str, api: str | None) -> None:
+        self._add(Event(kind=SYNC, op="cuda sync", api=api, reason=reason, engine="cuda", stack=capture_stack()))
+
+    def _on_warning(self, message, category, filename, lineno, file=None, line=None):
+        if _SYNC_WARNING not in str(message):
+            return self._previous_show(message, category, filename, lineno, file, line)
+        if self._tracker.in_copy:
+            return None  # the copy itself is recorded, with whether it blocked
+        self._sync_event(str(message).split("\n")[0], self._tracker.api)
+        return None
+
+    def _synchronize(self, device=None) -> None:
+        self._real_synchronize(device)
+        self._sync_event(PYTHON_SYNC_RULES["torch.cuda.synchronize"], "torch.cuda.synchronize")
+
+    def install(self) -> None:
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("always", message=f".*{_SYNC_WARNING}.*")
+        self._previous_show = warnings.showwarning
+        warnings.showwarning = self._on_warning
+        self._real_synchronize = torch.cuda.synchronize
+        torch.cuda.synchronize = self._synchronize
+
+    def uninstall(self) -> None:
+        torch.cuda.synchronize = self._real_synchronize
+        warnings.showwarning = self._previous_show
+        self._warnings.__exit__(None, None, None)
+
 
 class CudaEngine:
     """Collects syncs and copies on a real CUDA device into ``report`` between ``start`` and ``stop``."""
@@ -116,26 +158,14 @@ class CudaEngine:
             )
         self.report = report
         self._tracker = _CallTracker(self)
+        self._waits = _HostWaits(self.add, self._tracker)
 
     def add(self, event: Event) -> None:
         self.report.add(event)
 
-    def _on_warning(self, message, category, filename, lineno, file=None, line=None):
-        if _SYNC_WARNING not in str(message):
-            return self._previous_show(message, category, filename, lineno, file, line)
-        if self._tracker.in_copy:
-            return None  # the copy itself is recorded, with whether it blocked
-        self.add(Event(kind=SYNC, op="cuda sync", api=self._tracker.api,
-                       reason=str(message).split("\n")[0], engine="cuda", stack=capture_stack()))
-        return None
-
     def start(self) -> None:
-        torch.cuda.synchronize()
-        self._warnings = warnings.catch_warnings()
-        self._warnings.__enter__()
-        warnings.filterwarnings("always", message=f".*{_SYNC_WARNING}.*")
-        self._previous_show = warnings.showwarning
-        warnings.showwarning = self._on_warning
+        torch.cuda.synchronize()  # work queued before the audit is not the audited code's to wait for
+        self._waits.install()
         self._profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         )
@@ -147,10 +177,9 @@ class CudaEngine:
     def stop(self) -> None:
         torch.cuda.set_sync_debug_mode(self._previous_mode)
         self._tracker.__exit__(None, None, None)
+        self._waits.uninstall()
         torch.cuda.synchronize()
         self._profiler.__exit__(None, None, None)
-        warnings.showwarning = self._previous_show
-        self._warnings.__exit__(None, None, None)
         self.report.device_memcpy = count_memcpy(self._profiler.events())
 
 

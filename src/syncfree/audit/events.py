@@ -10,6 +10,7 @@ import linecache
 import os
 import sys
 import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -23,6 +24,9 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _SYNCFREE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _SKIP_PREFIXES = (_TORCH_DIR, _SYNCFREE_DIR)
 _SKIP_FILES = ("contextlib.py", "<frozen", "<string>")
+# The real-CUDA engine hears of a sync through a warning: Python's own warnings code then sits
+# between the syncing call and the handler.
+_WARNINGS_FILE = warnings.__file__
 _MAX_CHAIN = 16
 
 
@@ -58,7 +62,8 @@ _KEEP = os.path.join(_SYNCFREE_DIR, "host_read.py")
 def _is_machinery(filename: str) -> bool:
     if filename == _KEEP:
         return False
-    return filename.startswith(_SKIP_PREFIXES) or any(s in filename for s in _SKIP_FILES)
+    return (filename.startswith(_SKIP_PREFIXES) or filename == _WARNINGS_FILE
+            or any(s in filename for s in _SKIP_FILES))
 
 
 def capture_stack(skip_machinery: bool = True) -> tuple[Frame, ...]:

@@ -59,12 +59,17 @@ def machine(device: str) -> dict:
     return info
 
 
-def write_results(out_dir: str, name: str, config: dict, records: list[dict], plot: bool = True) -> dict:
-    """Write ``<name>.json``, ``<name>.csv`` and (with matplotlib) ``<name>.png``; returns the paths."""
+def write_results(out_dir: str, name: str, config: dict, records: list[dict], plot: bool = True,
+                  errors: list[dict] = (), not_run: list[dict] = ()) -> dict:
+    """Write ``<name>.json``, ``<name>.csv`` and (with matplotlib) ``<name>.png``; returns the paths.
+
+    ``errors`` (scenarios that failed) and ``not_run`` (cut by a deadline) go into the JSON too.
+    """
     os.makedirs(out_dir, exist_ok=True)
     rows = pairs(records)
     result = {"benchmark": "syncfree bench", "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": machine(config.get("device", "cpu")), "config": config, "pairs": rows, "records": records}
+              "machine": machine(config.get("device", "cpu")), "config": config, "pairs": rows, "records": records,
+              "errors": list(errors), "not_run": list(not_run)}
     paths = {"json": os.path.join(out_dir, f"{name}.json"), "csv": os.path.join(out_dir, f"{name}.csv")}
     with open(paths["json"], "w") as f:
         json.dump(result, f, indent=2)

@@ -24,10 +24,10 @@ from ..audit import audit, emulate_cuda
 from ..inputs import build_inputs
 from ..patching import patch, unpatch
 from ..prepare import prepare
-from ..presets import PRESETS, build_model, load_config
+from ..presets import PRESETS, build_model
 from .scenarios import SCENARIOS
 
-__all__ = ["BenchConfig", "run_matrix"]
+__all__ = ["BenchConfig", "MatrixRun", "run_matrix"]
 
 
 @dataclass
@@ -45,6 +45,8 @@ class BenchConfig:
     text_layers: int = 2
     dtype: str = "float32"
     graph_breaks: bool = True
+    deadline_s: float | None = None  # start no new scenario after this many seconds
+    keep_going: bool = False  # record a failing scenario and go on, instead of stopping
     extra: dict = field(default_factory=dict)
 
 
@@ -53,13 +55,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn, device: str, repeats: int, budget_s: float) -> list[float]:
+def _time(fn, device: str, repeats: int, budget_s: float, compiled: bool = False) -> list[float]:
     """Milliseconds per call: one warm-up, then timed calls within the budget."""
     start = time.perf_counter()
     fn()
     _sync(device)
     first = time.perf_counter() - start
-    if device == "cpu" and first > budget_s:
+    if device == "cpu" and first > budget_s and not compiled:  # (a compiled warm-up is mostly compiling)
         return [first * 1e3]  # a forward this long on the CPU is its own measurement: no warm-up effect left
     n = max(1, min(repeats, int(budget_s / max(first, 1e-6))))
     out = []
@@ -149,69 +151,140 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
     return explained.graph_break_count
 
 
-def run_matrix(cfg: BenchConfig, progress=None) -> list[dict]:
-    """Run every cell of the matrix; returns one record per (cell, variant)."""
-    records = []
-    cells = [(m, a) for m in cfg.models for a in cfg.attns]
-    total = len(cells) * len(cfg.scenarios) * len(cfg.scopes) * len(cfg.compile) * 2
-    done = 0
-    pending: list = []
-    for model_name, attn in cells:
-        model = build_model(model_name, attn=attn, text_layers=cfg.text_layers,
-                            dtype=getattr(torch, cfg.dtype)).to(cfg.device)
-        config = load_config(model_name)
-        unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
-        pad = PRESETS[model_name].pad_token_id if model_name in PRESETS else None
-        for scenario_name in cfg.scenarios:
-            scenario = SCENARIOS[scenario_name]
-            batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
-            small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
-            with torch.no_grad():
-                audits = _audits(model, small, cfg.scopes, cfg.device)
-            for scope in cfg.scopes:
-                for compiled in cfg.compile:
-                    if compiled and scope != "vision":
-                        continue  # compiling the whole prefill is out of this matrix: the vision tower is
-                    for variant in ("stock", "patched"):
-                        (patch if variant == "patched" else unpatch)(model)
-                        done += 1
-                        if progress:
-                            progress(f"[{done}/{total}] {model_name} {scenario_name} {scope} {attn}"
-                                     f"{' compiled' if compiled else ''} {variant}")
-                        with torch.no_grad():
-                            times = _time(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
-                                          cfg.repeats, cfg.budget_s)
-                            record = {
-                                "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,
-                                "compiled": compiled, "device": cfg.device, "variant": variant,
-                                "latency_ms": statistics.median(times), "latency_min_ms": min(times),
-                                "latency_max_ms": max(times), "repeats": len(times),
-                                "tokens": int(batch["input_ids"].numel()),
-                                "patches": int(sum(batch[k].shape[0] for k in ("pixel_values", "pixel_values_videos")
-                                                   if k in batch)),
-                            }
-                            if not compiled:
-                                record.update(audits[scope, variant])
-                            if cfg.device == "cuda":
-                                from .gpu_metrics import profile_forward
+@dataclass
+class MatrixRun:
+    """What ``run_matrix`` measured, what failed (with ``keep_going``) and what the deadline left out."""
 
-                                torch.cuda.reset_peak_memory_stats()
-                                record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda",
-                                                                        compiled))
-                                record["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-                            if cfg.graph_breaks and scope == "vision" and not compiled:
-                                pending.append((record, small, variant))
-                        records.append(record)
+    records: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    not_run: list[dict] = field(default_factory=list)
+
+
+def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchConfig, counter, progress,
+              pending: list) -> list[dict]:
+    """Every (scope, compile, variant) record of one scenario on one model."""
+    config = model.config
+    unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    pad = PRESETS[model_name].pad_token_id if model_name in PRESETS else None
+    scenario = SCENARIOS[scenario_name]
+    batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
+    small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
+    with torch.no_grad():
+        audits = _audits(model, small, cfg.scopes, cfg.device)
+    records = []
+    for scope in cfg.scopes:
+        for compiled in cfg.compile:
+            if compiled and scope != "vision":
+                continue  # compiling the whole prefill is out of this matrix: the vision tower is
+            for variant in ("stock", "patched"):
+                (patch if variant == "patched" else unpatch)(model)
+                if progress:
+                    progress(f"[{next(counter)}/{counter.total}] {model_name} {scenario_name} {scope} {attn}"
+                             f"{' compiled' if compiled else ''} {variant}")
+                with torch.no_grad():
+                    times = _time(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
+                                  cfg.repeats, cfg.budget_s, compiled)
+                    record = {
+                        "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,
+                        "compiled": compiled, "device": cfg.device, "variant": variant,
+                        "latency_ms": statistics.median(times), "latency_min_ms": min(times),
+                        "latency_max_ms": max(times), "repeats": len(times),
+                        "tokens": int(batch["input_ids"].numel()),
+                        "patches": int(sum(batch[k].shape[0] for k in ("pixel_values", "pixel_values_videos")
+                                           if k in batch)),
+                    }
+                    if not compiled:
+                        record.update(audits[scope, variant])
+                    if cfg.device == "cuda":
+                        from .gpu_metrics import profile_forward
+
+                        torch.cuda.reset_peak_memory_stats()
+                        record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda", compiled))
+                        record["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                    if cfg.graph_breaks and scope == "vision" and not compiled:
+                        pending.append((record, small, variant))
+                records.append(record)
+    unpatch(model)
+    return records
+
+
+class _Counter:
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def __next__(self) -> int:
+        self.done += 1
+        return self.done
+
+
+def _failure(model_name: str, attn: str, scenario: str | None, exc: BaseException) -> dict:
+    import traceback
+
+    return {"model": model_name, "attn": attn, "scenario": scenario, "error": f"{type(exc).__name__}: {exc}",
+            "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+
+
+_clock = time.perf_counter  # the deadline's clock (a test steps it by hand)
+
+
+def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
+    """Run every cell of the matrix, stock and patched side by side.
+
+    ``cfg.deadline_s`` stops starting new scenarios once that many seconds have passed (the
+    ones left are listed in ``not_run``); ``cfg.keep_going`` records a failing scenario in
+    ``errors`` and goes on. ``on_update(run)`` is called after each scenario, so a caller can
+    write partial results that survive being stopped.
+    """
+    start = _clock()
+    run = MatrixRun()
+    # Attention outermost: if a deadline cuts the run, the first implementation has every model.
+    cells = [(m, a) for a in cfg.attns for m in cfg.models]
+    per_scenario = sum(2 for scope in cfg.scopes for c in cfg.compile if not (c and scope != "vision"))
+    counter = _Counter(len(cells) * len(cfg.scenarios) * per_scenario)
+    for model_name, attn in cells:
+        if cfg.deadline_s is not None and _clock() - start > cfg.deadline_s:
+            run.not_run += [{"model": model_name, "attn": attn, "scenario": s} for s in cfg.scenarios]
+            continue
+        try:
+            model = build_model(model_name, attn=attn, text_layers=cfg.text_layers,
+                                dtype=getattr(torch, cfg.dtype), device=cfg.device)
+        except Exception as exc:
+            if not cfg.keep_going:
+                raise
+            run.errors.append(_failure(model_name, attn, None, exc))
+            continue
+        pending: list = []
+        for scenario_name in cfg.scenarios:
+            if cfg.deadline_s is not None and _clock() - start > cfg.deadline_s:
+                run.not_run.append({"model": model_name, "attn": attn, "scenario": scenario_name})
+                continue
+            try:
+                run.records += _scenario(model, model_name, attn, scenario_name, cfg, counter, progress, pending)
+            except Exception as exc:
+                if not cfg.keep_going:
+                    raise
                 unpatch(model)
+                run.errors.append(_failure(model_name, attn, scenario_name, exc))
+                if cfg.device == "cuda":
+                    torch.cuda.empty_cache()
+            if on_update:
+                on_update(run)
         # Last, as Dynamo keeps weak references to the parameters, after which model.to() cannot swap them.
         breaks: dict = {}
         for record, small, variant in pending:
             key = (record["scenario"], variant)
             if key not in breaks:
                 (patch if variant == "patched" else unpatch)(model)
-                breaks[key] = _graph_breaks(model, small, variant, cfg.device)
+                try:
+                    breaks[key] = _graph_breaks(model, small, variant, cfg.device)
+                except Exception as exc:
+                    if not cfg.keep_going:
+                        raise
+                    run.errors.append(_failure(model_name, attn, f"{record['scenario']} (graph breaks)", exc))
+                    breaks[key] = None
             record["graph_breaks"] = breaks[key]
-        pending.clear()
         unpatch(model)
         del model
-    return records
+        if on_update:
+            on_update(run)
+    return run
