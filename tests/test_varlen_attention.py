@@ -112,3 +112,50 @@ def test_the_stand_in_is_a_real_varlen_kernel():
     with torch.no_grad():
         for got, want in zip(_vision(tower, batch), _vision(reference, batch)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- the bench's "varlen" variant: PyTorch's flash kernel (CUDA only), wired in with a CPU stand-in ----
+
+def _kernel_stand_in(calls):
+    """CPU stand-in for torch.nn.attention.varlen.varlen_attn: the same layout, (tokens, heads, head_dim)."""
+    def varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None):
+        assert q.dim() == 3 and q.shape == k.shape == v.shape and cu_seq_q.dtype == torch.int32
+        calls.append((max_q, max_k))
+        segment = torch.searchsorted(cu_seq_q[1:].contiguous(), torch.arange(q.shape[0]), right=True)
+        mask = segment[:, None] == segment[None, :]
+        heads_first = [t.transpose(0, 1) for t in (q, k, v)]
+        return F.scaled_dot_product_attention(*heads_first, attn_mask=mask, scale=scale).transpose(0, 1)
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("model_name", ("qwen3-vl-tiny", "qwen2.5-vl-tiny"))
+def test_bench_varlen_variant_switches_the_vision_tower_only_and_matches_sdpa(model_name, monkeypatch):
+    import torch.nn.attention.varlen as varlen_module
+
+    from syncfree.bench.varlen import VARLEN_ATTN, use_torch_varlen
+    from syncfree.presets import build_model
+
+    calls = []
+    monkeypatch.setattr(varlen_module, "varlen_attn", _kernel_stand_in(calls))
+    config = load_config(model_name)
+    unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    batch = build_inputs(config, named_layout("mixed", 2 * unit, unit))
+    reference, model = build_model(model_name, text_layers=2), build_model(model_name, text_layers=2)
+    use_torch_varlen(model)
+    assert model.model.visual.config._attn_implementation == VARLEN_ATTN
+    assert model.model.language_model.config._attn_implementation == "sdpa"
+    syncfree.patch(model)
+    with torch.no_grad():
+        want = reference(**batch).logits
+        got = model(**syncfree.prepare(batch, "cpu", model)).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2 * config.vision_config.depth  # every layer, for the image and the video call
+    assert all(type(a) is int and a == b for a, b in calls)
+
+
+def test_bench_refuses_varlen_where_the_kernel_cannot_run(capsys):
+    from syncfree.cli import main
+
+    assert main(["bench", "--device", "cpu", "--attn", "varlen", "--models", "qwen3-vl-tiny"]) == 2
+    assert "--attn varlen runs PyTorch's flash kernel, which needs a CUDA device" in capsys.readouterr().err

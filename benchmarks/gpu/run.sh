@@ -27,11 +27,12 @@ step "cross-check: emulated vs real CUDA"
 timeout 90 "$py" benchmarks/gpu/cross_check.py --timeout 75 --out "$out/cross_check.json" \
   || echo "cross-check: exit $? (1 = lines differ or a pair failed; 124 = timeout)"
 
-# 2. The matrix, eager execution: every scenario, stock vs patched, SDPA then eager attention, bf16.
-#    Graph breaks are left to the CPU run (they do not depend on the device).
+# 2. The matrix, eager execution: every scenario, stock vs patched, bf16, with SDPA, then PyTorch's varlen
+#    flash kernel in the vision tower (flash-attn is not on the image), then eager attention; the deadline
+#    cuts from the end. Graph breaks are left to the CPU run (they do not depend on the device).
 step "bench: the matrix"
 timeout 250 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
-  --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa eager --repeats 10 --budget 3 \
+  --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa varlen eager --repeats 10 --budget 3 \
   --deadline 200 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
   || echo "bench-gpu: exit $? (1 = some scenario failed, see errors in the JSON; 124 = timeout)"
 

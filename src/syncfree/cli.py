@@ -89,6 +89,7 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
 
     from .bench import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig, pairs, run_matrix, table, write_results
+    from .bench.varlen import VARLEN, varlen_problem
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -107,6 +108,8 @@ def _bench(args: argparse.Namespace) -> int:
                           text_layers=args.text_layers, dtype=_DTYPES[args.dtype],
                           graph_breaks=not args.no_graph_breaks, deadline_s=args.deadline,
                           keep_going=args.keep_going)
+    if VARLEN in cfg.attns and varlen_problem(device):
+        raise ValueError(varlen_problem(device))
     unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -152,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
     bench.add_argument("--models", nargs="+", help="presets or checkpoint folders (default: the real shapes)")
     bench.add_argument("--scenarios", nargs="+", help="scenario names (default: all)")
-    bench.add_argument("--attn", nargs="+", help="attention implementations (default: sdpa; sdpa and eager on cuda)")
+    bench.add_argument("--attn", nargs="+",
+                       help="attention implementations: sdpa, eager, flash_attention_2 (when installed), or varlen "
+                            "(PyTorch's flash kernel for the vision tower, CUDA only); default: sdpa, and sdpa and "
+                            "eager on cuda")
     bench.add_argument("--compile", action="store_true", help="also time the torch.compile'd vision tower")
     bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full"),
                        help="vision tower alone and/or the full prefill (default: both)")

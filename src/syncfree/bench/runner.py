@@ -26,6 +26,7 @@ from ..patching import patch, unpatch
 from ..prepare import prepare
 from ..presets import PRESETS, build_model
 from .scenarios import SCENARIOS
+from .varlen import VARLEN, use_torch_varlen
 
 __all__ = ["BenchConfig", "MatrixRun", "run_matrix"]
 
@@ -246,8 +247,10 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
             run.not_run += [{"model": model_name, "attn": attn, "scenario": s} for s in cfg.scenarios]
             continue
         try:
-            model = build_model(model_name, attn=attn, text_layers=cfg.text_layers,
+            model = build_model(model_name, attn="sdpa" if attn == VARLEN else attn, text_layers=cfg.text_layers,
                                 dtype=getattr(torch, cfg.dtype), device=cfg.device)
+            if attn == VARLEN:
+                use_torch_varlen(model)  # the vision tower only; the text model stays on SDPA
         except Exception as exc:
             if not cfg.keep_going:
                 raise
