@@ -123,6 +123,9 @@ def _audits(model, batch: dict, scopes, device: str) -> dict:
                 for variant in ("stock", "patched"):
                     (patch if variant == "patched" else unpatch)(model)
                     run = _runner(model, batch, scope, variant, "cuda", compiled=False)
+                    if gpu:
+                        run()  # warm-up: first calls set up kernels and caches, which is not the forward's doing
+                        torch.cuda.synchronize()
                     with audit() as report:
                         run()
                     s = report.summary()
