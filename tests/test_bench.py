@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -67,3 +68,23 @@ def test_gpu_profile_counts_only_device_activity(monkeypatch):
     assert got["wall_ms"] > 0
     assert (got["kernel_ms"], got["busy_fraction"]) == (0, 0)
     assert (got["memcpy_htod"], got["memcpy_dtoh"], got["stream_syncs"]) == (0, 0, 0)
+
+
+def test_gpu_profile_metrics_reach_the_pairs_and_the_table():
+    from syncfree.bench import pairs, table
+
+    def record(variant, busy, dtoh, syncs):
+        return {"model": "m", "scenario": "s", "scope": "vision", "attn": "sdpa", "compiled": False,
+                "device": "cuda", "variant": variant, "latency_ms": 2.0 if variant == "stock" else 1.0,
+                "syncs": syncs, "peak_memory_mb": 10.0,
+                "gpu": {"kernel_ms": 0.5, "busy_fraction": busy, "memcpy_htod": 3, "memcpy_dtoh": dtoh,
+                        "stream_syncs": dtoh}}
+
+    [row] = pairs([record("stock", 0.25, 40, 40), record("patched", 0.75, 0, 0)])
+    assert (row["stock_busy_fraction"], row["patched_busy_fraction"]) == (0.25, 0.75)
+    assert (row["stock_memcpy_dtoh"], row["patched_memcpy_dtoh"], row["patched_peak_memory_mb"]) == (40, 0, 10.0)
+    head, _, line = table([row]).splitlines()
+    assert re.split(r"\s{2,}", head)[-3:] == ["busy s/p", "DtoH s/p", "stream syncs s/p"]
+    assert line.split()[-3:] == ["0.25/0.75", "40/0", "40/0"]
+    assert "busy" not in table(pairs([{**record("stock", 0, 0, 1), "gpu": {}},
+                                      {**record("patched", 0, 0, 0), "gpu": {}}]))

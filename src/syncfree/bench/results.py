@@ -24,23 +24,43 @@ def pairs(records: list[dict]) -> list[dict]:
     for key, v in cells.items():
         if {"stock", "patched"} <= v.keys():
             stock, patched = v["stock"], v["patched"]
-            out.append({**dict(zip(_KEY, key)), "stock_ms": stock["latency_ms"], "patched_ms": patched["latency_ms"],
-                        "ratio": patched["latency_ms"] / stock["latency_ms"],
-                        "stock_syncs": stock.get("syncs"), "patched_syncs": patched.get("syncs"),
-                        "stock_graph_breaks": stock.get("graph_breaks"),
-                        "patched_graph_breaks": patched.get("graph_breaks")})
+            row = {**dict(zip(_KEY, key)), "stock_ms": stock["latency_ms"], "patched_ms": patched["latency_ms"],
+                   "ratio": patched["latency_ms"] / stock["latency_ms"],
+                   "stock_syncs": stock.get("syncs"), "patched_syncs": patched.get("syncs"),
+                   "stock_graph_breaks": stock.get("graph_breaks"),
+                   "patched_graph_breaks": patched.get("graph_breaks")}
+            for name, r in (("stock", stock), ("patched", patched)):  # the profiler's view, on a GPU
+                for metric in _GPU_METRICS:
+                    if metric in r.get("gpu", {}):
+                        row[f"{name}_{metric}"] = r["gpu"][metric]
+                if "peak_memory_mb" in r:
+                    row[f"{name}_peak_memory_mb"] = r["peak_memory_mb"]
+            out.append(row)
     return out
 
 
+_GPU_METRICS = ("kernel_ms", "busy_fraction", "memcpy_htod", "memcpy_dtoh", "stream_syncs")
+
+
+def _both(r: dict, key: str, fmt: str = "{}") -> str:
+    """``stock/patched`` for one metric, or empty where it was not measured."""
+    a, b = r.get(f"stock_{key}"), r.get(f"patched_{key}")
+    return "" if a is None or b is None else f"{fmt.format(a)}/{fmt.format(b)}"
+
+
 def table(rows: list[dict]) -> str:
+    """The terminal table; on a GPU also GPU-busy fraction, device-to-host memcpys and stream syncs."""
+    gpu = any("stock_busy_fraction" in r for r in rows)
     head = ("model", "scenario", "scope", "attn", "compile", "stock ms", "patched ms", "ratio", "syncs s/p",
-            "breaks s/p")
+            "breaks s/p") + (("busy s/p", "DtoH s/p", "stream syncs s/p") if gpu else ())
     lines = [head]
     for r in rows:
-        breaks = "" if r["stock_graph_breaks"] is None else f"{r['stock_graph_breaks']}/{r['patched_graph_breaks']}"
-        syncs = "" if r["stock_syncs"] is None else f"{r['stock_syncs']}/{r['patched_syncs']}"
-        lines.append((r["model"], r["scenario"], r["scope"], r["attn"], "yes" if r["compiled"] else "no",
-                      f"{r['stock_ms']:.1f}", f"{r['patched_ms']:.1f}", f"{r['ratio']:.3f}", syncs, breaks))
+        line = (r["model"], r["scenario"], r["scope"], r["attn"], "yes" if r["compiled"] else "no",
+                f"{r['stock_ms']:.1f}", f"{r['patched_ms']:.1f}", f"{r['ratio']:.3f}", _both(r, "syncs"),
+                _both(r, "graph_breaks"))
+        if gpu:
+            line += (_both(r, "busy_fraction", "{:.2f}"), _both(r, "memcpy_dtoh"), _both(r, "stream_syncs"))
+        lines.append(line)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     text.insert(1, "-" * len(text[0]))
