@@ -111,7 +111,7 @@ def _plot(rows: list[dict], path: str, info: dict) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['model']}\n{r['scenario']} {r['scope']}{' c' if r['compiled'] else ''}" for r in rows]
+    labels = [f"{r['model']}\n{r['scenario']} {r['scope']}{' compiled' if r['compiled'] else ''}" for r in rows]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(rows)), 8), sharex=True)
     x = range(len(rows))
     ax1.bar(x, [r["ratio"] for r in rows], color=["tab:green" if r["ratio"] < 1 else "tab:red" for r in rows])

@@ -9,6 +9,8 @@ segment. Only the vision tower is switched; the text model keeps its own impleme
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 __all__ = ["VARLEN", "VARLEN_ATTN", "torch_varlen_attention", "use_torch_varlen", "varlen_problem"]
@@ -38,9 +40,7 @@ def torch_varlen_attention(module, query, key, value, attention_mask=None, scali
 
 def varlen_problem(device: str) -> str | None:
     """Why the varlen variant cannot run here, or None when it can."""
-    try:
-        import torch.nn.attention.varlen  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
         return f"--attn {VARLEN} needs PyTorch 2.10 or newer (torch.nn.attention.varlen); this is {torch.__version__}"
     if device != "cuda":
         return f"--attn {VARLEN} runs PyTorch's flash kernel, which needs a CUDA device (got --device {device})"
