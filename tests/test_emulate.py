@@ -181,3 +181,21 @@ def test_model_round_trip_to_cuda_and_back_gives_plain_parameters_still_tied():
     assert type(model[0].weight) is torch.nn.Parameter and model[0].weight.device.type == "cpu"
     assert model[1].weight is model[0].weight
     assert model(torch.tensor([1, 2])).shape == (2, 10)
+
+
+def test_grouped_mm_without_a_cpu_kernel_is_computed_group_by_group():
+    # PyTorch <= 2.8 has no CPU kernel for _grouped_mm, which Transformers' MoE experts call on an sm_90 device.
+    from syncfree.audit.cpu_kernel_gaps import CPU_KERNEL_GAPS
+
+    def no_cpu_kernel(*args, **kwargs):
+        raise NotImplementedError("Could not run 'aten::_grouped_mm' with arguments from the 'CPU' backend")
+
+    torch.manual_seed(0)
+    a, b = torch.randn(10, 8), torch.randn(3, 8, 5)
+    offs = torch.tensor([4, 4, 10], dtype=torch.int32)  # group 1 is empty
+    got = CPU_KERNEL_GAPS["aten::_grouped_mm"](no_cpu_kernel, (a, b, offs), {})
+    group = torch.bucketize(torch.arange(10), offs, right=True)
+    want = torch.stack([a[r] @ b[g] for r, g in enumerate(group.tolist())])
+    torch.testing.assert_close(got, want)
+    with pytest.raises(NotImplementedError):  # a form it does not know is not guessed at
+        CPU_KERNEL_GAPS["aten::_grouped_mm"](no_cpu_kernel, (a, b), {})

@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rules
+from .cpu_kernel_gaps import CPU_KERNEL_GAPS
 from .events import D2H, H2D, SYNC, Event, active_collectors, capture_stack
 from .guard_shim import FakeCudaGuard
 
@@ -218,7 +219,7 @@ class _DispatchMode(TorchDispatchMode):
         args, kwargs = pytree.tree_unflatten(unwrapped, spec)
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
-        gap = _CPU_KERNEL_GAPS.get(name)
+        gap = CPU_KERNEL_GAPS.get(name)
         out = gap(func, args, kwargs) if gap is not None else func(*args, **kwargs)
         # In-place and out= ops return their input: hand back the same wrapper object.
         return pytree.tree_map(lambda o: _rewrap(o, wrappers, name), out)
@@ -298,18 +299,6 @@ def _pin_memory(func, args, kwargs):
         raise RuntimeError("cannot pin 'cuda:0' memory: only dense CPU tensors can be pinned (emulated CUDA)")
     return _mark_pinned(src.clone())
 
-
-def _histc_integer(func, args, kwargs):
-    # CUDA's histc takes integer inputs (Transformers' MoE code counts tokens per expert that way on
-    # CUDA); the CPU kernel does not. Counting in float64 gives the same counts.
-    x = args[0]
-    if x.dtype.is_floating_point:
-        return func(*args, **kwargs)
-    return func(x.double(), *args[1:], **kwargs).to(x.dtype)
-
-
-# CPU kernels that lack a dtype the CUDA kernel has: computed another way, same result.
-_CPU_KERNEL_GAPS = {"aten::histc": _histc_integer}
 
 _SPECIAL = {
     "aten::_to_copy": _to_copy,
