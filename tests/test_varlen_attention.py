@@ -163,3 +163,15 @@ def test_bench_refuses_varlen_where_the_kernel_cannot_run(capsys):
     why = ("runs PyTorch's flash kernel, which needs a CUDA device"
            if importlib.util.find_spec("torch.nn.attention.varlen") else "needs PyTorch 2.10 or newer")
     assert f"--attn varlen {why}" in capsys.readouterr().err
+
+
+def test_varlen_needs_a_half_precision_dtype_on_cuda():
+    import importlib.util
+
+    from syncfree.bench.varlen import varlen_problem
+
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        assert "needs PyTorch 2.10" in varlen_problem("cuda", "float32")
+        return
+    assert "takes bfloat16 or float16 (got --dtype float32)" in varlen_problem("cuda", "float32")
+    assert varlen_problem("cuda", "bfloat16") is None and varlen_problem("cuda", "float16") is None

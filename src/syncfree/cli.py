@@ -108,8 +108,8 @@ def _bench(args: argparse.Namespace) -> int:
                           text_layers=args.text_layers, dtype=_DTYPES[args.dtype],
                           graph_breaks=not args.no_graph_breaks, deadline_s=args.deadline,
                           keep_going=args.keep_going)
-    if VARLEN in cfg.attns and varlen_problem(device):
-        raise ValueError(varlen_problem(device))
+    if VARLEN in cfg.attns and varlen_problem(device, cfg.dtype):
+        raise ValueError(varlen_problem(device, cfg.dtype))
     unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")

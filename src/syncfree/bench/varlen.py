@@ -38,12 +38,14 @@ def torch_varlen_attention(module, query, key, value, attention_mask=None, scali
     return out.unsqueeze(0), None  # (1, tokens, heads, head_dim), as Transformers' attention functions return
 
 
-def varlen_problem(device: str) -> str | None:
+def varlen_problem(device: str, dtype: str = "bfloat16") -> str | None:
     """Why the varlen variant cannot run here, or None when it can."""
     if importlib.util.find_spec("torch.nn.attention.varlen") is None:
         return f"--attn {VARLEN} needs PyTorch 2.10 or newer (torch.nn.attention.varlen); this is {torch.__version__}"
     if device != "cuda":
         return f"--attn {VARLEN} runs PyTorch's flash kernel, which needs a CUDA device (got --device {device})"
+    if dtype not in ("bfloat16", "float16"):
+        return f"--attn {VARLEN} runs PyTorch's flash kernel, which takes bfloat16 or float16 (got --dtype {dtype})"
     return None
 
 
