@@ -73,3 +73,31 @@ def test_audit_compare_for_qwen2_5_vl_window_attention(tmp_path):
     assert data["patched"]["summary"]["syncs"] == 1
     assert data["patched+prepare"]["summary"] == {**data["patched+prepare"]["summary"], "syncs": 0,
                                                    "blocking_copies": 0}
+
+
+def test_a_local_checkpoint_folder_is_audited_and_benchmarked_like_its_preset(tmp_path):
+    # What a user with real weights does: the folder is loaded offline and takes the same code paths.
+    import torch
+
+    from syncfree.presets import build_model
+
+    folder = tmp_path / "ckpt"
+    preset = build_model("qwen3-vl-tiny")
+    preset.save_pretrained(folder)
+    loaded = build_model(str(folder))
+    assert all(torch.equal(a, b) for a, b in zip(preset.state_dict().values(), loaded.state_dict().values()))
+
+    reports = {}
+    for model in ("qwen3-vl-tiny", str(folder)):
+        path = tmp_path / "audit.json"
+        assert main(["audit", "--compare", "--model", model, "--inputs", "mixed", "--json", str(path)]) == 0
+        reports[model] = json.loads(path.read_text())
+    by_folder, by_preset = reports[str(folder)], reports["qwen3-vl-tiny"]
+    assert by_folder["stock"]["summary"] == by_preset["stock"]["summary"]
+    assert by_folder["patched+prepare"]["summary"]["syncs"] == 0
+
+    assert main(["bench", "--quick", "--device", "cpu", "--models", str(folder), "--scenarios", "image-448",
+                 "--no-graph-breaks", "--no-plot", "--out", str(tmp_path), "--name", "ckpt"]) == 0
+    pairs = json.loads((tmp_path / "ckpt.json").read_text())["pairs"]
+    assert {(p["model"], p["scope"]) for p in pairs} == {(str(folder), "vision"), (str(folder), "full")}
+    assert all(p["patched_syncs"] == 0 and p["stock_syncs"] > 0 for p in pairs)

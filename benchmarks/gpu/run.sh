@@ -7,7 +7,7 @@
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
-# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 5 + 90 + 250 + 120 = 465 s.
+# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 90 + 250 + 110 = 470 s.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,7 +20,7 @@ exec > >(tee -a "$out/log.txt") 2>&1
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
 step "versions"
-timeout 30 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+timeout 20 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 
 # 1. The emulated auditor against the real device, syncs by source line (all four families, tiny shapes).
 step "cross-check: emulated vs real CUDA"
@@ -38,7 +38,7 @@ timeout 250 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
 
 # 3. torch.compile of the vision tower, where launch overhead matters most (many small images).
 step "bench: compiled vision tower"
-timeout 120 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+timeout 110 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
   --scenarios images-8x224 --scopes vision --compile --repeats 10 --budget 3 \
   --deadline 60 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-compiled \
   || echo "bench-gpu-compiled: exit $? (1 = some scenario failed; 124 = timeout)"
