@@ -16,9 +16,9 @@ out=$(cd "$out" && pwd)
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-$(command -v python3 || command -v python)}
 cd "$root"
-exec > >(tee -a "$out/log.txt") 2>&1
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
+run_all() {
 step "versions"
 timeout 20 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 
@@ -44,3 +44,6 @@ timeout 110 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models 
   || echo "bench-gpu-compiled: exit $? (1 = some scenario failed; 124 = timeout)"
 step "done"
 ls -l "$out"
+}
+
+run_all 2>&1 | tee -a "$out/log.txt"  # a pipe, not exec: the log is complete when the script returns
