@@ -11,10 +11,14 @@ from syncfree.inputs import build_inputs, named_layout
 from syncfree.presets import build_model
 
 
-@pytest.fixture(scope="module", params=["qwen3-vl-tiny", "qwen3-vl-moe-tiny"])
+# The MoE model runs in bfloat16, the dtype its experts' grouped matmul has a sync-free CUDA kernel
+# for (see test_moe_experts_in_float32_keep_only_the_grouped_matmul_syncs below).
+@pytest.fixture(scope="module", params=[("qwen3-vl-tiny", torch.float32), ("qwen3-vl-moe-tiny", torch.bfloat16)],
+                ids=["qwen3-vl-tiny", "qwen3-vl-moe-tiny"])
 def pair(request):
-    stock = build_model(request.param)
-    patched = syncfree.patch(build_model(request.param))
+    name, dtype = request.param
+    stock = build_model(name, dtype=dtype)
+    patched = syncfree.patch(build_model(name, dtype=dtype))
     return stock, patched
 
 
@@ -107,3 +111,22 @@ def test_patched_vision_tower_alone_has_no_sync_with_a_plan(pair):
         return True
 
     assert _on_device(patched, run)
+
+
+def test_moe_experts_in_float32_keep_only_the_grouped_matmul_syncs():
+    # Outside bfloat16, CUDA's grouped matmul (Transformers' MoE experts) falls back to a loop that
+    # copies the group offsets to the host: a sync per expert matmul that syncfree does not own.
+    patched = syncfree.patch(build_model("qwen3-vl-moe-tiny"))
+    batch = build_inputs(patched.config, named_layout("mixed", 64))
+
+    def run():
+        kwargs = syncfree.prepare(batch, "cuda", patched)
+        with audit() as report:
+            patched(**kwargs)
+        return report
+
+    report = _on_device(patched, run)
+    layers = patched.config.text_config.num_hidden_layers
+    assert report.syncs and {e.op for e in report.syncs} == {"aten::_grouped_mm"}
+    assert len(report.syncs) == 2 * layers  # gate/up and down projections, every (sparse) layer
+    assert all("transformers/integrations/moe.py" in e.line for e in report.syncs)

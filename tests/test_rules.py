@@ -41,7 +41,13 @@ POSITIVE = {
     "aten::bincount": lambda: torch.bincount(_x()),
     "aten::histc": lambda: torch.histc(_x().float()),
     "aten::equal": lambda: torch.equal(_x(), _x()),
+    "aten::_grouped_mm": lambda: _grouped_mm(torch.float32),
 }
+
+
+def _grouped_mm(dtype):
+    a, b = torch.ones(10, 16, dtype=dtype, device=CUDA), torch.ones(3, 16, 16, dtype=dtype, device=CUDA)
+    return torch._grouped_mm(a, b, torch.tensor([4, 4, 10], dtype=torch.int32, device=CUDA))
 
 # Python-level ways to read a device value, each one sync through _local_scalar_dense.
 SCALAR_READS = {
@@ -81,6 +87,7 @@ NEGATIVE = {
     "aten::gather": lambda: _x().gather(0, _x()[:2]),
     "aten::nonzero_static": lambda: torch.nonzero_static(_mask(), size=6),
     "aten::repeat_interleave.Tensor (output_size=n)": lambda: torch.repeat_interleave(_x(), _x(), output_size=15),
+    "aten::_grouped_mm (bfloat16)": lambda: _grouped_mm(torch.bfloat16),
 }
 
 

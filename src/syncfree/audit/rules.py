@@ -69,6 +69,17 @@ def _histc_range_from_data(args: tuple, kwargs: dict) -> bool:
     return lo == hi
 
 
+def _grouped_mm_fallback(args: tuple, kwargs: dict) -> bool:
+    # CUDA's fast path (on compute capability 9.0/10.0, as emulated) takes bfloat16 operands and
+    # output only; anything else goes to a fallback that copies the offsets to the host and loops
+    # over the groups. Without offsets (3d x 3d) the fallback is a plain bmm.
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    out_dtype = args[4] if len(args) > 4 else kwargs.get("out_dtype")
+    bf16 = a.dtype == b.dtype == torch.bfloat16 and out_dtype in (None, torch.bfloat16)
+    return offs is not None and not bf16
+
+
 @dataclass(frozen=True)
 class Rule:
     """One op that syncs (``when`` is None: always; else only when ``when(args, kwargs)``)."""
@@ -106,6 +117,9 @@ SYNC_RULES: dict[str, Rule] = {
         Rule("aten::histc", "with min == max the range is taken from the data with a host read",
              _histc_range_from_data, "min == max (the default 0, 0)"),
         Rule("aten::equal", "returns a Python bool, read on the host"),
+        Rule("aten::_grouped_mm", "outside its bfloat16 fast path, CUDA's grouped matmul (MoE experts) copies "
+             "the group offsets to the host to loop over the groups", _grouped_mm_fallback,
+             "offsets given, and an operand or the output not bfloat16 (GPUs older than sm_90 always take the fallback)"),
     )
 }
 
@@ -133,6 +147,7 @@ NO_SYNC: dict[str, str] = {
     "aten::gather": "known output size",
     "aten::nonzero_static": "the output size is given by the caller",
     "aten::repeat_interleave.Tensor (output_size=n)": "the output length is the host int n",
+    "aten::_grouped_mm (bfloat16)": "the sm_90 fast path takes the offsets on the device",
 }
 
 
