@@ -119,7 +119,8 @@ SYNC_RULES: dict[str, Rule] = {
         Rule("aten::equal", "returns a Python bool, read on the host"),
         Rule("aten::_grouped_mm", "outside its bfloat16 fast path, CUDA's grouped matmul (MoE experts) copies "
              "the group offsets to the host to loop over the groups", _grouped_mm_fallback,
-             "offsets given, and an operand or the output not bfloat16 (GPUs older than sm_90 always take the fallback)"),
+             "offsets given, and an operand or the output not bfloat16 "
+             "(GPUs older than sm_90 always take the fallback)"),
     )
 }
 
