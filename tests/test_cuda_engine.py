@@ -182,3 +182,37 @@ def test_cross_check_compare_lists_lines_whose_counts_differ():
     got = compare(real, emulated)
     assert got["stock"] == {"syncs": [3, 3], "differ": {"a.py:1": [2, 1], "c.py:3": [0, 1]}}
     assert got["patched"]["differ"] == {} and got["patched+prepare"]["syncs"] == [0, 0]
+
+
+INDEXES = {
+    "host long tensor": lambda: torch.tensor([0, 2]),
+    "host bool mask": lambda: torch.tensor([True, False, True, False]),
+    "slice and host tensor": lambda: (slice(None), torch.tensor([1, 3])),
+    "two host tensors": lambda: (torch.tensor([0, 1]), torch.tensor([2, 3])),
+    "python list": lambda: [0, 2],
+    "0-dim host tensor (an integer)": lambda: torch.tensor(1),
+    "ints, slices, None, Ellipsis": lambda: (Ellipsis, None, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INDEXES))
+def test_real_engine_counts_the_host_index_copies_the_emulator_records(name):
+    # On CUDA these copies are blocking (with a stream sync the engine must not count as a second event):
+    # the real engine recognises them from the Python index, the emulator from the CPU tensors reaching
+    # the device's index kernels. Both must count the same.
+    from syncfree.audit import emulate_cuda
+    from syncfree.audit.cuda_engine import cpu_indices
+
+    index = INDEXES[name]()
+    host = torch.arange(24).view(4, 6)
+    with emulate_cuda():
+        x = torch.arange(24, device="cuda").view(4, 6)
+        with audit() as report:
+            got = x[index].clone()  # (basic indexing gives a view, which the write below changes)
+            x[index] = -1
+        got, x = got.cpu(), x.cpu()
+    recorded = [e for e in report.copies if e.kind == "h2d" and e.blocking]
+    assert len(recorded) == 2 * len(cpu_indices(index))  # the read and the write
+    assert torch.equal(got, host[index])
+    host[index] = -1
+    assert torch.equal(x, host)

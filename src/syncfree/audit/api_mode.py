@@ -106,6 +106,24 @@ def _sdpa(func, args, kwargs):
 
 
 _NEW_TENSOR = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor}
+_ITEM_ACCESS = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+
+
+def _plain_list(x) -> bool:
+    return isinstance(x, list) and all(_plain_list(v) if isinstance(v, list) else isinstance(v, (int, bool))
+                                       for v in x)
+
+
+def _host_list_indices(args: tuple) -> tuple:
+    # x[[0, 2]] on CUDA builds the index on the host and copies it over; PyTorch makes it below the
+    # dispatcher, where the emulated device cannot allocate. Handing the index kernel a host tensor
+    # instead takes the same route (the dispatch mode records the copy) with the same result.
+    index = args[1]
+    parts = index if isinstance(index, tuple) else (index,)
+    if not any(_plain_list(p) for p in parts):
+        return args
+    parts = tuple(torch.tensor(p, device=_CPU) if _plain_list(p) else p for p in parts)
+    return (args[0], parts if isinstance(index, tuple) else parts[0], *args[2:])
 
 
 class ApiMode(TorchFunctionMode):
@@ -117,6 +135,8 @@ class ApiMode(TorchFunctionMode):
         try:
             if func in _NEW_TENSOR:
                 return _new_tensor(func, args, kwargs, name)
+            if func in _ITEM_ACCESS and len(args) > 1 and isinstance(args[0], DeviceTensor):
+                args = _host_list_indices(args)
             if func is F.scaled_dot_product_attention and any(
                 isinstance(a, DeviceTensor) for a in pytree.tree_leaves((args, kwargs))
             ):

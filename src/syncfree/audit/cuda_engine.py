@@ -70,6 +70,44 @@ def _copy_kind(func, args, kwargs):
     return None
 
 
+_INDEX_DTYPES = (torch.long, torch.int, torch.bool, torch.uint8)
+_INDEXING = {torch.Tensor.__getitem__: 1, torch.Tensor.__setitem__: 1, torch.Tensor.index_put_: 1,
+             torch.Tensor.index_put: 1, torch.index_put: 1, torch.index_put_: 1}
+
+
+def cpu_indices(index) -> list:
+    """The parts of an index that CUDA copies to the device first: host index tensors and sequences.
+
+    0-dim host tensors act as plain integers (no copy); slices, ints, None and Ellipsis need none.
+    Mirrors the emulator, which sees these as CPU tensors reaching the device's index kernels.
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    out = []
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            if not part.is_cuda and part.dim() > 0 and part.dtype in _INDEX_DTYPES:
+                out.append(part)
+        elif isinstance(part, list):
+            out.append(part)
+    return out
+
+
+def _index_copies(func, args, kwargs) -> list:
+    """Host indices that an indexing call on a device tensor copies to the device (blocking)."""
+    position = _INDEXING.get(func)
+    if position is None or len(args) <= position or not getattr(args[0], "is_cuda", False):
+        return []
+    return cpu_indices(args[position])
+
+
+def _index_event(index, api: str | None) -> Event:
+    nbytes = index.numel() * index.element_size() if isinstance(index, torch.Tensor) else 8 * len(index)
+    shape = tuple(index.shape) if isinstance(index, torch.Tensor) else (len(index),)
+    return Event(kind=H2D, op="index", api=api, reason="a CPU index tensor is copied to the device",
+                 shapes=(shape,), nbytes=nbytes, blocking=True, pinned=False, waits=False, engine="cuda",
+                 stack=capture_stack())
+
+
 class _CallTracker(TorchFunctionMode):
     """Remembers the running Python API, and records the copies it makes."""
 
@@ -84,11 +122,15 @@ class _CallTracker(TorchFunctionMode):
         outer = (self.api, self.in_copy)
         name = self.api = api_name(func)
         copy = _copy_kind(func, args, kwargs)
-        self.in_copy = copy is not None
+        indices = _index_copies(func, args, kwargs)
+        # The stream sync inside a blocking copy is the copy's, reported with it (as the emulator does).
+        self.in_copy = copy is not None or bool(indices)
         try:
             out = func(*args, **kwargs)
         finally:
             self.api, self.in_copy = outer
+        for index in indices:
+            self.engine.add(_index_event(index, name))
         if copy is not None:
             direction, src, non_blocking = copy
             data = out if isinstance(out, torch.Tensor) else src
