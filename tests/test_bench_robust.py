@@ -58,3 +58,11 @@ def test_without_keep_going_a_failure_stops_the_run_but_what_was_measured_is_on_
     data = _result(tmp_path)  # written after the first scenario, before the second failed
     assert {p["scenario"] for p in data["pairs"]} == {"image-448"}
     assert all(p["patched_syncs"] == 0 for p in data["pairs"])
+
+
+def test_preset_models_are_drawn_on_the_device_they_are_built_for():
+    # The GPU bench builds 8B shapes on the device: nothing may be initialized on the host first.
+    from syncfree.presets import build_model
+
+    model = build_model("qwen3-vl-tiny", device="meta")
+    assert {t.device.type for t in (*model.parameters(), *model.buffers())} == {"meta"}

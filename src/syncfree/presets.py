@@ -213,9 +213,9 @@ def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torc
             model, config=config, dtype=dtype, local_files_only=True, attn_implementation=attn
         ).to(device).eval()
     device = torch.device(device)
-    # Draw from the seed without disturbing the caller's random state, on the host or the device.
-    forked = [device.index or 0] if device.type != "cpu" else []
-    with torch.random.fork_rng(devices=forked, device_type=device.type if forked else "cuda"), device:
+    # Draw from the seed without disturbing the caller's random state, on the host or the GPU.
+    fork = {"devices": [device.index or 0], "device_type": "cuda"} if device.type == "cuda" else {"devices": []}
+    with torch.random.fork_rng(**fork), device:
         torch.manual_seed(seed)
         m = AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn)
     return m.eval()

@@ -164,6 +164,11 @@ class MatrixRun:
     not_run: list[dict] = field(default_factory=list)
 
 
+def _timed_cells(cfg: BenchConfig) -> list[tuple[str, bool]]:
+    """(scope, compiled) pairs timed per scenario: compiling covers the vision tower, not the whole prefill."""
+    return [(scope, compiled) for scope in cfg.scopes for compiled in cfg.compile if scope == "vision" or not compiled]
+
+
 def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchConfig, counter, progress,
               pending: list) -> list[dict]:
     """Every (scope, compile, variant) record of one scenario on one model."""
@@ -176,38 +181,35 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
     with torch.no_grad():
         audits = _audits(model, small, cfg.scopes, cfg.device)
     records = []
-    for scope in cfg.scopes:
-        for compiled in cfg.compile:
-            if compiled and scope != "vision":
-                continue  # compiling the whole prefill is out of this matrix: the vision tower is
-            for variant in ("stock", "patched"):
-                (patch if variant == "patched" else unpatch)(model)
-                if progress:
-                    progress(f"[{next(counter)}/{counter.total}] {model_name} {scenario_name} {scope} {attn}"
-                             f"{' compiled' if compiled else ''} {variant}")
-                with torch.no_grad():
-                    times = _time(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
-                                  cfg.repeats, cfg.budget_s, compiled)
-                    record = {
-                        "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,
-                        "compiled": compiled, "device": cfg.device, "variant": variant,
-                        "latency_ms": statistics.median(times), "latency_min_ms": min(times),
-                        "latency_max_ms": max(times), "repeats": len(times),
-                        "tokens": int(batch["input_ids"].numel()),
-                        "patches": int(sum(batch[k].shape[0] for k in ("pixel_values", "pixel_values_videos")
-                                           if k in batch)),
-                    }
-                    if not compiled:
-                        record.update(audits[scope, variant])
-                    if cfg.device == "cuda":
-                        from .gpu_metrics import profile_forward
+    for scope, compiled in _timed_cells(cfg):
+        for variant in ("stock", "patched"):
+            (patch if variant == "patched" else unpatch)(model)
+            if progress:
+                progress(f"[{next(counter)}/{counter.total}] {model_name} {scenario_name} {scope} {attn}"
+                         f"{' compiled' if compiled else ''} {variant}")
+            with torch.no_grad():
+                times = _time(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
+                              cfg.repeats, cfg.budget_s, compiled)
+                record = {
+                    "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,
+                    "compiled": compiled, "device": cfg.device, "variant": variant,
+                    "latency_ms": statistics.median(times), "latency_min_ms": min(times),
+                    "latency_max_ms": max(times), "repeats": len(times),
+                    "tokens": int(batch["input_ids"].numel()),
+                    "patches": int(sum(batch[k].shape[0] for k in ("pixel_values", "pixel_values_videos")
+                                       if k in batch)),
+                }
+                if not compiled:
+                    record.update(audits[scope, variant])
+                if cfg.device == "cuda":
+                    from .gpu_metrics import profile_forward
 
-                        torch.cuda.reset_peak_memory_stats()
-                        record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda", compiled))
-                        record["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-                    if cfg.graph_breaks and scope == "vision" and not compiled:
-                        pending.append((record, small, variant))
-                records.append(record)
+                    torch.cuda.reset_peak_memory_stats()
+                    record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda", compiled))
+                    record["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                if cfg.graph_breaks and scope == "vision" and not compiled:
+                    pending.append((record, small, variant))
+            records.append(record)
     unpatch(model)
     return records
 
@@ -243,8 +245,7 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
     run = MatrixRun()
     # Attention outermost: if a deadline cuts the run, the first implementation has every model.
     cells = [(m, a) for a in cfg.attns for m in cfg.models]
-    per_scenario = sum(2 for scope in cfg.scopes for c in cfg.compile if not (c and scope != "vision"))
-    counter = _Counter(len(cells) * len(cfg.scenarios) * per_scenario)
+    counter = _Counter(len(cells) * len(cfg.scenarios) * 2 * len(_timed_cells(cfg)))
     for model_name, attn in cells:
         if cfg.deadline_s is not None and _clock() - start > cfg.deadline_s:
             run.not_run += [{"model": model_name, "attn": attn, "scenario": s} for s in cfg.scenarios]
