@@ -190,6 +190,8 @@ INDEXES = {
     "slice and host tensor": lambda: (slice(None), torch.tensor([1, 3])),
     "two host tensors": lambda: (torch.tensor([0, 1]), torch.tensor([2, 3])),
     "python list": lambda: [0, 2],
+    "nested python list (read as a tuple)": lambda: [[0, 1], [1, 2]],
+    "list holding a slice and a list (read as a tuple)": lambda: [slice(None), [1, 3]],
     "0-dim host tensor (an integer)": lambda: torch.tensor(1),
     "ints, slices, None, Ellipsis": lambda: (Ellipsis, None, 3),
 }

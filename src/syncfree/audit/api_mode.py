@@ -109,6 +109,20 @@ _NEW_TENSOR = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor}
 _ITEM_ACCESS = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 
 
+def index_parts(index) -> tuple:
+    """The separate indices in ``x[index]``, as PyTorch reads them.
+
+    Like old NumPy, PyTorch still reads a short list that holds tensors, sequences, slices, None
+    or Ellipsis as a tuple of indices (deprecated, with a warning), and any other list as one index.
+    """
+    if isinstance(index, tuple):
+        return index
+    if isinstance(index, list) and len(index) < 32 and any(
+            isinstance(p, (torch.Tensor, list, tuple, slice)) or p is None or p is Ellipsis for p in index):
+        return tuple(index)
+    return (index,)
+
+
 def _plain_list(x) -> bool:
     return isinstance(x, list) and all(_plain_list(v) if isinstance(v, list) else isinstance(v, (int, bool))
                                        for v in x)
@@ -118,12 +132,11 @@ def _host_list_indices(args: tuple) -> tuple:
     # x[[0, 2]] on CUDA builds the index on the host and copies it over; PyTorch makes it below the
     # dispatcher, where the emulated device cannot allocate. Handing the index kernel a host tensor
     # instead takes the same route (the dispatch mode records the copy) with the same result.
-    index = args[1]
-    parts = index if isinstance(index, tuple) else (index,)
+    parts = index_parts(args[1])
     if not any(_plain_list(p) for p in parts):
         return args
     parts = tuple(torch.tensor(p, device=_CPU) if _plain_list(p) else p for p in parts)
-    return (args[0], parts if isinstance(index, tuple) else parts[0], *args[2:])
+    return (args[0], parts if len(parts) > 1 or isinstance(args[1], tuple) else parts[0], *args[2:])
 
 
 class ApiMode(TorchFunctionMode):

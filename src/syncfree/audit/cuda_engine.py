@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .api_mode import api_name
+from .api_mode import api_name, index_parts
 from .events import D2H, H2D, SYNC, Event, capture_stack
 from .rules import PYTHON_SYNC_RULES
 
@@ -81,9 +81,8 @@ def cpu_indices(index) -> list:
     0-dim host tensors act as plain integers (no copy); slices, ints, None and Ellipsis need none.
     Mirrors the emulator, which sees these as CPU tensors reaching the device's index kernels.
     """
-    parts = index if isinstance(index, tuple) else (index,)
     out = []
-    for part in parts:
+    for part in index_parts(index):
         if isinstance(part, torch.Tensor):
             if not part.is_cuda and part.dim() > 0 and part.dtype in _INDEX_DTYPES:
                 out.append(part)
