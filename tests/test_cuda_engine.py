@@ -197,6 +197,7 @@ INDEXES = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence")  # PyTorch's own, for the list-as-tuple cases
 @pytest.mark.parametrize("name", sorted(INDEXES))
 def test_real_engine_counts_the_host_index_copies_the_emulator_records(name):
     # On CUDA these copies are blocking (with a stream sync the engine must not count as a second event):
