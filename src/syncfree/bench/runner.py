@@ -265,8 +265,10 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
             if cfg.deadline_s is not None and _clock() - start > cfg.deadline_s:
                 run.not_run.append({"model": model_name, "attn": attn, "scenario": scenario_name})
                 continue
+            measured: list = []  # graph breaks to count, kept only if the whole scenario ran
             try:
-                run.records += _scenario(model, model_name, attn, scenario_name, cfg, counter, progress, pending)
+                run.records += _scenario(model, model_name, attn, scenario_name, cfg, counter, progress, measured)
+                pending += measured
             except Exception as exc:
                 if not cfg.keep_going:
                     raise
