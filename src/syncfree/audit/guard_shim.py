@@ -1,16 +1,22 @@
 """Builds and loads the tiny C++ shim that gives "cuda" a fake device guard.
 
 Why a shim at all: see fake_cuda_guard.cpp. It is built once per PyTorch
-version with the system C++ compiler against the headers that ship inside the
-torch wheel, and cached under ``$SYNCFREE_CACHE`` (default
+version and compiler flag set with the system C++ compiler against the headers
+that ship inside the torch wheel, and cached under ``$SYNCFREE_CACHE`` (default
 ``~/.cache/syncfree``). Nothing here touches CUDA.
+
+The C++ standard is the one PyTorch's own extension builder
+(``torch.utils.cpp_extension``) compiles extensions with: PyTorch 2.14's headers
+need C++20, older ones build with C++17, and a fixed choice breaks one or the other.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,13 +25,19 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["EmulationUnavailable", "FakeCudaGuard"]
+__all__ = ["EmulationUnavailable", "FakeCudaGuard", "cxx_standard", "build_flags"]
 
 _SOURCE = Path(__file__).with_name("fake_cuda_guard.cpp")
 
 
 class EmulationUnavailable(RuntimeError):
-    """Something the emulated accelerator needs is missing on this machine."""
+    """Something the emulated accelerator needs is missing on this machine.
+
+    ``command`` holds the compiler command when building the shim failed, ``output`` its full output.
+    """
+
+    command: list[str] | None = None
+    output: str = ""
 
 
 def _cache_dir() -> Path:
@@ -56,33 +68,70 @@ def _torch_dirs() -> tuple[Path, Path]:
     return include, lib
 
 
+@functools.lru_cache(maxsize=None)
+def cxx_standard() -> str:
+    """The ``-std=`` value PyTorch's extension builder uses for this PyTorch (e.g. ``c++20`` for 2.14).
+
+    Read from ``torch.utils.cpp_extension`` itself (the newest standard its unix build flags name), so a
+    PyTorch that moves to a newer standard is followed without a syncfree release. C++17 if none is found.
+    """
+    # Read as text: importing the module logs about CUDA_HOME on CPU-only builds.
+    try:
+        source = (Path(torch.__file__).parent / "utils" / "cpp_extension.py").read_text()
+    except OSError:  # a stripped install: fall back to the standard PyTorch used for years
+        return "c++17"
+    years = [int(y) for y in re.findall(r"-std=c\+\+(\d\d)\b", source)]
+    # Two-digit years: 17 < 20 < 23, and none of them wrapped around yet.
+    return f"c++{max(years)}" if years else "c++17"
+
+
+def build_flags() -> list[str]:
+    """Compiler flags besides input, output and paths: what the cache key and the error name."""
+    return ["-O1", "-shared", "-fPIC", f"-std={cxx_standard()}",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"]
+
+
+def _first_error(stderr: str) -> str:
+    """The compiler's first error line (the tail of its output is usually notes cut mid-way)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"\berror\b", line, re.IGNORECASE):
+            return line
+    return lines[0] if lines else "(the compiler printed nothing)"
+
+
 def _build(target: Path) -> None:
     compiler = _find_compiler()
     include, lib = _torch_dirs()
-    abi = int(torch.compiled_with_cxx11_abi())
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build to a temporary name and rename: two processes may build at once.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [
-        compiler, "-O1", "-shared", "-fPIC", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{include}", str(_SOURCE), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", tmp,
-    ]
+    cmd = [compiler, *build_flags(), f"-I{include}", str(_SOURCE), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}",
+           "-o", tmp]
     if sys.platform == "darwin":
-        cmd.insert(1, "-undefined")
-        cmd.insert(2, "dynamic_lookup")
-    result = subprocess.run(cmd, capture_output=True, text=True)
+        cmd[1:1] = ["-undefined", "dynamic_lookup"]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as err:
+        os.unlink(tmp)
+        raise EmulationUnavailable(f"syncfree.emulate_cuda() could not run the C++ compiler {compiler}: {err}") from err
     if result.returncode != 0:
         os.unlink(tmp)
-        raise EmulationUnavailable(
-            "syncfree.emulate_cuda() could not build its fake CUDA guard shim.\n"
-            f"command: {' '.join(cmd)}\n{result.stderr.strip()[-2000:]}"
+        error = EmulationUnavailable(
+            f"syncfree.emulate_cuda() could not build its fake CUDA guard shim with {compiler} "
+            f"(-std={cxx_standard()}, torch {torch.__version__}): {_first_error(result.stderr)} -- "
+            "make sure the compiler supports that C++ standard (GCC >= 10 or Clang >= 10 for C++20), or point "
+            "$CXX at one that does (SYNCFREE_DEBUG=1 shows the command and all of its output)."
         )
+        error.command, error.output = cmd, result.stderr
+        raise error
     os.replace(tmp, target)
 
 
 def _library_path() -> Path:
-    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    key = _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(build_flags()).encode()
+    digest = hashlib.sha256(key).hexdigest()[:16]
     return _cache_dir() / f"fake_cuda_guard-{digest}.so"
 
 
