@@ -21,7 +21,7 @@ import torch
 
 from .rope import rope_index
 
-__all__ = ["Plan", "VisionPlan", "ModelSpec", "build_plan"]
+__all__ = ["Plan", "VisionPlan", "ModelSpec", "build_plan", "vision_plan", "PLAN_INPUTS"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,7 @@ class VisionPlan:
     cu_window_seqlens: torch.Tensor | None = None
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
+    device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
 
     _TENSORS = ("cu_seqlens", "position_ids", "interp_indices", "interp_weights", "window_index", "cu_window_seqlens")
 
@@ -116,7 +117,7 @@ class VisionPlan:
 
     def to(self, device) -> "VisionPlan":
         moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
-        return dataclasses.replace(self, **moved)
+        return dataclasses.replace(self, **moved, device=str(torch.device(device)))
 
     def vision_kwargs(self) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
@@ -178,58 +179,67 @@ def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
     return grid
 
 
+PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
+               "second_per_grid_ts")
+
+
 @dataclass
 class Plan:
-    """The whole forward's plan. Tensors live where ``device`` says; ints and sizes on the host."""
+    """What the forward derives from its control tensors, for one batch. Tensors live where ``device``
+    says; counts and sizes are Python ints on the host.
+
+    The plan follows stock semantics: placeholders are counted in ``input_ids`` over every position,
+    masked or not (stock places features into all of them), while the 3D rotary positions skip
+    masked tokens, as stock ``get_rope_index`` does.
+    """
 
     spec: ModelSpec
     batch_shape: tuple[int, int]
     image: VisionPlan | None
     video: VisionPlan | None
-    n_image_tokens: int
+    n_image_tokens: int  # placeholders in the tokens, as stock get_placeholder_mask counts them
     n_video_tokens: int
-    visual_positions: torch.Tensor  # flat (b * S + s) positions of all vision placeholders, in order
-    image_in_visual: torch.Tensor  # where image features go among the visual positions
-    video_in_visual: torch.Tensor
-    position_ids: torch.Tensor | None  # (3, B, S) M-RoPE positions, as get_rope_index returns them
+    position_ids: torch.Tensor | None  # (3, B, S), as get_rope_index returns them; None if not computable
     rope_deltas: torch.Tensor | None  # (B, 1)
-    padding_free: bool  # attention_mask is absent or all ones
+    host_mask: torch.Tensor | None  # the 2D attention mask as booleans, on the host; None without a 2D mask
+    host: dict  # the host inputs the plan was built from (kept to rebuild it for an expanded batch)
+    images_per_row: tuple[int, ...] = ()
+    videos_per_row: tuple[int, ...] = ()
     device: str = "cpu"
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_visual_tokens(self) -> int:
+        return self.n_image_tokens + self.n_video_tokens
 
     def to(self, device) -> "Plan":
         moved = {name: _move(getattr(self, name), device) if getattr(self, name) is not None else None
-                 for name in ("visual_positions", "image_in_visual", "video_in_visual", "position_ids",
-                              "rope_deltas")}
+                 for name in ("position_ids", "rope_deltas")}
         return dataclasses.replace(
             self, image=self.image.to(device) if self.image else None,
             video=self.video.to(device) if self.video else None, device=str(torch.device(device)), **moved,
         )
 
-    def expanded(self, batch_size: int) -> "Plan":
-        """The plan for each row repeated ``batch_size // rows`` times, as generate() expands inputs
-        for beams and ``num_return_sequences``. Rebuilt on the host from the kept host inputs: no sync."""
-        rows = self.batch_shape[0]
-        if batch_size == rows:
+    def expanded(self, rows: int) -> "Plan":
+        """The plan for each row repeated ``rows // batch rows`` times, as generate() expands inputs for
+        beams and ``num_return_sequences``. Rebuilt on the host from the kept host inputs: no sync."""
+        own = self.batch_shape[0]
+        if rows == own:
             return self
-        if batch_size % rows:
-            raise ValueError(f"a syncfree plan for {rows} rows cannot describe a batch of {batch_size}")
-        k, host = batch_size // rows, self.extra["host"]
+        if rows % own:
+            raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
+        k, host = rows // own, self.host
         tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
                   for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
         grids = {}
-        for name, per_row in (("image_grid_thw", self.extra["images_per_row"]),
-                              ("video_grid_thw", self.extra["videos_per_row"]),
-                              ("second_per_grid_ts", self.extra["videos_per_row"])):
+        for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
+                              ("second_per_grid_ts", self.videos_per_row)):
             grid = host.get(name)
-            if grid is not None and not isinstance(grid, torch.Tensor):
-                grid = torch.as_tensor(grid)
             if grid is None:
                 grids[name] = None
                 continue
-            chunks = torch.split(grid, per_row)
+            chunks = torch.split(torch.as_tensor(grid), list(per_row))
             grids[name] = torch.cat([c for c in chunks for _ in range(k)])
-        return build_plan(self.spec, **tokens, **grids, grids_optional=True).to(self.device)
+        return build_plan(self.spec, **tokens, **grids).to(self.device)
 
     def check_model(self, spec: ModelSpec) -> None:
         if spec != self.spec:
@@ -241,110 +251,65 @@ class Plan:
             )
 
 
-def _runs(types_row: torch.Tensor, kind: int) -> list[int]:
+def _host(value):
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu")  # only host tensors reach here; .to("cpu") is then the tensor itself
+    return value
+
+
+def placeholder_runs(row: torch.Tensor, kind: int) -> list[int]:
     """Lengths of the runs of ``kind`` in one row of token types (host tensor)."""
-    values, counts = torch.unique_consecutive(types_row, return_counts=True)
+    values, counts = torch.unique_consecutive(row, return_counts=True)
     return counts[values == kind].tolist()
 
 
-def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None,
-               image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None, pixel_values=None,
-               pixel_values_videos=None, grids_optional: bool = False) -> Plan:
-    """Validate the inputs and build the plan on the host.
+def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> torch.Tensor | None:
+    """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given."""
+    if input_ids is not None and input_ids.dim() == 2:
+        return (input_ids == spec.image_token_id).long() + 2 * (input_ids == spec.video_token_id).long()
+    if mm_token_type_ids is not None and mm_token_type_ids.dim() == 2:
+        return mm_token_type_ids.to(torch.long)
+    return None
 
-    The token and grid tensors must be on the CPU; of the pixel tensors only the shapes are read.
-    ``grids_optional``: the features were computed already (no pixels), so placeholders need no grid.
-    """
-    merge2 = spec.spatial_merge_size**2
-    if mm_token_type_ids is None:
-        if input_ids is None:
-            raise ValueError("syncfree needs mm_token_type_ids (or input_ids) to place multimodal features")
-        mm_token_type_ids = (input_ids == spec.image_token_id).long() + 2 * (input_ids == spec.video_token_id).long()
-    types = mm_token_type_ids.to("cpu", torch.long)
-    if types.dim() != 2:
-        raise ValueError(f"mm_token_type_ids must have shape (batch, sequence), got {tuple(types.shape)}")
-    if input_ids is not None:
-        if input_ids.shape != types.shape:
-            raise ValueError(f"input_ids {tuple(input_ids.shape)} and mm_token_type_ids {tuple(types.shape)} "
-                             "must have the same shape")
-        for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
-            if not torch.equal(types == kind, input_ids == token):
-                raise ValueError(f"mm_token_type_ids marks {int((types == kind).sum())} tokens as "
-                                 f"{'image' if kind == 1 else 'video'} placeholders but input_ids holds "
-                                 f"{int((input_ids == token).sum())} token {token}")
-    mask = None
-    if attention_mask is not None:
-        mask = attention_mask.to("cpu")
-        if mask.shape != types.shape:
-            raise ValueError(f"attention_mask {tuple(mask.shape)} must match the tokens {tuple(types.shape)}")
-        types = torch.where(mask.bool(), types, torch.zeros_like(types))
 
-    plans, n_runs, row_runs = {}, {}, {}
-    for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
-                                     (2, "video", video_grid_thw, pixel_values_videos)):
-        row_runs[name] = [_runs(row, kind) for row in types]
-        runs = [n for per_row in row_runs[name] for n in per_row]
-        n_runs[name] = len(runs)
-        if grid is None:
-            if runs and not grids_optional:
-                raise ValueError(f"the tokens hold {len(runs)} {name} placeholder runs but {name}_grid_thw is None")
-            plans[name] = None
-            continue
-        vp = vision_plan(grid, spec, f"{name}_grid_thw")
-        if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens
-            expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
-            unit = "video frame"
-        else:
-            expected = list(vp.split_sizes)
-            unit = name
-        if len(runs) != len(expected):
-            raise ValueError(f"the tokens hold {len(runs)} {unit} placeholder runs but {name}_grid_thw describes "
-                             f"{len(expected)} {unit}s ({name} features without a placeholder, or placeholders "
-                             "without features)")
-        if runs != expected:
-            raise ValueError(f"{name} placeholder runs have {runs} tokens but {name}_grid_thw needs {expected} "
-                             f"(t*h*w / {merge2} per {unit})")
-        if pixels is not None and pixels.shape[0] != vp.num_patches:
-            raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {pixels.shape[0]} "
-                             f"patches but {name}_grid_thw describes {vp.num_patches}")
-        plans[name] = vp
+def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
+               video_grid_thw=None, second_per_grid_ts=None) -> Plan:
+    """Build the plan on the host from host tensors. Checks only what stock also needs (the grids);
+    ``syncfree.prepare`` validates the rest before calling this."""
+    host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
+            "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
+            "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts)}
+    types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
+    if types is None:
+        raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
+    given_mask = host["attention_mask"]
+    # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
+    mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
+    image = vision_plan(host["image_grid_thw"], spec, "image_grid_thw") if image_grid_thw is not None else None
+    video = vision_plan(host["video_grid_thw"], spec, "video_grid_thw") if video_grid_thw is not None else None
 
-    if second_per_grid_ts is not None and video_grid_thw is not None:
-        n_videos = len(video_grid_thw)
-        if len(second_per_grid_ts) != n_videos:
-            raise ValueError(f"second_per_grid_ts has {len(second_per_grid_ts)} entries but video_grid_thw describes "
-                             f"{n_videos} videos")
-
-    flat = types.flatten()
-    visual = torch.nonzero(flat > 0).flatten()
-    joint = flat[visual]
     position_ids = rope_deltas = None
-    # The 3D positions need a grid for every vision run (absent when generate() pre-encoded the pixels).
-    if any(plans.values()) and all(plans[name] is not None or not n_runs[name] for name in plans):
-        ids = input_ids if input_ids is not None else torch.zeros_like(types)
-        position_ids, rope_deltas = rope_index(
-            ids.to("cpu"), mm_token_type_ids.to("cpu"), image_grid_thw, video_grid_thw, mask,
-            **spec.rope_options(second_per_grid_ts),
-        )
-    # Kept on the host so the plan can be rebuilt for an expanded batch (generate with beams).
-    images_per_row = [len(r) for r in row_runs["image"]]
-    frames_per_row = [len(r) for r in row_runs["video"]]
-    videos_per_row = [] if spec.split_video_frames else frames_per_row
-    if video_grid_thw is not None and spec.split_video_frames:
-        frames = torch.as_tensor(video_grid_thw)[:, 0].cumsum(0).tolist()
-        done = 0
+    ids, mm_types = host["input_ids"], host["mm_token_type_ids"]
+    if (ids is not None and mm_types is not None and ids.shape == mm_types.shape and (image or video)
+            and (given_mask is None or mask is not None)):
+        try:
+            position_ids, rope_deltas = rope_index(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,
+                                                   **spec.rope_options(host["second_per_grid_ts"]))
+        except RuntimeError:  # inconsistent grids: stock's own rope index reports it when it runs
+            position_ids = rope_deltas = None
+    # Images and videos per row, kept to rebuild the plan for an expanded batch (generate with beams).
+    images_per_row = tuple(len(placeholder_runs(r, 1)) for r in types)
+    frames_per_row = [len(placeholder_runs(r, 2)) for r in types]
+    videos_per_row = list(frames_per_row)
+    if video is not None and spec.split_video_frames:  # Qwen3-VL: one run per frame
+        frames = video.grid_thw[:, 0].cumsum(0).tolist()
+        done, videos_per_row = 0, []
         for n in frames_per_row:
             done += n
             videos_per_row.append(sum(1 for f in frames if f <= done) - sum(videos_per_row))
-    host = {"input_ids": input_ids, "mm_token_type_ids": mm_token_type_ids, "attention_mask": attention_mask,
-            "image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw,
-            "second_per_grid_ts": second_per_grid_ts}
     return Plan(
-        spec=spec, batch_shape=tuple(types.shape), image=plans["image"], video=plans["video"],
-        n_image_tokens=int((flat == 1).sum()), n_video_tokens=int((flat == 2).sum()), visual_positions=visual,
-        image_in_visual=torch.nonzero(joint == 1).flatten(), video_in_visual=torch.nonzero(joint == 2).flatten(),
-        position_ids=position_ids, rope_deltas=rope_deltas,
-        padding_free=mask is None or bool(mask.bool().all()),
-        extra={"host": {k: v.to("cpu") if isinstance(v, torch.Tensor) else v for k, v in host.items()},
-               "images_per_row": images_per_row, "videos_per_row": videos_per_row},
+        spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
+        n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
+        position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask.bool() if mask is not None else None,
+        host=host, images_per_row=images_per_row, videos_per_row=tuple(videos_per_row),
     )

@@ -6,23 +6,40 @@ from collections.abc import Mapping
 
 import torch
 
-from .plan import ModelSpec, Plan, build_plan
+from . import active
+from .plan import PLAN_INPUTS, ModelSpec, Plan, build_plan
+from .validate import check_batch
 
-__all__ = ["prepare"]
+__all__ = ["prepare", "plan_of"]
 
-# Published Qwen3-VL checkpoints all use these; prepare() checks them against the model at forward time.
+# Published Qwen3-VL checkpoints all use these; the forward checks them against the model.
 _QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.models.qwen3_vl.modeling_qwen3_vl")
 
-_PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-                "second_per_grid_ts", "pixel_values", "pixel_values_videos")
+_CHECKED = PLAN_INPUTS + ("pixel_values", "pixel_values_videos")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
 # looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device).
 _HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+PLAN_KEY = "syncfree_plan"
 
 
-def _spec(model) -> ModelSpec:
+def _ids_from_types(spec: ModelSpec, batch: Mapping) -> ModelSpec:
+    """Without a model: take the placeholder token ids from mm_token_type_ids where it marks them."""
+    ids, types = batch.get("input_ids"), batch.get("mm_token_type_ids")
+    if not (isinstance(ids, torch.Tensor) and isinstance(types, torch.Tensor) and ids.shape == types.shape):
+        return spec
+    found = {}
+    for kind, field in ((1, "image_token_id"), (2, "video_token_id")):
+        values = ids[types == kind].unique()
+        if values.numel() == 1:
+            found[field] = int(values)
+    import dataclasses
+
+    return dataclasses.replace(spec, **found)
+
+
+def _spec(model, batch: Mapping) -> ModelSpec:
     if model is None:
-        return _QWEN3_VL_DEFAULT
+        return _ids_from_types(_QWEN3_VL_DEFAULT, batch)
     if isinstance(model, ModelSpec):
         return model
     config = getattr(model, "config", model)
@@ -37,30 +54,52 @@ def _spec(model) -> ModelSpec:
 def prepare(batch: Mapping, device: str | torch.device | None = None, model=None) -> dict:
     """Validate a processor batch, plan the forward on the host, and move it to ``device``.
 
-    ``batch`` is the processor's output (a ``BatchFeature`` or a dict) with tensors on the
-    CPU. ``model`` (or its config) supplies the merge size and token ids; without it the
-    published Qwen3-VL values are assumed, and the forward checks them. Returns the kwargs
-    for ``model(**kwargs)`` and ``model.generate(**kwargs)``; device tensors are moved
-    with pinned, non-blocking copies. With ``device=None`` nothing is pinned or moved,
-    which is what a ``DataLoader`` worker should do (no CUDA there); call ``prepare``
-    again on its result in the main process to move it.
+    ``batch`` is the processor's output (a ``BatchFeature`` or a dict) with tensors on the CPU.
+    ``model`` (or its config) supplies the merge size and token ids; without it the published
+    Qwen3-VL values are assumed (placeholder ids are read from ``mm_token_type_ids`` when present),
+    and the forward checks them against the model.
+
+    With a ``device``, returns exactly the keyword arguments of ``model(**kwargs)`` and
+    ``model.generate(**kwargs)``, device tensors moved with pinned, non-blocking copies (grids stay
+    on the host). The plan is kept beside them, keyed by the returned tensor objects: replacing or
+    editing one of them afterwards makes the patched forward refuse the stale plan.
+
+    With ``device=None`` nothing is moved and the plan is added under the key ``"syncfree_plan"``:
+    that is what a ``DataLoader`` worker should do (no CUDA there, and the dict pickles); call
+    ``prepare(result, device)`` in the main process to move it.
     """
     batch = dict(batch)
-    plan = batch.pop("syncfree_plan", None)
-    for name in _PLAN_INPUTS:
-        value = batch.get(name)
-        if isinstance(value, torch.Tensor) and value.device.type != "cpu" and plan is None:
-            raise ValueError(f"syncfree.prepare expects the processor's CPU tensors, but {name} is on {value.device}; "
-                             "call prepare() before moving the batch (or just call the patched model: it reads "
-                             "the control tensors once)")
+    plan: Plan | None = batch.pop(PLAN_KEY, None)
     if plan is None:
-        plan = build_plan(_spec(model), **{k: batch.get(k) for k in _PLAN_INPUTS})
-    if device is None or torch.device(device).type == "cpu":
-        return {**batch, "syncfree_plan": plan}
+        for name in _CHECKED:
+            value = batch.get(name)
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                raise ValueError(f"syncfree.prepare expects the processor's CPU tensors, but {name} is on "
+                                 f"{value.device}; call prepare() before moving the batch (or just call the patched "
+                                 "model: it reads the control tensors once)")
+        spec = _spec(model, batch)
+        check_batch(spec, **{k: batch.get(k) for k in _CHECKED})
+        plan = build_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS})
+    elif model is not None:
+        plan.check_model(_spec(model, batch))
+    if device is None:
+        return {**batch, PLAN_KEY: plan}
+    target = torch.device(device)
     moved = {}
     for name, value in batch.items():
-        if isinstance(value, torch.Tensor) and name not in _HOST_ONLY and value.device.type == "cpu":
-            value = value.pin_memory().to(device, non_blocking=True)
+        if (isinstance(value, torch.Tensor) and name not in _HOST_ONLY and value.device.type == "cpu"
+                and target.type != "cpu"):
+            value = value.pin_memory().to(target, non_blocking=True)
         moved[name] = value
-    moved["syncfree_plan"] = plan.to(device) if plan.device == "cpu" else plan
+    active.register(plan.to(target) if plan.device != str(target) else plan, moved)
     return moved
+
+
+def plan_of(kwargs: Mapping) -> Plan | None:
+    """The plan ``prepare`` made for ``kwargs`` (its ``"syncfree_plan"`` entry, or the one kept beside it)."""
+    plan = kwargs.get(PLAN_KEY)
+    if plan is not None:
+        return plan
+    anchor = kwargs.get("input_ids")
+    found = active.registered(anchor if anchor is not None else kwargs.get("mm_token_type_ids"))
+    return found.plan if found is not None else None

@@ -1,0 +1,47 @@
+"""The stock lines syncfree rewrites, one list per patched function, each naming the exact stock code.
+
+Every edit is checked against the installed Transformers before anything is patched: a release
+that changes one of these lines (or adds a second copy) is refused, not patched blindly.
+"""
+
+from __future__ import annotations
+
+from ..rewrite import Edit
+
+__all__ = ["VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS"]
+
+# Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
+# (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
+VISION_ATTENTION = (
+    Edit("prepend", "", 'syncfree_seqlens = kwargs.pop("syncfree_seqlens", None)'),
+    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, syncfree_seqlens)"),
+)
+
+# get_placeholder_mask: the placeholder counts it checks against the features, as host ints
+# (stock sums the masks on the device, formats the sum into its message and checks it there).
+PLACEHOLDER_MASK = (
+    Edit("stmt", "n_image_tokens = special_image_mask.sum()",
+         'n_image_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
+    Edit("stmt", "n_video_tokens = special_video_mask.sum()",
+         'n_video_tokens = _syncfree.placeholder_count(input_ids, special_video_mask, "video")'),
+)
+
+# Qwen3-VL's *Model.forward, image and video in one batch: the deepstack features of both are
+# merged in placeholder order with boolean masks; by positions instead.
+DEEPSTACK_MERGE = (
+    Edit("expr", "image_mask[visual_pos_masks]", "_syncfree.mask_at(image_mask, visual_pos_masks)"),
+    Edit("expr", "video_mask[visual_pos_masks]", "_syncfree.mask_at(video_mask, visual_pos_masks)"),
+    Edit("expr", "visual_pos_masks.sum()", "_syncfree.true_count(visual_pos_masks)"),
+    Edit("stmt", "embed_joint[image_mask_joint, :] = img_embed",
+         "_syncfree.put_rows(embed_joint, image_mask_joint, img_embed)"),
+    Edit("stmt", "embed_joint[video_mask_joint, :] = vid_embed",
+         "_syncfree.put_rows(embed_joint, video_mask_joint, vid_embed)"),
+)
+
+# Qwen3-VL's text model adds the deepstack features at the visual positions of the first layers.
+DEEPSTACK_PROCESS = (
+    Edit("stmt", "local_this = hidden_states[visual_pos_masks, :] + visual_embeds",
+         "local_this = _syncfree.rows_at(hidden_states, visual_pos_masks, visual_embeds.shape[0]) + visual_embeds"),
+    Edit("stmt", "hidden_states[visual_pos_masks, :] = local_this",
+         "_syncfree.put_rows_at(hidden_states, visual_pos_masks, local_this)"),
+)

@@ -1,0 +1,89 @@
+"""What syncfree patches in each model family: a table, by ``config.model_type``.
+
+A target is one stock function: the lines rewritten in it (``edits``, see ``edits.py``) and/or the
+wrapper put around it (``wrap``, see ``wrappers.py``), with what the wrapper relies on in the stock
+code (``params`` it must take, ``needs``: code it must contain). Families differ only in class
+names and in which of the shared pieces they have (Qwen3-VL's deepstack; Qwen2.5-VL's windows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..rewrite import Edit
+from .edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS, PLACEHOLDER_MASK, VISION_ATTENTION
+
+__all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
+
+
+@dataclass(frozen=True)
+class Target:
+    cls: str  # class name in the family's modeling module (or, for MODULE_TARGETS, a function name)
+    attr: str
+    edits: tuple[Edit, ...] = ()
+    wrap: str | None = None  # the make_* in wrappers.py
+    params: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+    inherited: bool = False  # the stock function may come from a base class (GenerationMixin.generate)
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    modeling: str
+    targets: tuple[Target, ...]
+
+
+_MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
+                 "image_grid_thw", "video_grid_thw", "mm_token_type_ids")
+_MODEL_NEEDS = ("self.get_placeholder_mask(", "masked_scatter(", "self.compute_3d_position_ids(",
+                "self.language_model(")
+_ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
+_ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positions.max() + 1 - len(current_input_ids)",
+               "mm_token_type_ids[batch_idx]")
+_VISION_NEEDS = ("get_vision_position_ids(grid_thw", "get_vision_attention_seqlens(grid_thw", "kwargs=kwargs",
+                 "**kwargs,")
+
+
+def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_needs: tuple,
+            model_edits: tuple = ()) -> tuple[Target, ...]:
+    return (
+        Target(attention, "forward", edits=VISION_ATTENTION),
+        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
+               needs=_VISION_NEEDS + vision_needs),
+        Target(f"{prefix}Model", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
+        Target(f"{prefix}Model", "forward", edits=model_edits, wrap="make_model_forward", params=_MODEL_PARAMS,
+               needs=_MODEL_NEEDS),
+        Target(f"{prefix}Model", "get_rope_index", wrap="make_get_rope_index", params=_ROPE_PARAMS,
+               needs=_ROPE_NEEDS + rope_needs),
+        Target(f"{prefix}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    )
+
+
+def _qwen3_vl(prefix: str) -> tuple[Target, ...]:
+    return _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
+                   vision_needs=("get_vision_interpolation_indices_and_weights(",),
+                   rope_needs=("video_grid_thw[:, 0] = 1",), model_edits=DEEPSTACK_MERGE) + (
+        Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),
+    )
+
+
+FAMILIES: dict[str, Family] = {
+    "qwen3_vl": Family("qwen3_vl", "transformers.models.qwen3_vl.modeling_qwen3_vl", _qwen3_vl("Qwen3VL")),
+    "qwen3_vl_moe": Family("qwen3_vl_moe", "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
+                           _qwen3_vl("Qwen3VLMoe")),
+    "qwen2_vl": Family("qwen2_vl", "transformers.models.qwen2_vl.modeling_qwen2_vl",
+                       _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
+                               vision_needs=(), rope_needs=())),
+    "qwen2_5_vl": Family("qwen2_5_vl", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+                         _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
+                                 vision_needs=("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'),
+                                 rope_needs=("tokens_per_second * ",))),
+}
+
+# Module-level functions shared by every family: (module, function) -> target.
+MODULE_TARGETS: dict[tuple[str, str], Target] = {
+    ("transformers.masking_utils", "_ignore_causal_mask_sdpa"): Target(
+        "_ignore_causal_mask_sdpa", "", wrap="make_ignore_causal_mask_sdpa", params=("padding_mask",),
+        needs=("fast_all(padding_mask", "is_tracing(")),
+}

@@ -1,0 +1,97 @@
+"""What rewritten stock code calls instead of the expression that synced (the ``_syncfree`` name there).
+
+Each helper takes the stock operands and returns what the stock expression returns. It uses host
+knowledge (the active plan, or sizes the caller passes) only when it can tell that knowledge
+describes exactly these operands; otherwise, and always while ``torch.compile`` traces, it
+evaluates the stock expression itself, so behaviour never drifts from stock.
+
+Boolean-mask indexing (``x[mask]``, ``x[mask] = y``) needs the number of true elements on the
+host. Where the plan knows it, the positions come from ``torch.nonzero_static`` (an output size
+given by the caller: no sync) and the rows move with ``index_select``/``index_copy_``, which copy
+the same values in the same order as the boolean indexing and whose backward passes do not
+sync either (unlike ``masked_select``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import active
+
+__all__ = ["segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at"]
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) -> list[int]:
+    """Vision attention's split sizes: the plan's host ints (keyed by how many segments ``cu_seqlens``
+    describes: full and window segmentations alternate in Qwen2.5-VL), else stock's ``lengths.tolist()``."""
+    if seqlens is not None:
+        sizes = seqlens.get(cu_seqlens.shape[0]) if isinstance(seqlens, dict) else seqlens
+        if sizes is not None:
+            return list(sizes)
+    return lengths.tolist()
+
+
+def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
+    """``special_{kind}_mask.sum()``: a host int when the active plan was built from these input_ids."""
+    entry = None if _compiling() else active.current()
+    if entry is not None and entry.owns(input_ids):
+        return entry.plan.n_image_tokens if kind == "image" else entry.plan.n_video_tokens
+    return mask.sum()
+
+
+def _visual_count(entry, mask: torch.Tensor) -> int | None:
+    if entry is None or entry.input_ids is None or mask.dtype != torch.bool or not entry.covers(mask):
+        return None
+    return entry.plan.n_visual_tokens
+
+
+def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    return torch.nonzero_static(mask.reshape(-1), size=count).reshape(-1)
+
+
+def mask_at(mask: torch.Tensor, visual_pos_masks: torch.Tensor) -> torch.Tensor:
+    """``mask[visual_pos_masks]`` for (B, S) boolean masks."""
+    count = None if _compiling() else _visual_count(active.current(), visual_pos_masks)
+    if count is None or mask.shape != visual_pos_masks.shape:
+        return mask[visual_pos_masks]
+    return mask.reshape(-1).index_select(0, _positions(visual_pos_masks, count))
+
+
+def true_count(visual_pos_masks: torch.Tensor):
+    """``visual_pos_masks.sum()``, used as a size: the plan's host count of image and video placeholders."""
+    count = None if _compiling() else _visual_count(active.current(), visual_pos_masks)
+    return visual_pos_masks.sum() if count is None else count
+
+
+def put_rows(target: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:
+    """``target[mask, :] = rows`` for a 1D boolean ``mask`` over ``target``'s rows."""
+    entry = None if _compiling() else active.current()
+    if entry is None or entry.input_ids is None or mask.dim() != 1 or mask.dtype != torch.bool:
+        target[mask, :] = rows
+        return
+    # Inside a planned forward the joint masks come from the placeholders, whose counts were checked
+    # against the features on the host: mask holds exactly rows.shape[0] true values.
+    target.index_copy_(0, _positions(mask, rows.shape[0]), rows)
+
+
+def rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, count: int) -> torch.Tensor:
+    """``hidden_states[visual_pos_masks, :]`` for a (B, S) boolean mask with ``count`` true values."""
+    entry = None if _compiling() else active.current()
+    if _visual_count(entry, visual_pos_masks) is None:
+        return hidden_states[visual_pos_masks, :]
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    return flat.index_select(0, _positions(visual_pos_masks, count))
+
+
+def put_rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, rows: torch.Tensor) -> None:
+    """``hidden_states[visual_pos_masks, :] = rows`` (in place, as stock), for a (B, S) boolean mask."""
+    entry = None if _compiling() else active.current()
+    if _visual_count(entry, visual_pos_masks) is None or not hidden_states.is_contiguous():
+        hidden_states[visual_pos_masks, :] = rows
+        return
+    flat = hidden_states.view(-1, hidden_states.shape[-1])
+    flat.index_copy_(0, _positions(visual_pos_masks, rows.shape[0]), rows)
