@@ -62,8 +62,9 @@ def test_unknown_transformers_code_is_refused_and_nothing_is_patched(monkeypatch
     import transformers
 
     with pytest.raises(syncfree.UnsupportedTransformers,
-                       match=rf"Transformers {transformers.__version__}.*Qwen3VLVisionAttention.forward.*no longer "
-                             r"contains \['is_flash_attention_requested"):
+                       match=rf"Transformers {transformers.__version__}, Qwen3VLVisionAttention.forward is not the "
+                             r"function .*\(the code 'lengths.tolist\(\)' appears 0 times, not 1\)\. Nothing was "
+                             "patched"):
         syncfree.patch(model)
     assert not syncfree.is_patched(model)
 
@@ -73,17 +74,27 @@ def test_models_of_other_families_are_refused_with_the_types_found():
         syncfree.patch(torch.nn.Linear(2, 2))
 
 
-def _expect(patched, batch, match):
+@pytest.fixture(scope="module")
+def stock():
+    return build_model("qwen3-vl-tiny")
+
+
+def _expect(stock, patched, batch, match):
+    """prepare() explains the problem; the patched forward fails exactly as stock does (type and message)."""
     with pytest.raises(ValueError, match=match):
         syncfree.prepare(batch, None, patched)
-    with pytest.raises(ValueError, match=match), torch.no_grad():
-        patched(**batch)  # the patched forward validates the same way when prepare() was skipped
+    with pytest.raises(Exception) as expected, torch.no_grad():
+        stock(**batch)
+    with pytest.raises(type(expected.value)) as got, torch.no_grad():
+        patched(**batch)
+    assert str(got.value) == str(expected.value)
 
 
-def test_grid_and_token_count_mismatch(patched):
+def test_grid_and_token_count_mismatch(stock, patched):
     batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
     batch["image_grid_thw"] = torch.tensor([[1, 8, 8]])
-    _expect(patched, batch, r"image placeholder runs have \[4\] tokens but image_grid_thw needs \[16\]")
+    batch["pixel_values"] = torch.randn(64, batch["pixel_values"].shape[1])
+    _expect(stock, patched, batch, r"Image features and image tokens do not match, tokens: 4, features: 16")
 
 
 @pytest.mark.parametrize("grid, match", [
@@ -100,25 +111,34 @@ def test_wrong_grid_shape_or_dtype(patched, grid, match):
 
 
 @pytest.mark.parametrize("frames", [2, 4])
-def test_video_frame_runs_must_match_video_grid(patched, frames):
+def test_video_frame_runs_must_match_video_grid(stock, patched, frames):
     batch = build_inputs(patched.config, [[Text(3), Video(6, 32, 32), Text(2)]])  # three frame runs
     batch["video_grid_thw"] = torch.tensor([[frames, 2, 2]])
     batch["pixel_values_videos"] = batch["pixel_values_videos"][: frames * 4]
-    _expect(patched, batch, rf"the tokens hold 3 video frame placeholder runs but video_grid_thw describes {frames}")
+    _expect(stock, patched, batch, rf"Video features and video tokens do not match, tokens: 3, features: {frames}")
 
 
-def test_features_for_an_image_without_placeholder(patched):
+def test_placeholder_runs_that_do_not_match_the_grids_are_named_by_prepare(patched):
+    # The totals agree (4 + 1 tokens either way), the runs do not: stock would build wrong 3D positions.
+    batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2), Image(32, 32), Text(2)]])
+    batch["image_grid_thw"] = batch["image_grid_thw"].flip(0)
+    with pytest.raises(ValueError, match=r"image placeholder runs in the tokens have \[4, 1\] tokens but "
+                                         r"image_grid_thw needs one run per image of \[1, 4\]"):
+        syncfree.prepare(batch, None, patched)
+
+
+def test_features_for_an_image_without_placeholder(stock, patched):
     batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
     extra = build_inputs(patched.config, [[Image(32, 32)]])
     batch["image_grid_thw"] = torch.cat([batch["image_grid_thw"], extra["image_grid_thw"]])
     batch["pixel_values"] = torch.cat([batch["pixel_values"], extra["pixel_values"]])
-    _expect(patched, batch, "1 image placeholder runs but image_grid_thw describes 2 images")
+    _expect(stock, patched, batch, "Image features and image tokens do not match, tokens: 4, features: 5")
 
 
-def test_pixel_rows_must_match_the_grid(patched):
+def test_pixel_rows_must_match_the_grid(stock, patched):
     batch = build_inputs(patched.config, [[Text(3), Image(64, 64), Text(2)]])
     batch["pixel_values"] = batch["pixel_values"][:-1]
-    _expect(patched, batch, "pixel_values has 15 patches but image_grid_thw describes 16")
+    _expect(stock, patched, batch, "pixel_values has 15 patches but image_grid_thw describes 16")
 
 
 def test_prepare_refuses_device_tensors_and_is_idempotent(patched):

@@ -148,11 +148,10 @@ def test_get_rope_index_equals_stock(pair, layout):
         pos, deltas = _rope_index(patched, batch)
         _assert_same_tensor(pos, expected_pos, "position_ids")
         _assert_same_tensor(deltas, expected_deltas, "rope_deltas")
-        # With the plan from prepare(), get_rope_index hands back the host-made index: the same numbers.
+        # The index prepare() plans on the host (what the patched forward hands back): the same numbers.
         plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
-        pos, deltas = _rope_index(patched, batch, syncfree_plan=plan)
-        _assert_same_tensor(pos, expected_pos, "position_ids (plan)")
-        _assert_same_tensor(deltas, expected_deltas, "rope_deltas (plan)")
+        _assert_same_tensor(plan.position_ids, expected_pos, "position_ids (plan)")
+        _assert_same_tensor(plan.rope_deltas, expected_deltas, "rope_deltas (plan)")
     for key, grid in grids_before.items():  # neither version may rewrite the caller's grids in place
         assert torch.equal(batch[key], grid), key
 

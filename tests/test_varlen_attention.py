@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from transformers.utils.generic import is_flash_attention_requested
 
 import syncfree
+from syncfree.prepare import plan_of
 from syncfree.inputs import build_inputs, named_layout
 from syncfree.presets import build_vision_model, load_config
 
@@ -76,7 +77,7 @@ def test_patched_varlen_path_equals_stock_and_hands_the_kernel_host_max_lengths(
         stock = _vision(tower, batch)
         stock_lengths = list(SEEN_MAX_LENGTHS)
         syncfree.patch(tower)
-        for plan in (None, syncfree.prepare(batch, "cpu", config)["syncfree_plan"]):
+        for plan in (None, syncfree.prepare(batch, None, config)["syncfree_plan"]):
             SEEN_MAX_LENGTHS.clear()
             patched = _vision(tower, batch, plan)
             assert all(torch.equal(a, b) for a, b in zip(stock, patched))
@@ -94,7 +95,7 @@ def test_patched_varlen_path_reads_nothing_on_the_host(model_name):
         try:
             device_batch = syncfree.prepare(batch, "cuda", config)
             with syncfree.assert_no_sync():
-                _vision(tower, device_batch, device_batch["syncfree_plan"])
+                _vision(tower, device_batch, plan_of(device_batch))
             syncfree.unpatch(tower)
             moved = {k: v.to("cuda") for k, v in batch.items()}
             with syncfree.audit() as stock:

@@ -43,9 +43,10 @@ _lock = threading.Lock()
 
 
 def _forget(key: int):
-    def drop(_ref):
-        with _lock:
-            _registry.pop(key, None)
+    # The dict and lock are bound here: at interpreter exit the module's globals may already be gone.
+    def drop(_ref, registry=_registry, lock=_lock):
+        with lock:
+            registry.pop(key, None)
     return drop
 
 

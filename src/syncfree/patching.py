@@ -54,7 +54,9 @@ def _stock(owner, attr: str, inherited: bool):
     """The stock function: also when the class is already patched; inherited ones through the MRO."""
     if (owner, attr) in _class_patches:
         saved = _class_patches[(owner, attr)]
-        return getattr(owner.__mro__[1], attr) if saved is _INHERITED else saved
+        if saved is not _INHERITED:
+            return saved
+        return next((base.__dict__[attr] for base in owner.__mro__[1:] if attr in base.__dict__), None)
     if inherited:
         return getattr(owner, attr, None)
     return owner.__dict__.get(attr)
@@ -82,7 +84,7 @@ def _build(family: str, where: str, target: Target, stock):
         try:
             fn = rewrite(fn, list(target.edits), helpers, where)
         except RewriteError as err:
-            raise _refuse(family, where, f"rewriting it failed: {err}") from None
+            raise _refuse(family, where, str(err)) from None
     if target.wrap:
         _check_wrap(family, where, target, stock)
         fn = getattr(wrappers, target.wrap)(fn)

@@ -170,10 +170,10 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     replacer = _Replacer(edits)
     node.body = [replacer.visit(stmt) for stmt in node.body]
     node.body = [s for item in node.body for s in (item if isinstance(item, list) else [item])]
-    problems = [f"{e.old.strip()!r} found {n} times (expected {e.count})" for e, n in replacer.hits.items()
+    problems = [f"the code {e.old.strip()!r} appears {n} times, not {e.count}" for e, n in replacer.hits.items()
                 if n != e.count]
     if problems:
-        raise RewriteError(f"{where}: " + "; ".join(problems))
+        raise RewriteError("; ".join(problems))
     prepend = [s for e in edits if e.kind == "prepend" for s in ast.parse(textwrap.dedent(e.new)).body]
     if prepend:
         body = node.body
