@@ -108,7 +108,7 @@ class Entry:
     input_ids: torch.Tensor | None
     attention_mask: object = None
     in_generate: bool = False
-    extra: dict = field(default_factory=dict)
+    given: dict = field(default_factory=dict)  # the control tensors of the call, by name
 
     def owns(self, input_ids) -> bool:
         """True when ``input_ids`` is the tensor this plan was matched to (so its counts apply)."""

@@ -102,7 +102,12 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
             raise UnsupportedTransformers(f"syncfree cannot patch {family.model_type}: Transformers {_version()} has "
                                           f"no {target.cls}. Nothing was patched.")
         stock = _stock(cls, target.attr, target.inherited)
-        found.append((cls, target, stock, _build(family.model_type, f"{target.cls}.{target.attr}", target, stock)))
+        try:
+            found.append((cls, target, stock, _build(family.model_type, f"{target.cls}.{target.attr}", target,
+                                                     stock)))
+        except UnsupportedTransformers:
+            if not target.optional:
+                raise
     for cls, target, _, replacement in found:
         _origin[replacement] = (family.modeling, target.cls, target.attr)
     return found

@@ -104,26 +104,42 @@ def _function_node(fn) -> tuple[ast.FunctionDef, str, int]:
 
 
 def _compile(node: ast.FunctionDef, filename: str, plain, helpers) -> types.FunctionType:
-    """Compile ``node`` as a function with the stock globals and ``_syncfree`` as a closure variable."""
+    """Compile ``node`` as a function with the stock globals and ``_syncfree`` as a closure variable.
+
+    A method is compiled inside a class of the same name (so private names are mangled as in stock and
+    ``super()`` compiles), and then given the stock ``__class__`` cell, so ``super()`` finds the real class.
+    """
     node.decorator_list = []
+    owner = plain.__qualname__.split(".")[-2] if "." in plain.__qualname__ else None
+    if owner is not None and owner != "<locals>":
+        holder = ast.ClassDef(name=owner, bases=[], keywords=[], body=[node], decorator_list=[])
+        if "type_params" in ast.ClassDef._fields:  # Python >= 3.12
+            holder.type_params = []
+        body = [holder, ast.Return(value=ast.Subscript(
+            value=ast.Attribute(value=ast.Name(id=owner, ctx=ast.Load()), attr="__dict__", ctx=ast.Load()),
+            slice=ast.Constant(node.name), ctx=ast.Load()))]
+    else:
+        body = [node, ast.Return(value=ast.Name(id=node.name, ctx=ast.Load()))]
     factory = ast.FunctionDef(
         name="__syncfree_factory__",
         args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=HELPERS)], kwonlyargs=[], kw_defaults=[], defaults=[]),
-        body=[node, ast.Return(value=ast.Name(id=node.name, ctx=ast.Load()))],
-        decorator_list=[], returns=None,
+        body=body, decorator_list=[], returns=None,
     )
     if "type_params" in ast.FunctionDef._fields:  # Python >= 3.12
         factory.type_params = []
     module = ast.Module(body=[factory], type_ignores=[])
-    ast.copy_location(factory, node)
+    for extra in [factory] + body:
+        ast.copy_location(extra, node)
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec")
     scope: dict = {}
     # Separate locals: the factory lands there, the function's globals are the stock module's.
     exec(code, plain.__globals__, scope)
-    new = scope["__syncfree_factory__"](helpers)
+    made = scope["__syncfree_factory__"](helpers)
+    stock_cells = dict(zip(plain.__code__.co_freevars, plain.__closure__ or ()))
+    cells = tuple(stock_cells.get(name, cell) for name, cell in zip(made.__code__.co_freevars, made.__closure__ or ()))
+    new = types.FunctionType(made.__code__, made.__globals__, made.__name__, plain.__defaults__, cells or None)
     # The very objects stock has (not re-evaluated copies), so signatures compare equal.
-    new.__defaults__ = plain.__defaults__
     new.__kwdefaults__ = plain.__kwdefaults__
     new.__annotations__ = dict(plain.__annotations__)
     new.__doc__ = plain.__doc__
@@ -164,8 +180,9 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     """
     chain = stock_chain(stock)
     plain = chain[-1]
-    if plain.__code__.co_freevars:
-        raise RewriteError(f"{where} uses closure variables {plain.__code__.co_freevars}")
+    unknown = set(plain.__code__.co_freevars) - {"__class__"}
+    if unknown:
+        raise RewriteError(f"{where} uses closure variables {sorted(unknown)}")
     node, filename, _ = _function_node(plain)
     replacer = _Replacer(edits)
     node.body = [replacer.visit(stmt) for stmt in node.body]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..rewrite import Edit
 
-__all__ = ["VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS"]
+__all__ = ["VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -44,4 +44,11 @@ DEEPSTACK_PROCESS = (
          "local_this = _syncfree.rows_at(hidden_states, visual_pos_masks, visual_embeds.shape[0]) + visual_embeds"),
     Edit("stmt", "hidden_states[visual_pos_masks, :] = local_this",
          "_syncfree.put_rows_at(hidden_states, visual_pos_masks, local_this)"),
+)
+
+# generate()'s 3D position setup asks whether the prompt holds vision tokens past the cached part
+# (Transformers >= 5.2x; the line is absent in older releases, where nothing is rewritten).
+GENERATION_POSITIONS = (
+    Edit("expr", "bool(mm_token_type_ids[:, past_length:].any())",
+         "_syncfree.has_vision_tokens_after(mm_token_type_ids, past_length)"),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rewrite import Edit
-from .edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS, PLACEHOLDER_MASK, VISION_ATTENTION
+from .edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS, GENERATION_POSITIONS, PLACEHOLDER_MASK, VISION_ATTENTION
 
 __all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
 
@@ -25,6 +25,7 @@ class Target:
     params: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     inherited: bool = False  # the stock function may come from a base class (GenerationMixin.generate)
+    optional: bool = False  # skipped where the stock function or the edited code is absent (older releases)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_
         Target(f"{prefix}Model", "get_rope_index", wrap="make_get_rope_index", params=_ROPE_PARAMS,
                needs=_ROPE_NEEDS + rope_needs),
         Target(f"{prefix}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+        Target(f"{prefix}ForConditionalGeneration", "_prepare_position_ids_for_generation",
+               edits=GENERATION_POSITIONS, optional=True),
     )
 
 

@@ -18,7 +18,8 @@ import torch
 
 from .. import active
 
-__all__ = ["segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at"]
+__all__ = ["segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
+           "has_vision_tokens_after"]
 
 
 def _compiling() -> bool:
@@ -95,3 +96,12 @@ def put_rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, row
         return
     flat = hidden_states.view(-1, hidden_states.shape[-1])
     flat.index_copy_(0, _positions(visual_pos_masks, rows.shape[0]), rows)
+
+
+def has_vision_tokens_after(mm_token_type_ids, past_length) -> bool:
+    """``bool(mm_token_type_ids[:, past_length:].any())`` in generate()'s position setup, from the host copy."""
+    entry = None if _compiling() else active.generating()
+    host = entry.plan.host.get("mm_token_type_ids") if entry is not None else None
+    if host is not None and isinstance(past_length, int) and entry.given.get("mm_token_type_ids") is mm_token_type_ids:
+        return bool(host[:, past_length:].any())
+    return bool(mm_token_type_ids[:, past_length:].any())

@@ -91,8 +91,15 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     return plan.expanded(shape[0])
 
 
-def resolve(model, given: dict, explicit: Plan | None, may_read: bool) -> active.Entry | None:
+def resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
     """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path)."""
+    entry = _resolve(model, given, explicit)
+    if entry is not None:
+        entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
+    return entry
+
+
+def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
     spec = ModelSpec.from_config(model.config)
     shape = _call_shape(given)
     input_ids, mask = given.get("input_ids"), given.get("attention_mask")
@@ -112,7 +119,7 @@ def resolve(model, given: dict, explicit: Plan | None, may_read: bool) -> active
         return active.Entry(outer.plan.expanded(shape[0]), input_ids, mask)
     encoded = given.get("mm_encoder_outputs")
     has_vision = any(given.get(n) is not None for n in _VISION_INPUTS) or bool(encoded)
-    if not may_read or not has_vision or (input_ids is None and given.get("mm_token_type_ids") is None):
+    if not has_vision or (input_ids is None and given.get("mm_token_type_ids") is None):
         return None
     # No prepare(): read the small control tensors once (one wait), plan on the host, send the plan back.
     wanted = {n: given.get(n) for n in PLAN_INPUTS}
@@ -145,7 +152,7 @@ def make_model_forward(stock):
         explicit = kwargs.pop(PLAN_KEY, None)
         if torch.compiler.is_compiling():
             return stock(self, *args, **kwargs)
-        entry = resolve(self, _given(names, args, kwargs), explicit, may_read=True)
+        entry = resolve(self, _given(names, args, kwargs), explicit)
         if entry is None:
             return stock(self, *args, **kwargs)
         args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
@@ -159,13 +166,17 @@ def make_generate(stock):
     @functools.wraps(stock)
     def generate(self, *args, **kwargs):
         explicit = kwargs.pop(PLAN_KEY, None)
-        given = {n: kwargs[n] for n in PLAN_INPUTS + ("mm_encoder_outputs", "inputs_embeds") if n in kwargs}
+        given = {n: kwargs[n] for n in PLAN_INPUTS + _VISION_INPUTS + ("mm_encoder_outputs", "inputs_embeds")
+                 if n in kwargs}
         inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
         given["input_ids"] = inputs
-        entry = resolve(getattr(self, "model", self), given, explicit, may_read=False)
+        # Planned once for the whole call: generate() runs the vision encoder and the prefill on copies
+        # of these tensors, which then find this plan (without prepare(): after one explicit read here).
+        entry = resolve(getattr(self, "model", self), given, explicit)
         if entry is None:
             return stock(self, *args, **kwargs)
         entry.in_generate = True
+        _, kwargs = _with_host_grids((), (), kwargs, entry.plan)
         with active.activate(entry):
             return stock(self, *args, **kwargs)
 
@@ -232,19 +243,35 @@ def make_get_rope_index(stock):
     return get_rope_index
 
 
+def _host_padding_mask(entry: active.Entry, padding_mask: torch.Tensor) -> torch.Tensor | None:
+    """The host copy of a (rows, width) padding mask of the running forward or generate() call, or None."""
+    host = entry.plan.host_mask
+    if host is None or padding_mask.dim() != 2 or padding_mask.shape[0] % host.shape[0]:
+        return None
+    rows, width = padding_mask.shape
+    if rows != host.shape[0]:  # beams / num_return_sequences: generate() repeats each row
+        host = host.repeat_interleave(rows // host.shape[0], dim=0)
+    if width == host.shape[1] and isinstance(entry.attention_mask, torch.Tensor):
+        return host  # the prefill: the mask the plan was made from
+    if width > host.shape[1] and entry.in_generate:
+        # A decode step: generate() extends the prompt's mask with ones, one column per new token.
+        return torch.cat([host, host.new_ones(rows, width - host.shape[1])], dim=1)
+    return None
+
+
 def make_ignore_causal_mask_sdpa(stock):
     is_tracing = stock.__globals__.get("is_tracing")
 
     @functools.wraps(stock)
     def _ignore_causal_mask_sdpa(padding_mask, *args, **kwargs):
         entry = None if torch.compiler.is_compiling() else active.current()
-        if (entry is not None and entry.plan.host_mask is not None and isinstance(entry.attention_mask, torch.Tensor)
-                and isinstance(padding_mask, torch.Tensor) and padding_mask.device.type != "cpu"
-                and tuple(padding_mask.shape) == tuple(entry.plan.host_mask.shape)
+        if (entry is not None and isinstance(padding_mask, torch.Tensor) and padding_mask.device.type != "cpu"
                 and not (is_tracing is not None and is_tracing(padding_mask))):
-            # The padding mask of this forward, derived from the attention_mask the plan holds a host
-            # copy of: stock's all-ones checks give the same answer on the host, without a wait.
-            padding_mask = entry.plan.host_mask
+            # The padding mask of this forward, derived from the attention mask the plan holds a host copy
+            # of: stock's all-ones checks give the same answer on the host, without a wait.
+            host = _host_padding_mask(entry, padding_mask)
+            if host is not None:
+                padding_mask = host
         return stock(padding_mask, *args, **kwargs)
 
     return _ignore_causal_mask_sdpa
