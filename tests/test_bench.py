@@ -88,3 +88,83 @@ def test_gpu_profile_metrics_reach_the_pairs_and_the_table():
     assert line.split()[-3:] == ["0.25/0.75", "40/0", "40/0"]
     assert "busy" not in table(pairs([{**record("stock", 0, 0, 1), "gpu": {}},
                                       {**record("patched", 0, 0, 0), "gpu": {}}]))
+
+
+# ---- options honoured, and what the command says (the matrix itself stubbed out) -----------------------
+def _records(scenario: str = "video-16x448") -> list[dict]:
+    return [{"model": "qwen3-vl-tiny", "scenario": scenario, "scope": "vision", "attn": "sdpa", "compiled": False,
+             "device": "cpu", "variant": v, "latency_ms": ms, "latency_min_ms": ms, "latency_max_ms": ms,
+             "repeats": 1, "syncs": syncs, "blocking_copies": 0}
+            for v, ms, syncs in (("stock", 2.0, 19), ("patched", 1.0, 0))]
+
+
+@pytest.fixture
+def stub_matrix(monkeypatch):
+    """Replace the matrix run; returns the configs it was given."""
+    import syncfree.bench
+
+    seen = []
+
+    def run_matrix(cfg, progress=None, on_update=None):
+        seen.append(cfg)
+        return syncfree.bench.MatrixRun(records=_records())
+
+    monkeypatch.setattr(syncfree.bench, "run_matrix", run_matrix)
+    return seen
+
+
+def test_quick_takes_the_explicit_options_and_keeps_its_own_defaults_for_the_rest(tmp_path, stub_matrix):
+    base = ["bench", "--quick", "--device", "cpu", "--out", str(tmp_path), "--no-plot"]
+    assert main(base + ["--attn", "eager", "--dtype", "bf16", "--budget", "3", "--text-layers", "1",
+                        "--repeats", "4"]) == 0
+    assert main(base) == 0
+    given, default = stub_matrix
+    assert (given.attns, given.dtype, given.budget_s, given.text_layers, given.repeats) == (
+        ("eager",), "bfloat16", 3.0, 1, 4)
+    assert (default.attns, default.dtype, default.budget_s, default.text_layers, default.repeats) == (
+        ("sdpa",), "float32", 1.0, 2, 2)
+    assert given.models == default.models == QUICK_MODELS and given.scale == default.scale == 0.08
+    assert json.loads((tmp_path / "bench-cpu-quick.json").read_text())["config"]["repeats"] == 2
+
+
+def test_quick_writes_outside_the_checkout_says_where_and_that_it_is_a_smoke_test(tmp_path, monkeypatch, capsys,
+                                                                                   stub_matrix):
+    import os
+    import tempfile
+
+    import syncfree
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["bench", "--quick", "--device", "cpu", "--no-plot"]) == 0
+    folder = tmp_path / "syncfree-bench"
+    assert (folder / "bench-cpu-quick.json").exists()
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(syncfree.__file__))))
+    assert not str(folder).startswith(checkout)
+    out = capsys.readouterr().out
+    assert "smoke test" in out and "not a measurement" in out
+    assert f"results go to {folder / 'bench-cpu-quick'}.json" in out
+    assert f"wrote {folder / 'bench-cpu-quick.json'}" in out
+
+
+def test_uncounted_graph_breaks_show_a_dash_and_a_footnote_says_why():
+    from syncfree.bench import footnotes, pairs, table
+
+    rows = pairs(_records("video-16x448") + _records("image-448"))
+    lines = table(rows).splitlines()
+    video = next(line for line in lines if "video-16x448" in line)
+    assert video.split()[-2:] == ["19/0", "-"]
+    [note] = footnotes(rows)
+    assert note.startswith("breaks '-': not counted") and "video-only scenarios (video-16x448)" in note
+    assert "--no-graph-breaks" in footnotes(rows, graph_breaks=False)[0]
+    assert footnotes([{**r, "stock_graph_breaks": 16, "patched_graph_breaks": 0} for r in rows]) == []
+
+
+def test_without_matplotlib_the_bench_says_no_png_was_written_and_how_to_get_one(tmp_path, monkeypatch, capsys,
+                                                                                stub_matrix):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert main(["bench", "--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no PNG plot written: matplotlib is not installed" in out and 'pip install "syncfree[bench]"' in out
+    assert not list(tmp_path.glob("*.png"))

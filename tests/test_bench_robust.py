@@ -51,10 +51,14 @@ def test_keep_going_records_the_failure_and_runs_the_rest(tmp_path, monkeypatch,
     assert "FAILED qwen3-vl-tiny sdpa image-448: RuntimeError: boom in image-448" in capsys.readouterr().out
 
 
-def test_without_keep_going_a_failure_stops_the_run_but_what_was_measured_is_on_disk(tmp_path, monkeypatch):
+def test_without_keep_going_a_failure_stops_the_run_but_what_was_measured_is_on_disk(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "_scenario", _fail_on("images-8x224"))
-    with pytest.raises(RuntimeError, match="boom in images-8x224"):
-        main(ARGS + ["--out", str(tmp_path)])
+    monkeypatch.delenv("SYNCFREE_DEBUG", raising=False)
+    assert main(ARGS + ["--out", str(tmp_path)]) == 1  # syncfree's own failure: one line, exit status 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("syncfree bench: error: internal error: RuntimeError: boom in images-8x224")
+    with pytest.raises(RuntimeError, match="boom in images-8x224"):  # --debug: the exception itself
+        main(ARGS + ["--out", str(tmp_path / "again"), "--debug"])
     data = _result(tmp_path)  # written after the first scenario, before the second failed
     assert {p["scenario"] for p in data["pairs"]} == {"image-448"}
     assert all(p["patched_syncs"] == 0 for p in data["pairs"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 from syncfree.cli import main
 from syncfree.presets import load_config
@@ -41,6 +43,8 @@ def test_demo_prints_stock_and_patched_side_by_side(capsys):
     assert main(["demo", "--model", "qwen3-vl-tiny", "--inputs", "mixed"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("syncfree demo: qwen3-vl-tiny, mixed inputs")
+    assert re.search(r"^3 audited forwards in \d+\.\d s \(model built and moved in \d+\.\d s\)$", out, re.M)
+    assert "\r" not in out  # no progress display where stdout and stderr are not terminals
     rows = _comparison_rows(out)
     assert rows["stock Transformers"][0] > 3 * load_config("qwen3-vl-tiny").vision_config.depth
     assert rows["inputs from syncfree.prepare"][:2] == [0, 0]  # syncs, blocking copies
@@ -101,3 +105,48 @@ def test_a_local_checkpoint_folder_is_audited_and_benchmarked_like_its_preset(tm
     pairs = json.loads((tmp_path / "ckpt.json").read_text())["pairs"]
     assert {(p["model"], p["scope"]) for p in pairs} == {(str(folder), "vision"), (str(folder), "full")}
     assert all(p["patched_syncs"] == 0 and p["stock_syncs"] > 0 for p in pairs)
+
+
+# ---- progress ------------------------------------------------------------------------------------------
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_rewrites_one_line_on_a_terminal_and_is_silent_elsewhere():
+    from syncfree.progress import ProgressLine
+
+    pipe, tty = io.StringIO(), _Terminal()
+    for stream in (pipe, tty):
+        line = ProgressLine(stream)
+        line.show("[1/3 stock] vision block 1/24")
+        line.show("[1/3 stock] vision block 2/24")
+        line.clear()
+    assert pipe.getvalue() == ""
+    assert tty.getvalue() == ("\r\033[K[1/3 stock] vision block 1/24\r\033[K[1/3 stock] vision block 2/24"
+                              "\r\033[K")
+
+
+def test_audited_forwards_report_each_vision_block_and_text_layer_and_leave_no_hooks():
+    from syncfree.audit_run import AuditSpec, run_compare
+    from syncfree.progress import layer_progress
+
+    seen: list[str] = []
+    reports, about = run_compare(AuditSpec(inputs="image", scope="full", text_layers=2), progress=seen.append)
+    depth = load_config("qwen3-vl-tiny").vision_config.depth
+    for i, variant in enumerate(("stock", "patched", "patched+prepare"), 1):
+        label = f"[{i}/3 {variant}]"
+        assert [s for s in seen if s.startswith(label + " ")] == (
+            [f"{label} vision block {b}/{depth}" for b in range(1, depth + 1)]
+            + [f"{label} text layer {n}/2" for n in (1, 2)])
+    assert about["forwards_s"] > 0 and about["build_s"] > 0
+    assert reports["patched+prepare"].summary()["syncs"] == 0  # the hooks add no sync of their own
+
+    import torch
+
+    layer = torch.nn.Linear(2, 2)
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([layer])
+    with layer_progress(model, "[x]", seen.append):
+        model.blocks[0](torch.ones(2))
+    assert seen[-1] == "[x] vision block 1/1" and not layer._forward_pre_hooks  # removed on exit

@@ -199,3 +199,38 @@ def test_grouped_mm_without_a_cpu_kernel_is_computed_group_by_group():
     torch.testing.assert_close(got, want)
     with pytest.raises(NotImplementedError):  # a form it does not know is not guessed at
         CPU_KERNEL_GAPS["aten::_grouped_mm"](no_cpu_kernel, (a, b), {})
+
+
+def test_torch_cuda_answers_as_one_available_sm90_device_inside_and_is_restored_after():
+    from syncfree.audit import is_emulating, real_cuda_available
+
+    real = {name: getattr(torch.cuda, name) for name in ("is_available", "get_device_properties",
+                                                         "is_bf16_supported", "is_initialized")}
+    available = torch.cuda.is_available()
+    with emulate_cuda():
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        props = torch.cuda.get_device_properties(0)
+        assert (props.major, props.minor) == (9, 0) == torch.cuda.get_device_capability()
+        assert props.total_memory > 0 and props.multi_processor_count > 0 and "emulated" in props.name
+        assert torch.cuda.is_bf16_supported()
+        assert not torch.cuda.is_initialized()  # else torch.cuda's helpers would call the missing CUDA runtime
+        torch.manual_seed(0)  # e.g. seeding, which queues a CUDA seed while not initialized
+        assert is_emulating() and not real_cuda_available()
+    assert torch.cuda.is_available() is available
+    assert {name: getattr(torch.cuda, name) for name in real} == real
+    if not available:
+        assert not torch.cuda.is_available()
+
+
+def test_inside_emulation_the_real_engine_is_refused_and_auto_picks_the_emulated_one():
+    from syncfree.audit_run import AuditSpec, run_audit
+
+    with emulate_cuda():
+        with pytest.raises(syncfree.CudaUnavailable, match="inside syncfree.emulate_cuda"):
+            with audit(engine="cuda"):
+                pass
+        with audit() as report:
+            torch.ones(2, device="cuda").tolist()
+        assert report.engine == "emulated" and len(report.syncs) == 1
+        stock, about = run_audit(AuditSpec(scope="rope", inputs="image"))  # engine="auto" inside emulate_cuda()
+    assert about["engine"] == "emulated" and stock.syncs

@@ -210,3 +210,18 @@ def test_peft_wrapped_model_is_patched_and_stays_sync_free():
             with assert_no_sync():
                 logits = patched(**kwargs).logits
             assert torch.equal(logits.cpu(), expected)
+
+
+def test_prepare_without_a_model_reads_the_placeholder_ids_from_the_token_types(patched):
+    batch = build_inputs(patched.config, named_layout("mixed", 64))  # the tiny preset's ids: 1000 and 1001
+    plan = syncfree.prepare(batch)["syncfree_plan"]
+    assert (plan.spec.image_token_id, plan.spec.video_token_id) == (1000, 1001)
+    assert plan.n_image_tokens == int((batch["mm_token_type_ids"] == 1).sum())
+
+
+def test_prepare_without_a_model_or_token_types_says_to_pass_the_model(patched):
+    batch = build_inputs(patched.config, named_layout("image", 64))
+    batch["mm_token_type_ids"] = batch["mm_token_type_ids"].clone()
+    batch["mm_token_type_ids"][0, 0] = 1  # disagrees with input_ids whatever the ids are
+    with pytest.raises(ValueError, match=r"pass the model or its config as syncfree.prepare\(batch, device, model\)"):
+        syncfree.prepare(batch)

@@ -12,12 +12,17 @@ there is one, else the emulated one), and audits one forward of the chosen scope
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from .audit import Report, audit, emulate_cuda
+from .audit import Report, audit, emulate_cuda, real_cuda_available
+from .cli_checks import check_image_side, image_unit
 from .inputs import build_inputs, named_layout
+from .prepare import plan_of
+from .progress import layer_progress
 from .presets import PRESETS, build_model, build_vision_model, load_config
 
 __all__ = ["AuditSpec", "run_audit", "run_compare", "SCOPES", "VARIANTS"]
@@ -33,13 +38,14 @@ class AuditSpec:
     scope: str = "full"
     text_layers: int | None = None
     dtype: torch.dtype = torch.float32
-    image_side: int | None = None  # pixels; default 64 for the tiny preset, 448 otherwise
+    image_side: int | None = None  # pixels, a multiple of the unit; default two units for a tiny preset, else 448
     seed: int = 0
 
-    def side(self) -> int:
+    def side(self, unit: int = 32) -> int:
+        """The image side in pixels; ``unit`` is patch size x merge size (32 for Qwen3-VL, 28 for Qwen2/2.5-VL)."""
         if self.image_side is not None:
             return self.image_side
-        return 64 if self.model.endswith("-tiny") else 448
+        return 2 * unit if self.model.endswith("-tiny") else 448  # 448 = 14 x 32 = 16 x 28
 
 
 # What the comparison runs: stock with inputs moved as `processor(...).to("cuda")` does, the patched
@@ -48,7 +54,7 @@ VARIANTS = ("stock", "patched", "patched+prepare")
 
 
 def _forward(model, batch: dict, scope: str) -> None:
-    plan = batch.get("syncfree_plan")
+    plan = plan_of(batch)  # the plan prepare() keeps beside the tensors it returned (None for stock)
     if scope == "vision":
         for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                    ("pixel_values_videos", "video_grid_thw", "video")):
@@ -62,7 +68,6 @@ def _forward(model, batch: dict, scope: str) -> None:
             image_grid_thw=batch.get("image_grid_thw"),
             video_grid_thw=batch.get("video_grid_thw"),
             attention_mask=batch.get("attention_mask"),
-            **({"syncfree_plan": plan} if plan is not None else {}),
         )
     else:
         model(**batch)
@@ -74,28 +79,64 @@ def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
     return reports["stock"], about
 
 
-def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...] = VARIANTS) -> tuple[dict, dict]:
-    """Audit one forward per variant (stock, patched, patched+prepare) of one model; returns reports by variant."""
+def _resolve_engine(engine: str) -> bool:
+    """True for the real GPU. Asked inside emulate_cuda(), torch.cuda.is_available() answers for the emulated one."""
+    if engine not in ("auto", "emulated", "cuda"):
+        raise ValueError(f"engine must be auto, emulated or cuda, got {engine!r}")
+    return engine == "cuda" or (engine == "auto" and real_cuda_available())
+
+
+def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...] = VARIANTS,
+                progress: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+    """Audit one forward per variant (stock, patched, patched+prepare) of one model; returns reports by variant.
+
+    ``progress(text)``, if given, hears what is running: the build, then each variant's vision
+    blocks and text layers as they start (e.g. ``"[2/3 patched] vision block 12/24"``).
+    """
+    from .bench.varlen import VARLEN, use_torch_varlen, varlen_problem
     from .patching import patch, unpatch
     from .prepare import prepare
 
+    def say(text: str) -> None:
+        if progress is not None:
+            progress(text)
+
     if spec.scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {spec.scope!r}")
-    config = load_config(spec.model, attn=spec.attn)
+    use_gpu = _resolve_engine(engine)
+    varlen = spec.attn == VARLEN
+    if varlen:  # PyTorch's flash kernel: a real GPU, PyTorch >= 2.10, half precision
+        if not use_gpu:
+            raise ValueError(f"attn {VARLEN!r} runs PyTorch's flash kernel, which needs a real CUDA GPU; the emulated "
+                             "device cannot run it")
+        problem = varlen_problem("cuda", str(spec.dtype).replace("torch.", ""))
+        if problem:
+            raise ValueError(problem)
+    attn = "sdpa" if varlen else spec.attn  # varlen is switched on after the build (see use_torch_varlen)
+    config = load_config(spec.model, attn=attn)
+    check_image_side(spec.image_side, config)
     pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
-    unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
-    batch = build_inputs(config, named_layout(spec.inputs, spec.side(), unit), seed=spec.seed, pad_token_id=pad)
+    unit = image_unit(config)
+    batch = build_inputs(config, named_layout(spec.inputs, spec.side(unit), unit), seed=spec.seed, pad_token_id=pad)
+    started = time.perf_counter()
+    say(f"building {spec.model}" + (" (random weights)" if spec.model in PRESETS else ""))
     if spec.scope == "vision":
-        model = build_vision_model(spec.model, attn=spec.attn, dtype=spec.dtype, seed=spec.seed)
+        model = build_vision_model(spec.model, attn=attn, dtype=spec.dtype, seed=spec.seed)
     else:
-        model = build_model(spec.model, attn=spec.attn, dtype=spec.dtype, text_layers=spec.text_layers,
+        model = build_model(spec.model, attn=attn, dtype=spec.dtype, text_layers=spec.text_layers,
                             seed=spec.seed)
-    use_gpu = engine == "cuda" or (engine == "auto" and torch.cuda.is_available())
+    if varlen:
+        use_torch_varlen(model)
     context = contextlib.nullcontext() if use_gpu else emulate_cuda()
     reports = {}
+    timing = {"build_s": 0.0, "forwards_s": 0.0}
     with context, torch.no_grad():
+        say("moving the model to the " + ("GPU" if use_gpu else "emulated device"))
         model.to("cuda")
-        for variant in variants:
+        timing["build_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        for i, variant in enumerate(variants, 1):
+            label = f"[{i}/{len(variants)} {variant}]"
             if variant == "stock":
                 unpatch(model)
             else:
@@ -105,12 +146,14 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
             else:
                 device_batch = {k: v.to("cuda") for k, v in batch.items()}
             if use_gpu:
-                _forward(model, device_batch, spec.scope)  # warm-up: first calls initialize kernels and caches
+                with layer_progress(model, f"{label} warm-up", progress):
+                    _forward(model, device_batch, spec.scope)  # warm-up: first calls initialize kernels and caches
                 torch.cuda.synchronize()
-            with audit("cuda" if use_gpu else "emulated") as report:
+            with layer_progress(model, label, progress), audit("cuda" if use_gpu else "emulated") as report:
                 _forward(model, device_batch, spec.scope)
             reports[variant] = report
         unpatch(model)
+        timing["forwards_s"] = time.perf_counter() - started
     about = {
         "model": spec.model,
         "inputs": spec.inputs,
@@ -122,5 +165,6 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
         "text_layers": spec.text_layers or config.text_config.num_hidden_layers,
         "grids": {k: v.tolist() for k, v in batch.items() if k.endswith("grid_thw")},
         "sequence": list(batch["input_ids"].shape),
+        **timing,
     }
     return reports, about

@@ -1,34 +1,69 @@
-"""The ``syncfree`` command: ``demo`` and ``audit``."""
+"""The ``syncfree`` command: ``demo``, ``audit`` and ``bench``.
+
+Every option is checked before the work starts (``cli_checks``), and every failure is one
+line on stderr with a nonzero exit status (``cli_errors``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
+
+from .cli_checks import at_least_one
+from .cli_errors import debug_from_env, one_line, run_command
 
 __all__ = ["main"]
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
 
+_DESCRIPTION = """\
+Qwen-VL models in Hugging Face Transformers without host-device syncs, and the
+auditor that proves it: on a GPU, or on a CPU-only machine through an emulated
+CUDA device."""
+
+_EPILOG = """\
+examples:
+  syncfree demo               # stock vs patched, Qwen3-VL-2B shapes (70 s)
+  syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
+  syncfree bench --quick      # a smoke run of the benchmark on tiny models
+
+Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line too (with where to read the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(Exception(message))} (see {self.prog} --help)\n")
+
+
+def _add_debug(p: argparse.ArgumentParser, default) -> None:
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show the traceback of an error instead of one line (also: SYNCFREE_DEBUG=1)")
+
 
 def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_layers: int | None) -> None:
+    from .cli_checks import ATTNS
     from .inputs import LAYOUT_NAMES
     from .presets import PRESETS
 
     p.add_argument("--model", default=model,
                    help=f"a preset ({', '.join(PRESETS)}) or a local checkpoint folder (default: {model})")
     p.add_argument("--inputs", default=inputs, choices=LAYOUT_NAMES, help=f"input kind (default: {inputs})")
-    p.add_argument("--attn", default="sdpa", help="attention implementation: eager, sdpa, ... (default: sdpa)")
+    p.add_argument("--attn", default="sdpa",
+                   help=f"attention implementation: {', '.join(ATTNS)} (flash_attention_2 needs flash-attn; varlen, "
+                        "PyTorch's flash kernel in the vision tower, a CUDA GPU and bf16/fp16) (default: sdpa)")
     p.add_argument("--scope", default="full", choices=("vision", "rope", "full"),
                    help="what to run: the vision tower, the rope index, or the whole prefill (default: full)")
-    p.add_argument("--text-layers", type=int, default=text_layers,
+    p.add_argument("--text-layers", type=at_least_one, default=text_layers,
                    help="shorten the text model to N layers (widths stay real); default: "
                    + ("all" if text_layers is None else str(text_layers)))
     p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="model dtype (default: float32)")
     p.add_argument("--image-side", type=int, default=None,
-                   help="image side in pixels (default: 448, or 64 for the tiny preset)")
+                   help="image side in pixels, a multiple of patch x merge size (32 for Qwen3-VL, 28 for "
+                        "Qwen2/2.5-VL); default: 448, or two of those units for a tiny preset")
     p.add_argument("--engine", default="auto", choices=("auto", "emulated", "cuda"),
                    help="auto: the real GPU if there is one, else the emulated device")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
@@ -59,15 +94,34 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     import torch
 
     from .audit_run import VARIANTS, AuditSpec, run_compare
+    from .cli_checks import check_attn, check_emulation, check_engine, check_image_side, check_json_path
+    from .presets import load_config
+    from .progress import ProgressLine
+
+    # Everything that can be wrong with the request is said now, not after minutes of work.
+    use_gpu = check_engine(args.engine)
+    check_attn(args.attn, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
+    check_json_path(args.json)
+    check_image_side(args.image_side, load_config(args.model))  # (also: unknown model, folder, model type)
+    if not use_gpu:
+        check_emulation()
 
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
                      image_side=args.image_side)
     print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, scope={spec.scope}", flush=True)
-    start = time.perf_counter()
-    reports, about = run_compare(spec, engine=args.engine, variants=VARIANTS if compare else ("stock",))
+    line = ProgressLine(sys.stderr)  # which forward is running, on a terminal only
+    try:
+        reports, about = run_compare(spec, engine="cuda" if use_gpu else "emulated",
+                                     variants=VARIANTS if compare else ("stock",),
+                                     progress=line.show if line.enabled else None)
+    finally:
+        line.clear()
+    n = len(reports)
     print(f"engine: {about['engine']}; vision depth {about['vision_depth']}, text layers {about['text_layers']}; "
-          f"grids {about['grids']}; sequence {about['sequence']}; {time.perf_counter() - start:.1f}s\n")
+          f"grids {about['grids']}; sequence {about['sequence']}")
+    print(f"{n} audited forward{'s' if n > 1 else ''} in {about['forwards_s']:.1f} s "
+          f"(model built and moved in {about['build_s']:.1f} s)\n")
     if compare:
         print(_comparison(reports) + "\n")
     for variant, report in reports.items():
@@ -82,113 +136,51 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    import dataclasses
-    import sys as _sys
+def _parser() -> argparse.ArgumentParser:
+    from .bench.command import add_bench_args
 
-    import torch
+    parser = _Parser(prog="syncfree", description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_debug(parser, default=False)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
+    demo = sub.add_parser("demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
+                          description="Audit three forwards of a Qwen3-VL-2B-shaped model with random weights "
+                                      "(stock, patched, patched with prepare) and list every sync by source line.")
+    _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
+    _add_debug(demo, default=argparse.SUPPRESS)
+    aud = sub.add_parser("audit", help="every host sync and copy of one forward, by source line",
+                         description="List every host sync and host/device copy of one forward, by source line.")
+    _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
+    _add_debug(aud, default=argparse.SUPPRESS)
+    bench = sub.add_parser("bench", help="stock vs patched latency, syncs, graph breaks per scenario",
+                           description="Stock vs patched, side by side in one run: latency, host syncs, graph "
+                                       "breaks (and on a GPU kernel time, busy fraction, memcpys, peak memory).")
+    add_bench_args(bench, _DTYPES)
+    _add_debug(bench, default=argparse.SUPPRESS)
+    return parser
 
-    from .bench import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig, pairs, run_matrix, table, write_results
-    from .bench.varlen import VARLEN, varlen_problem
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: this machine has no CUDA device")
-    if args.quick:
-        cfg = BenchConfig(models=tuple(args.models or QUICK_MODELS), scenarios=tuple(args.scenarios or SCENARIOS),
-                          device=device, repeats=args.repeats or 2, budget_s=1.0, scale=0.08, max_frames=4,
-                          scopes=tuple(args.scopes), compile=(False, True) if args.compile else (False,),
-                          graph_breaks=not args.no_graph_breaks, text_layers=2,
-                          deadline_s=args.deadline, keep_going=args.keep_going)
-    else:
-        attns = tuple(args.attn or (("sdpa", "eager") if device == "cuda" else ("sdpa",)))
-        cfg = BenchConfig(models=tuple(args.models or MODELS), scenarios=tuple(args.scenarios or SCENARIOS),
-                          scopes=tuple(args.scopes), attns=attns, compile=(False, True) if args.compile else (False,),
-                          device=device, repeats=args.repeats or 5, budget_s=args.budget,
-                          text_layers=args.text_layers, dtype=_DTYPES[args.dtype],
-                          graph_breaks=not args.no_graph_breaks, deadline_s=args.deadline,
-                          keep_going=args.keep_going)
-    if VARLEN in cfg.attns and varlen_problem(device, cfg.dtype):
-        raise ValueError(varlen_problem(device, cfg.dtype))
-    unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
-    if unknown:
-        raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
-    print(f"syncfree bench on {device}: {len(cfg.models)} models x {len(cfg.scenarios)} scenarios x "
-          f"{len(cfg.scopes)} scopes x {len(cfg.attns)} attention x {len(cfg.compile)} compile, stock vs patched",
-          flush=True)
-    tty = _sys.stdout.isatty()
-
-    def progress(line: str) -> None:
-        print(("\r\033[K" if tty else "") + line, end="" if tty else "\n", flush=True)
-
-    name = args.name or f"bench-{device}{'-quick' if args.quick else ''}"
-    config = dataclasses.asdict(cfg)
-
-    def save(run, plot: bool = False) -> dict:
-        # Rewritten after every scenario, so a run stopped by a timeout still leaves its results.
-        return write_results(args.out, name, config, run.records, plot=plot, errors=run.errors,
-                             not_run=run.not_run)
-
-    run = run_matrix(cfg, progress=progress, on_update=save)
-    if tty:
-        print()
-    paths = save(run, plot=not args.no_plot)
-    print("\n" + table(pairs(run.records)))
-    for e in run.errors:
-        print(f"\nFAILED {e['model']} {e['attn']} {e['scenario'] or '(building the model)'}: {e['error']}")
-    if run.not_run:
-        print(f"\nnot run (past the {cfg.deadline_s:g} s deadline): "
-              + ", ".join(f"{c['model']}/{c['attn']}/{c['scenario']}" for c in run.not_run))
-    print("\nwrote " + ", ".join(p for p in paths.values() if p))
-    return 1 if run.errors else 0
+def _user_paths(args: argparse.Namespace) -> list[str]:
+    """The paths the user gave: an OS error about one of them is the user's to fix (exit 2), not a bug."""
+    paths = [getattr(args, "model", None), getattr(args, "json", None), getattr(args, "out", None)]
+    paths += list(getattr(args, "models", None) or [])
+    return [p for p in paths if p]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="syncfree", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="stock vs syncfree-patched Qwen3-VL forward, audited (offline, no GPU needed)")
-    _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
-    aud = sub.add_parser("audit", help="list every host sync and copy of one forward, by source line")
-    _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
-    bench = sub.add_parser("bench", help="stock vs patched latency, syncs and graph breaks over the scenario matrix")
-    bench.add_argument("--quick", action="store_true", help="tiny models and inputs: a smoke run of under a minute")
-    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
-    bench.add_argument("--models", nargs="+", help="presets or checkpoint folders (default: the real shapes)")
-    bench.add_argument("--scenarios", nargs="+", help="scenario names (default: all)")
-    bench.add_argument("--attn", nargs="+",
-                       help="attention implementations: sdpa, eager, flash_attention_2 (when installed), or varlen "
-                            "(PyTorch's flash kernel for the vision tower, CUDA only); default: sdpa, and sdpa and "
-                            "eager on cuda")
-    bench.add_argument("--compile", action="store_true", help="also time the torch.compile'd vision tower")
-    bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full"),
-                       help="vision tower alone and/or the full prefill (default: both)")
-    bench.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="model dtype (default float32)")
-    bench.add_argument("--repeats", type=int, help="timed runs per variant (default 5; 2 with --quick)")
-    bench.add_argument("--budget", type=float, default=20.0, help="seconds per variant before repeats are cut")
-    bench.add_argument("--text-layers", type=int, default=2, help="text layers for the full scope (default 2)")
-    bench.add_argument("--out", default="benchmarks/results", help="output folder (default benchmarks/results)")
-    bench.add_argument("--name", help="file name stem (default bench-<device>[-quick])")
-    bench.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
-    bench.add_argument("--no-graph-breaks", action="store_true",
-                       help="skip counting the vision tower's graph breaks (torch._dynamo.explain)")
-    bench.add_argument("--deadline", type=float, metavar="SECONDS",
-                       help="start no new scenario after this many seconds; the rest are listed as not run")
-    bench.add_argument("--keep-going", action="store_true",
-                       help="record a failing scenario and go on (the exit status is then 1)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
+    debug = args.debug or debug_from_env()
     if args.command == "bench":
-        try:
-            return _bench(args)
-        except ValueError as err:
-            print(f"syncfree bench: error: {err}", file=sys.stderr)
-            return 2
-    demo_run = args.command == "demo"
-    title = "syncfree demo" if demo_run else "syncfree audit"
-    try:
-        return _run(args, title, compare=demo_run or args.compare)
-    except ValueError as err:  # bad model name, sizes, ...: say what, not a traceback
-        print(f"syncfree {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        from .bench.command import run_bench
+
+        def work() -> int:
+            return run_bench(args, _DTYPES)
+    else:
+        def work() -> int:
+            compare = args.command == "demo" or args.compare
+            return _run(args, f"syncfree {args.command}", compare=compare)
+    return run_command(args.command, work, debug=debug, user_paths=_user_paths(args))
 
 
 if __name__ == "__main__":

@@ -167,25 +167,62 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def _looks_like_a_path(model: str) -> bool:
+    return os.sep in model or "/" in model or model.startswith((".", "~"))
+
+
+def _checkpoint_model_type(folder: str) -> str:
+    """The ``model_type`` a checkpoint folder declares; a ValueError saying what is wrong with the folder otherwise."""
+    import json
+
+    from .patching import FAMILIES
+
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err})") from None
+    model_type = values.get("model_type") if isinstance(values, dict) else None
+    if model_type not in FAMILIES:
+        what = f"model type {model_type!r}" if model_type else "no model_type"
+        raise ValueError(f"{path} declares {what}, which syncfree does not support; supported model types: "
+                         f"{', '.join(FAMILIES)}")
+    return model_type
+
+
 def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
     """A Transformers config for a preset name or a local checkpoint folder.
 
     ``text_layers`` shortens the text model (its widths stay real), so the full
     forward of a large preset fits a small machine; the vision tower is never shortened.
+    A ``ValueError`` says what is wrong with anything else: a name that is no preset and no
+    folder, a folder without ``config.json``, or a model type syncfree does not patch.
     """
     from transformers import AutoConfig
 
+    presets = ", ".join(PRESETS)
     if model in PRESETS:
         values = copy.deepcopy(PRESETS[model].values)
         model_type = values.pop("model_type")
         config = AutoConfig.for_model(model_type, **values)
         config.text_config.pad_token_id = PRESETS[model].pad_token_id
-    elif os.path.isdir(model) and os.path.exists(os.path.join(model, "config.json")):
+    elif os.path.isdir(model):
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            raise ValueError(f"model folder {model!r} holds no config.json; a checkpoint folder needs one (as "
+                             "save_pretrained writes it)")
+        _checkpoint_model_type(model)  # before Transformers reads it: its error for a BERT folder comes much later
         config = AutoConfig.from_pretrained(model, local_files_only=True)
+    elif os.path.exists(model):
+        raise ValueError(f"model {model!r} is a file; give a preset ({presets}) or a checkpoint folder that "
+                         "holds a config.json")
+    elif _looks_like_a_path(model):
+        raise ValueError(f"model folder {model!r} does not exist (and it is no preset: {presets}); nothing is "
+                         "downloaded, so a Hub checkpoint must be downloaded first and its folder given")
     else:
         raise ValueError(
-            f"unknown model {model!r}: give a preset ({', '.join(PRESETS)}) or a local checkpoint "
-            "folder that holds a config.json (nothing is downloaded)"
+            f"unknown model {model!r}: no such preset ({presets}), and no folder of that name exists; give a "
+            "preset or a local checkpoint folder that holds a config.json (nothing is downloaded)"
         )
     if text_layers is not None:
         if text_layers < 1:

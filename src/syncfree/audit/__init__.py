@@ -2,7 +2,7 @@
 
 from .api import SyncError, assert_no_sync, audit
 from .cuda_engine import CudaUnavailable
-from .emulate import DeviceTensor, emulate_cuda, is_emulating
+from .emulate import DeviceTensor, emulate_cuda, is_emulating, real_cuda_available
 from .events import Event, Frame
 from .guard_shim import EmulationUnavailable
 from .report import Report
@@ -12,6 +12,7 @@ __all__ = [
     "assert_no_sync",
     "emulate_cuda",
     "is_emulating",
+    "real_cuda_available",
     "Report",
     "Event",
     "Frame",

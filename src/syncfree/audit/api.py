@@ -29,7 +29,7 @@ def _choose(engine: str) -> str:
         raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {engine!r}")
     if engine != "auto":
         return engine
-    if is_emulating():
+    if is_emulating():  # first: torch.cuda.is_available() answers True for the emulated device too
         return "emulated"
     if torch.cuda.is_available():
         return "cuda"

@@ -191,6 +191,13 @@ class CudaEngine:
     """Collects syncs and copies on a real CUDA device into ``report`` between ``start`` and ``stop``."""
 
     def __init__(self, report) -> None:
+        from .emulate import is_emulating
+
+        if is_emulating():  # torch.cuda.is_available() answers True in there, for the emulated device
+            raise CudaUnavailable(
+                "the real-CUDA audit engine cannot run inside syncfree.emulate_cuda(): tensors on 'cuda' are "
+                "emulated there. Use syncfree.audit() or audit(engine='emulated') inside it."
+            )
         if not torch.cuda.is_available():
             raise CudaUnavailable(
                 "the real-CUDA audit engine needs a CUDA device, and this machine has none. On a CPU-only "

@@ -1,6 +1,7 @@
 """An emulated CUDA device for CPU-only machines: runs on the CPU, records what CUDA would do.
 
-Inside ``with emulate_cuda():`` a tensor put on ``"cuda"`` becomes a
+Inside ``with emulate_cuda():`` (where ``torch.cuda`` answers as one sm_90 device, see
+``cuda_standins.py``) a tensor put on ``"cuda"`` becomes a
 ``DeviceTensor``: a wrapper that reports ``device='cuda:0'`` and holds an
 ordinary CPU tensor. Every aten op is seen by a ``TorchDispatchMode``, which
 runs it on the held CPU tensors (so the numbers are bit for bit those of a
@@ -35,10 +36,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rules
 from .cpu_kernel_gaps import CPU_KERNEL_GAPS
+from .cuda_standins import CUDA_STANDINS
 from .events import D2H, H2D, SYNC, Event, active_collectors, capture_stack
 from .guard_shim import FakeCudaGuard
 
-__all__ = ["DeviceTensor", "emulate_cuda", "is_emulating", "record"]
+__all__ = ["DeviceTensor", "emulate_cuda", "is_emulating", "real_cuda_available", "record"]
 
 _CUDA = torch.device("cuda", 0)
 _CPU = torch.device("cpu")
@@ -308,24 +310,6 @@ _SPECIAL = {
 }
 
 
-def _synchronize(device=None) -> None:
-    record(SYNC, "torch.cuda.synchronize", rules.PYTHON_SYNC_RULES["torch.cuda.synchronize"],
-           api="torch.cuda.synchronize")
-
-
-# What torch.cuda answers while emulating: one device of compute capability 9.0 (the H100/H200
-# class these models are served on), so code that picks kernels by capability takes its GPU path.
-EMULATED_CAPABILITY = (9, 0)
-_CUDA_STANDINS = {
-    "_lazy_init": lambda: None,
-    "synchronize": _synchronize,
-    "get_device_capability": lambda device=None: EMULATED_CAPABILITY,
-    "device_count": lambda: 1,
-    "current_device": lambda: 0,
-    "get_device_name": lambda device=None: "syncfree emulated CUDA device (sm_90)",
-}
-
-
 # ---- the context ---------------------------------------------------------------------------
 _depth = 0
 
@@ -335,6 +319,11 @@ def is_emulating() -> bool:
     return _depth > 0
 
 
+def real_cuda_available() -> bool:
+    """True when a real CUDA device is usable: ``torch.cuda.is_available()`` says yes inside ``emulate_cuda()``."""
+    return not is_emulating() and torch.cuda.is_available()
+
+
 @contextlib.contextmanager
 def emulate_cuda():
     """Run code that uses ``"cuda"`` on the CPU while recording what a real CUDA device would do.
@@ -342,6 +331,16 @@ def emulate_cuda():
     Results are bit-identical to a plain CPU run. Use ``syncfree.audit()`` inside
     it to collect the events. Raises ``EmulationUnavailable`` when the shim it needs
     cannot be built, and refuses to run where a real CUDA device is available.
+
+    Inside, ``torch.cuda`` answers as one available device of compute capability 9.0:
+    ``is_available()``, ``device_count()``, ``current_device()``, ``get_device_name()``,
+    ``get_device_capability()``, ``get_device_properties()`` (name, major, minor,
+    total_memory, multi_processor_count) and ``is_bf16_supported()``; ``synchronize()``
+    is recorded as a sync. ``is_initialized()`` stays False (torch's own helpers would
+    call into a CUDA runtime this machine lacks), and streams, events, memory
+    statistics and random-number state are not emulated. Everything is restored on exit.
+    (To ask whether a *real* GPU is there from code that may run inside, use
+    ``real_cuda_available()``.)
     """
     global _depth
     if _depth:  # re-entrant: the outer context already set everything up
@@ -360,8 +359,8 @@ def emulate_cuda():
 
     guard = FakeCudaGuard()
     guard.install()
-    real = {name: getattr(torch.cuda, name) for name in _CUDA_STANDINS}
-    for name, standin in _CUDA_STANDINS.items():
+    real = {name: getattr(torch.cuda, name) for name in CUDA_STANDINS}
+    for name, standin in CUDA_STANDINS.items():
         setattr(torch.cuda, name, standin)
     # model.to("cpu") must swap each emulated parameter for a plain one in place (as model.to("cuda")
     # did the other way), or the module would keep wrappers whose data is on the host.

@@ -6,9 +6,11 @@ report from a CPU-only machine can be compared line by line with one from a GPU.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
+import sysconfig
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -59,21 +61,49 @@ class Frame:
 _KEEP = os.path.join(_SYNCFREE_DIR, "host_read.py")
 
 
-def _is_machinery(filename: str) -> bool:
+def _tail(*parts: str) -> str:
+    return os.sep + os.path.join(*parts)
+
+
+# Transformers' decorators (can_return_tuple, merge_with_config_defaults, check_model_inputs in
+# utils/generic.py; capture_outputs in utils/output_capturing.py; deprecate_kwarg in utils/deprecation.py)
+# put a `wrapper` frame between every model forward and its caller. They only pass arguments
+# along, so a sync "in" one belongs to the model line around it. Same in 5.17 and the newest release.
+_WRAPPER_FILES = (_tail("transformers", "utils", "generic.py"), _tail("transformers", "utils", "output_capturing.py"),
+                  _tail("transformers", "utils", "deprecation.py"))
+# Wrapper functions inside modules that also hold real model code: skipped by (file, function).
+_WRAPPER_FUNCTIONS = {
+    (_tail("transformers", "modeling_layers.py"), "forward_with_checkpointing"),  # GradientCheckpointingLayer
+    (_tail("transformers", "modeling_rope_utils.py"), "wrapper"),  # dynamic_rope_update
+}
+# A console script (`syncfree`, `pytest`, ...) is a few lines that call the entry point: its
+# `<module>` frame is where an event ends up when everything between is machinery.
+_SCRIPT_DIRS = {os.path.abspath(d) for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)) if d}
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_machinery(filename: str, function: str = "") -> bool:
     if filename == _KEEP:
         return False
-    return (filename.startswith(_SKIP_PREFIXES) or filename == _WARNINGS_FILE
-            or any(s in filename for s in _SKIP_FILES))
+    if (filename.startswith(_SKIP_PREFIXES) or filename == _WARNINGS_FILE
+            or any(s in filename for s in _SKIP_FILES)):
+        return True
+    if filename.endswith(_WRAPPER_FILES):
+        return True
+    if any(filename.endswith(tail) and function == name for tail, name in _WRAPPER_FUNCTIONS):
+        return True
+    return function == "<module>" and os.path.dirname(os.path.abspath(filename)) in _SCRIPT_DIRS
 
 
 def capture_stack(skip_machinery: bool = True) -> tuple[Frame, ...]:
-    """The caller chain, innermost first, without frames from torch or syncfree."""
+    """The caller chain, innermost first, without machinery: frames from torch and syncfree,
+    Transformers' pass-through decorator wrappers, and a console script's entry line."""
     frames: list[Frame] = []
     f = sys._getframe(1)
     while f is not None and len(frames) < _MAX_CHAIN:
-        name = f.f_code.co_filename
-        if not (skip_machinery and _is_machinery(name)):
-            frames.append(Frame(name, f.f_lineno, f.f_code.co_name))
+        code = f.f_code
+        if not (skip_machinery and _is_machinery(code.co_filename, code.co_name)):
+            frames.append(Frame(code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(frames)
 

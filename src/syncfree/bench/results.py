@@ -10,7 +10,7 @@ import time
 
 import torch
 
-__all__ = ["pairs", "table", "write_results", "machine"]
+__all__ = ["pairs", "table", "footnotes", "write_results", "machine"]
 
 _KEY = ("model", "scenario", "scope", "attn", "compiled", "device")
 
@@ -43,9 +43,9 @@ _GPU_METRICS = ("kernel_ms", "busy_fraction", "memcpy_htod", "memcpy_dtoh", "str
 
 
 def _both(r: dict, key: str, fmt: str = "{}") -> str:
-    """``stock/patched`` for one metric, or empty where it was not measured."""
+    """``stock/patched`` for one metric, or ``-`` where it was not measured (``footnotes`` says why)."""
     a, b = r.get(f"stock_{key}"), r.get(f"patched_{key}")
-    return "" if a is None or b is None else f"{fmt.format(a)}/{fmt.format(b)}"
+    return "-" if a is None or b is None else f"{fmt.format(a)}/{fmt.format(b)}"
 
 
 def table(rows: list[dict]) -> str:
@@ -65,6 +65,44 @@ def table(rows: list[dict]) -> str:
     text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     text.insert(1, "-" * len(text[0]))
     return "\n".join(text)
+
+
+def _video_only(scenario: str) -> bool:
+    from .scenarios import SCENARIOS
+
+    known = SCENARIOS.get(scenario)
+    return known is not None and not any(item[0] == "image" for request in known.requests for item in request)
+
+
+def footnotes(rows: list[dict], graph_breaks: bool = True) -> list[str]:
+    """Why the table shows ``-`` where it does: the rules of runner.py, for the rows that have one.
+
+    Host syncs are audited for uncompiled forwards. Graph breaks are counted (``torch._dynamo.explain``)
+    for the uncompiled vision tower on a scenario's image input, so not for the full prefill, compiled
+    rows, video-only scenarios or runs with ``--no-graph-breaks``, nor where counting failed.
+    """
+    notes = []
+    if any(r["compiled"] and r.get("stock_syncs") is None for r in rows):
+        notes.append("syncs '-': not audited -- host syncs are audited for uncompiled forwards only")
+    missing = [r for r in rows if r.get("stock_graph_breaks") is None or r.get("patched_graph_breaks") is None]
+    if missing:
+        why = []
+        if any(r["scope"] != "vision" for r in missing):
+            why.append("the full prefill")
+        if any(r["scope"] == "vision" and r["compiled"] for r in missing):
+            why.append("compiled rows")
+        plain = [r for r in missing if r["scope"] == "vision" and not r["compiled"]]
+        if plain and not graph_breaks:
+            why.append("any row, with --no-graph-breaks")
+        elif plain:
+            video = sorted({r["scenario"] for r in plain if _video_only(r["scenario"])})
+            if video:
+                why.append(f"video-only scenarios ({', '.join(video)})")
+            if any(not _video_only(r["scenario"]) for r in plain):
+                why.append("scenarios where counting failed (see the errors)")
+        notes.append("breaks '-': not counted -- graph breaks (torch._dynamo.explain) are counted for the uncompiled "
+                     f"vision tower on a scenario's image input, so not for: {'; '.join(why)}")
+    return notes
 
 
 def machine(device: str) -> dict:

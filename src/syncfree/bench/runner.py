@@ -23,7 +23,7 @@ import torch
 from ..audit import audit, emulate_cuda
 from ..inputs import build_inputs
 from ..patching import patch, unpatch
-from ..prepare import prepare
+from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model
 from .scenarios import SCENARIOS
 from .varlen import VARLEN, use_torch_varlen
@@ -96,7 +96,7 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
         else:
             kwargs = move(batch)
         if scope == "vision":
-            plan = kwargs.get("syncfree_plan")
+            plan = plan_of(kwargs)
             for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                        ("pixel_values_videos", "video_grid_thw", "video")):
                 if pixels in kwargs:
@@ -144,7 +144,7 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
         kwargs = prepare(batch, device, model)
     else:
         kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    plan = kwargs.get("syncfree_plan")
+    plan = plan_of(kwargs)
     if "pixel_values" not in kwargs:
         return None
     extra = {"syncfree_vision_plan": plan.image} if plan is not None else {}

@@ -24,7 +24,7 @@ import inspect
 import torch
 
 from .. import active
-from ..host_read import read_to_host_syncs_once
+from ..host_read import read_to_host_syncs_once, send_plan_back
 from ..plan import PLAN_INPUTS, ModelSpec, Plan, build_plan, vision_plan
 from ..rope import rope_index
 
@@ -127,7 +127,7 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
     plan = build_plan(spec, **host)
-    return active.Entry(plan.to(device) if device is not None else plan, input_ids, mask)
+    return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
 
 
 def _with_host_grids(names, args, kwargs, plan: Plan):
@@ -217,7 +217,7 @@ def make_vision_forward(stock):
             host = read_to_host_syncs_once({"grid_thw": grid_thw})["grid_thw"]  # no read if already on the host
             vp = vision_plan(host, ModelSpec.for_vision_model(self))
         if not same_device(vp.device, hidden_states.device):
-            vp = vp.to(hidden_states.device)
+            vp = send_plan_back(vp, hidden_states.device)
         # Stock helpers pop these precomputed values from kwargs instead of deriving them from grid_thw,
         # so grid_thw is never read on the device (and may stay on the host).
         return stock(self, hidden_states, *args, grid_thw=vp.grid_thw, **{**vp.vision_kwargs(), **kwargs})

@@ -1,0 +1,151 @@
+"""``syncfree bench``: its options, their checks, and what it prints.
+
+Every option is honoured in both modes: ``--quick`` only changes the defaults (tiny models,
+reduced inputs, two repeats, a one-second budget, results outside the checkout), so the
+numeric options default to ``None`` here and each mode fills in its own value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+
+from ..cli_checks import at_least_one, positive_seconds
+
+__all__ = ["add_bench_args", "run_bench", "quick_out", "FULL_OUT"]
+
+FULL_OUT = os.path.join("benchmarks", "results")  # where the recorded matrices live, in the checkout
+
+
+def quick_out() -> str:
+    """Where ``--quick`` writes by default: the temp folder, so a smoke run leaves the checkout alone."""
+    return os.path.join(tempfile.gettempdir(), "syncfree-bench")
+
+# (defaults of the full run, defaults of --quick)
+_DEFAULTS = {"repeats": (5, 2), "budget": (20.0, 1.0), "text_layers": (2, 2), "dtype": ("float32", "float32")}
+
+_QUICK_NOTE = ("bench --quick: tiny models and inputs, a smoke test of the whole pipeline; its timings are not a "
+               "measurement (patched/stock ratios of forwards this short are noise)")
+
+
+def add_bench_args(bench: argparse.ArgumentParser, dtypes: dict) -> None:
+    bench.add_argument("--quick", action="store_true",
+                       help="tiny models and reduced inputs: a smoke run of under a minute (timings are not a "
+                            "measurement); explicit options below still apply")
+    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    bench.add_argument("--models", nargs="+", help="presets or checkpoint folders (default: the real shapes; "
+                                                    "with --quick the tiny ones)")
+    bench.add_argument("--scenarios", nargs="+", help="scenario names (default: all)")
+    bench.add_argument("--attn", nargs="+",
+                       help="attention implementations: sdpa, eager, flash_attention_2 (when installed), or varlen "
+                            "(PyTorch's flash kernel for the vision tower, CUDA only); default: sdpa, and sdpa and "
+                            "eager on cuda (sdpa with --quick)")
+    bench.add_argument("--compile", action="store_true", help="also time the torch.compile'd vision tower")
+    bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full"),
+                       help="vision tower alone and/or the full prefill (default: both)")
+    bench.add_argument("--dtype", choices=sorted(dtypes), help="model dtype (default float32)")
+    bench.add_argument("--repeats", type=at_least_one, help="timed runs per variant (default 5; 2 with --quick)")
+    bench.add_argument("--budget", type=positive_seconds,
+                       help="seconds per variant before repeats are cut (default 20; 1 with --quick)")
+    bench.add_argument("--text-layers", type=at_least_one, help="text layers for the full scope (default 2)")
+    bench.add_argument("--out", help=f"output folder (default {FULL_OUT}; with --quick {quick_out()})")
+    bench.add_argument("--name", help="file name stem (default bench-<device>[-quick])")
+    bench.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    bench.add_argument("--no-graph-breaks", action="store_true",
+                       help="skip counting the vision tower's graph breaks (torch._dynamo.explain)")
+    bench.add_argument("--deadline", type=positive_seconds, metavar="SECONDS",
+                       help="start no new scenario after this many seconds; the rest are listed as not run")
+    bench.add_argument("--keep-going", action="store_true",
+                       help="record a failing scenario and go on (the exit status is then 1)")
+
+
+def _given(args: argparse.Namespace, name: str):
+    value = getattr(args, name)
+    return _DEFAULTS[name][1 if args.quick else 0] if value is None else value
+
+
+def _config(args: argparse.Namespace, device: str, dtypes: dict):
+    from . import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig
+
+    common = dict(scenarios=tuple(args.scenarios or SCENARIOS), scopes=tuple(args.scopes), device=device,
+                  compile=(False, True) if args.compile else (False,), repeats=_given(args, "repeats"),
+                  budget_s=_given(args, "budget"), text_layers=_given(args, "text_layers"),
+                  dtype=dtypes[_given(args, "dtype")], graph_breaks=not args.no_graph_breaks,
+                  deadline_s=args.deadline, keep_going=args.keep_going)
+    if args.quick:
+        return BenchConfig(models=tuple(args.models or QUICK_MODELS), attns=tuple(args.attn or ("sdpa",)),
+                           scale=0.08, max_frames=4, **common)
+    attns = tuple(args.attn or (("sdpa", "eager") if device == "cuda" else ("sdpa",)))
+    return BenchConfig(models=tuple(args.models or MODELS), attns=attns, **common)
+
+
+def _check(cfg, out: str) -> None:
+    """Everything that can be wrong with the request, before the first model is built."""
+    from ..cli_checks import check_attn, check_emulation, check_out_dir
+    from ..presets import load_config
+    from . import SCENARIOS
+
+    for attn in cfg.attns:
+        check_attn(attn, device=cfg.device, dtype=cfg.dtype)
+    unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    for model in cfg.models:
+        load_config(model)  # an unknown name, a missing folder or an unsupported model type, said now
+    check_out_dir(out)
+    if cfg.device == "cpu":
+        check_emulation()  # the CPU run audits its syncs on the emulated device
+
+
+def run_bench(args: argparse.Namespace, dtypes: dict) -> int:
+    from ..audit import CudaUnavailable, real_cuda_available
+    from . import footnotes, pairs, run_matrix, table, write_results
+
+    has_gpu = real_cuda_available()  # (torch.cuda.is_available() also answers True inside emulate_cuda())
+    device = args.device or ("cuda" if has_gpu else "cpu")
+    if device == "cuda" and not has_gpu:
+        raise CudaUnavailable("--device cuda needs a CUDA GPU and this machine has none; use --device cpu")
+    cfg = _config(args, device, dtypes)
+    out = args.out or (quick_out() if args.quick else FULL_OUT)
+    _check(cfg, out)
+    name = args.name or f"bench-{device}{'-quick' if args.quick else ''}"
+
+    if args.quick:
+        print(_QUICK_NOTE)
+    print(f"syncfree bench on {device}: {len(cfg.models)} models x {len(cfg.scenarios)} scenarios x "
+          f"{len(cfg.scopes)} scopes x {len(cfg.attns)} attention x {len(cfg.compile)} compile, stock vs patched")
+    print(f"results go to {os.path.join(out, name)}.json and .csv (rewritten after every scenario)", flush=True)
+    tty = sys.stdout.isatty()
+
+    def progress(line: str) -> None:
+        print(("\r\033[K" if tty else "") + line, end="" if tty else "\n", flush=True)
+
+    config = dataclasses.asdict(cfg)
+
+    def save(run, plot: bool = False) -> dict:
+        # Rewritten after every scenario, so a run stopped by a timeout still leaves its results.
+        return write_results(out, name, config, run.records, plot=plot, errors=run.errors, not_run=run.not_run)
+
+    try:
+        run = run_matrix(cfg, progress=progress, on_update=save)
+    finally:
+        if tty:
+            print()  # end the progress line, also when the run fails
+    paths = save(run, plot=not args.no_plot)
+    rows = pairs(run.records)
+    print("\n" + table(rows))
+    for note in footnotes(rows, graph_breaks=cfg.graph_breaks):
+        print(note)
+    for e in run.errors:
+        print(f"\nFAILED {e['model']} {e['attn']} {e['scenario'] or '(building the model)'}: {e['error']}")
+    if run.not_run:
+        print(f"\nnot run (past the {cfg.deadline_s:g} s deadline): "
+              + ", ".join(f"{c['model']}/{c['attn']}/{c['scenario']}" for c in run.not_run))
+    print("\nwrote " + ", ".join(p for p in paths.values() if p))
+    if not args.no_plot and rows and not paths.get("png"):
+        print('no PNG plot written: matplotlib is not installed (pip install "syncfree[bench]", or pip install '
+              "matplotlib)")
+    return 1 if run.errors else 0
