@@ -44,19 +44,25 @@ def test_the_console_script_is_installed():
 
 # ---- the emulator cannot be built ---------------------------------------------------------------------
 def _no_shim_env(tmp_path, **extra) -> dict:
-    """No cached shim (an empty cache), and a PATH without a compiler. (An unusable $CXX alone is not
-    enough: guard_shim falls back to c++, g++ and clang++ on the PATH.)"""
+    """No cached shim (an empty cache), and a PATH without a compiler."""
     (tmp_path / "cache").mkdir()
     (tmp_path / "bin").mkdir()
     return {"SYNCFREE_CACHE": str(tmp_path / "cache"), "PATH": str(tmp_path / "bin"), **extra}
 
 
 def test_no_compiler_for_the_emulator_is_one_line(tmp_path):
-    result = _syncfree("audit", *FAST, env=_no_shim_env(tmp_path, CXX="/nonexistent-compiler"))
+    result = _syncfree("audit", *FAST, env=_no_shim_env(tmp_path))
     line = _refused(result)
     assert line.startswith("syncfree audit: error: syncfree.emulate_cuda() needs a C++ compiler")
     assert "apt-get install g++" in line
     assert result.stdout == ""  # refused before the header: nothing was built
+
+
+def test_an_unusable_cxx_is_named_not_replaced_by_another_compiler(tmp_path):
+    env = _no_shim_env(tmp_path, CXX="/nonexistent-compiler")
+    env["PATH"] = os.environ["PATH"]  # a working c++ is on the PATH, but the user chose $CXX
+    line = _refused(_syncfree("audit", *FAST, env=env))
+    assert "$CXX is set to '/nonexistent-compiler', which is not an executable" in line
 
 
 def _failing_compiler(tmp_path) -> str:

@@ -46,7 +46,14 @@ def _cache_dir() -> Path:
 
 
 def _find_compiler() -> str:
-    for candidate in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+    chosen = os.environ.get("CXX")
+    if chosen:  # the user's explicit choice: use it or say why not, never silently another compiler
+        found = shutil.which(chosen)
+        if found is None:
+            raise EmulationUnavailable(f"syncfree.emulate_cuda() needs a C++ compiler to build its shim, and $CXX is "
+                                       f"set to {chosen!r}, which is not an executable; fix or unset $CXX")
+        return found
+    for candidate in ("c++", "g++", "clang++"):
         if candidate and shutil.which(candidate):
             return shutil.which(candidate)
     raise EmulationUnavailable(
