@@ -32,7 +32,7 @@ class UnsupportedTransformers(RuntimeError):
 
 _INHERITED = object()  # marks a class attribute that was inherited before the class was patched
 _class_patches: dict[tuple[type, str], object] = {}  # (class, attr) -> stock (or _INHERITED)
-_module_patches: dict[tuple[str, str], object] = {}  # (module, function) -> stock
+_module_patches: dict[tuple[str, str], tuple] = {}  # (module, function) -> (stock, replacement, modules patched)
 _built: dict[object, object] = {}  # stock function -> its replacement
 _origin: dict[object, tuple[str, str, str]] = {}  # replacement -> (module, class, attr), for pickling
 
@@ -114,14 +114,27 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
 
 
 def _patch_module_functions() -> None:
+    """Install the module-level replacements, in every loaded Transformers module holding the stock function
+    (called at every patch(): a family module imported since then gets them too)."""
+    import sys
+
     for (module_name, name), target in MODULE_TARGETS.items():
         if (module_name, name) in _module_patches:
-            continue
-        module = importlib.import_module(module_name)
-        stock = module.__dict__.get(name)
-        replacement = _build("transformers", f"{module_name}.{name}", target, stock)
-        _module_patches[(module_name, name)] = stock
-        setattr(module, name, replacement)
+            stock, replacement, holders = _module_patches[(module_name, name)]
+        else:
+            stock = importlib.import_module(module_name).__dict__.get(name)
+            try:
+                replacement = _build("transformers", f"{module_name}.{name}", target, stock)
+            except UnsupportedTransformers:
+                if target.optional:
+                    continue
+                raise
+            holders = []
+            _module_patches[(module_name, name)] = (stock, replacement, holders)
+        for m_name, module in list(sys.modules.items()):
+            if m_name.startswith("transformers") and getattr(module, "__dict__", {}).get(name) is stock:
+                setattr(module, name, replacement)
+                holders.append(module)
 
 
 def _family_of(model: torch.nn.Module) -> Family:
@@ -176,8 +189,9 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
             else:
                 setattr(cls, attr, stock)
             del _class_patches[(cls, attr)]
-        for (module_name, name), stock in list(_module_patches.items()):
-            setattr(importlib.import_module(module_name), name, stock)
+        for (module_name, name), (stock, _, holders) in list(_module_patches.items()):
+            for holder in holders:
+                setattr(holder, name, stock)
             del _module_patches[(module_name, name)]
         return
     for module in model.modules():

@@ -42,17 +42,22 @@ class ModelSpec:
 
     @classmethod
     def from_config(cls, config) -> "ModelSpec":
+        from .models.families import FAMILIES
+
         model_type = config.model_type
+        family = FAMILIES.get(model_type)
+        if family is None:
+            raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(FAMILIES)})")
         vc = config.vision_config
-        qwen3 = model_type.startswith("qwen3_vl")
-        module = f"transformers.models.{model_type}.modeling_{model_type}"
+        module = family.modeling
         return cls(
-            model_type, vc.spatial_merge_size, int(vc.num_position_embeddings**0.5) if qwen3 else None,
+            model_type, vc.spatial_merge_size,
+            int(vc.num_position_embeddings**0.5) if family.learned_positions else None,
             config.image_token_id, config.video_token_id, module,
-            window_size=vc.window_size if model_type == "qwen2_5_vl" else None, patch_size=vc.patch_size,
-            split_video_frames=qwen3,
-            tokens_per_second=vc.tokens_per_second if model_type == "qwen2_5_vl" else None,
-            truncate_seconds=model_type == "qwen2_5_vl" and _truncates_seconds(module),
+            window_size=vc.window_size if family.windows else None, patch_size=vc.patch_size,
+            split_video_frames=family.frames_as_runs,
+            tokens_per_second=vc.tokens_per_second if family.video_time_scale else None,
+            truncate_seconds=family.video_time_scale and _truncates_seconds(module),
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -201,7 +206,7 @@ class Plan:
     n_video_tokens: int
     position_ids: torch.Tensor | None  # (3, B, S), as get_rope_index returns them; None if not computable
     rope_deltas: torch.Tensor | None  # (B, 1)
-    host_mask: torch.Tensor | None  # the 2D attention mask as booleans, on the host; None without a 2D mask
+    host_mask: torch.Tensor | None  # the 2D attention mask (its values as given), on the host; None without one
     host: dict  # the host inputs the plan was built from (kept to rebuild it for an expanded batch)
     images_per_row: tuple[int, ...] = ()
     videos_per_row: tuple[int, ...] = ()
@@ -310,6 +315,6 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
         n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
-        position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask.bool() if mask is not None else None,
+        position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask,
         host=host, images_per_row=images_per_row, videos_per_row=tuple(videos_per_row),
     )

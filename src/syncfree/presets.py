@@ -143,6 +143,47 @@ _QWEN25_VL_TINY = dict(model_type="qwen2_5_vl", tie_word_embeddings=False, **_TI
                        text_config=_TINY_QWEN2_TEXT)
 
 
+# Qwen3.5: Qwen3-VL's vision tower (no deepstack) before a hybrid text model, where every fourth layer
+# is full (gated) attention and the others gated-DeltaNet linear attention. Qwen/Qwen3.5-9B as its model
+# card gives it: hidden 4096, 32 layers, DeltaNet 16 QK / 32 V heads of 128, attention 16 Q / 4 KV heads
+# of 256 with rotary on 64 dims (M-RoPE sections 11/11/10, theta 1e7), FFN 12288, vocabulary 248320.
+# Qwen/Qwen3.5-35B-A3B as Transformers' configuration defaults give it (they are documented as that
+# checkpoint): hidden 2048, 40 layers, 256 experts of 512 (8 per token) and a shared expert of 512.
+# Padding ids: padded positions are masked, so any id serves; these are not taken from a tokenizer.
+_QWEN35_IDS = dict(image_token_id=248056, video_token_id=248057, vision_start_token_id=248053,
+                   vision_end_token_id=248054)
+_QWEN35_ROPE = dict(rope_type="default", rope_theta=10_000_000, mrope_section=[11, 11, 10], mrope_interleaved=True,
+                    partial_rotary_factor=0.25)
+_QWEN35_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, hidden_act="gelu_pytorch_tanh",
+                      in_channels=3, patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+                      num_position_embeddings=2304)
+_QWEN35_LINEAR = dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                      linear_num_key_heads=16, linear_num_value_heads=32, head_dim=256, vocab_size=248320,
+                      max_position_embeddings=262144, rms_norm_eps=1e-6, rope_parameters=dict(_QWEN35_ROPE))
+_QWEN35_9B = dict(model_type="qwen3_5", tie_word_embeddings=False, **_QWEN35_IDS,
+                  vision_config=dict(_QWEN35_VISION, out_hidden_size=4096),
+                  text_config=dict(_QWEN35_LINEAR, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                                   num_attention_heads=16, num_key_value_heads=4))
+_QWEN35_35B_A3B = dict(model_type="qwen3_5_moe", tie_word_embeddings=False, **_QWEN35_IDS,
+                       vision_config=dict(_QWEN35_VISION, out_hidden_size=2048),
+                       text_config=dict(_QWEN35_LINEAR, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                                        num_key_value_heads=2, num_experts=256, num_experts_per_tok=8,
+                                        moe_intermediate_size=512, shared_expert_intermediate_size=512))
+# Tiny: the real layout rules (patch 16, merge 2, a learned position table, full attention every 4th layer).
+_QWEN35_TINY = dict(model_type="qwen3_5", tie_word_embeddings=False, **_TINY_IDS,
+                    vision_config=dict(_QWEN35_VISION, depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                                       out_hidden_size=64, num_position_embeddings=64),
+                    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                     linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=4096,
+                                     rms_norm_eps=1e-6, rope_parameters=dict(_QWEN35_ROPE, mrope_section=[1, 1, 0])))
+_QWEN35_MOE_TINY = copy.deepcopy(_QWEN35_TINY)
+_QWEN35_MOE_TINY["model_type"] = "qwen3_5_moe"
+_QWEN35_MOE_TINY["text_config"].update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=32)
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -164,6 +205,10 @@ PRESETS: dict[str, Preset] = {
     "qwen2.5-vl-tiny": Preset("qwen2.5-vl-tiny", _QWEN25_VL_TINY, 0, "tiny Qwen2.5-VL for tests (window attention)"),
     "qwen2.5-vl-3b": Preset("qwen2.5-vl-3b", _QWEN25_VL_3B, 151643, "Qwen2.5-VL-3B-Instruct shapes, random weights"),
     "qwen2.5-vl-7b": Preset("qwen2.5-vl-7b", _QWEN25_VL_7B, 151643, "Qwen2.5-VL-7B-Instruct shapes, random weights"),
+    "qwen3.5-tiny": Preset("qwen3.5-tiny", _QWEN35_TINY, 0, "tiny Qwen3.5 for tests (hybrid text model)"),
+    "qwen3.5-moe-tiny": Preset("qwen3.5-moe-tiny", _QWEN35_MOE_TINY, 0, "tiny Qwen3.5-MoE for tests"),
+    "qwen3.5-9b": Preset("qwen3.5-9b", _QWEN35_9B, 0, "Qwen3.5-9B shapes, random weights"),
+    "qwen3.5-35b-a3b": Preset("qwen3.5-35b-a3b", _QWEN35_35B_A3B, 0, "Qwen3.5-35B-A3B shapes, random weights"),
 }
 
 
@@ -275,5 +320,6 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
 
 
 _VISION_CLASSES = {"qwen3_vl": "Qwen3VLVisionModel", "qwen3_vl_moe": "Qwen3VLMoeVisionModel",
+                   "qwen3_5": "Qwen3_5VisionModel", "qwen3_5_moe": "Qwen3_5MoeVisionModel",
                    "qwen2_vl": "Qwen2VisionTransformerPretrainedModel",
                    "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..rewrite import Edit
 
-__all__ = ["VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
+__all__ = ["RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -51,4 +51,10 @@ DEEPSTACK_PROCESS = (
 GENERATION_POSITIONS = (
     Edit("expr", "bool(mm_token_type_ids[:, past_length:].any())",
          "_syncfree.has_vision_tokens_after(mm_token_type_ids, past_length)"),
+)
+
+# Transformers' padding mask for linear-attention (gated-DeltaNet, Mamba) layers asks whether the
+# 2D mask is all ones, to skip the masking multiply (Qwen3.5's text model).
+RECURRENT_MASK = (
+    Edit("expr", "torch.all(attention_mask == 1)", "_syncfree.all_ones(attention_mask)"),
 )

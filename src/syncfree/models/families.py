@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rewrite import Edit
-from .edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS, GENERATION_POSITIONS, PLACEHOLDER_MASK, VISION_ATTENTION
+from .edits import (DEEPSTACK_MERGE, DEEPSTACK_PROCESS, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
+                    VISION_ATTENTION)
 
 __all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
 
@@ -33,6 +34,11 @@ class Family:
     model_type: str
     modeling: str
     targets: tuple[Target, ...]
+    # How the family lays out its inputs (what the plan and the rope index need to know):
+    learned_positions: bool = False  # a learned position table, resampled to each grid (Qwen3-VL's vision tower)
+    frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between (Qwen3-VL)
+    windows: bool = False  # window attention in the vision tower (Qwen2.5-VL)
+    video_time_scale: bool = False  # video positions step by tokens_per_second * seconds (Qwen2.5-VL)
 
 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
@@ -63,30 +69,41 @@ def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_
     )
 
 
-def _qwen3_vl(prefix: str) -> tuple[Target, ...]:
-    return _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
-                   vision_needs=("get_vision_interpolation_indices_and_weights(",),
-                   rope_needs=("video_grid_thw[:, 0] = 1",), model_edits=DEEPSTACK_MERGE) + (
-        Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),
-    )
+def _qwen3_vl(prefix: str, deepstack: bool = True) -> tuple[Target, ...]:
+    """Qwen3-VL's vision tower and layout; Qwen3.5 has the same without the deepstack features."""
+    targets = _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
+                      vision_needs=("get_vision_interpolation_indices_and_weights(",),
+                      rope_needs=("video_grid_thw[:, 0] = 1",), model_edits=DEEPSTACK_MERGE if deepstack else ())
+    if deepstack:
+        targets += (Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
+    return targets
 
 
-FAMILIES: dict[str, Family] = {
-    "qwen3_vl": Family("qwen3_vl", "transformers.models.qwen3_vl.modeling_qwen3_vl", _qwen3_vl("Qwen3VL")),
-    "qwen3_vl_moe": Family("qwen3_vl_moe", "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
-                           _qwen3_vl("Qwen3VLMoe")),
-    "qwen2_vl": Family("qwen2_vl", "transformers.models.qwen2_vl.modeling_qwen2_vl",
-                       _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
-                               vision_needs=(), rope_needs=())),
-    "qwen2_5_vl": Family("qwen2_5_vl", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
-                         _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
-                                 vision_needs=("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'),
-                                 rope_needs=("tokens_per_second * ",))),
-}
+def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
+    return Family(model_type, f"transformers.models.{model_type}.modeling_{model_type}", targets, **traits)
 
-# Module-level functions shared by every family: (module, function) -> target.
+
+_QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    _family("qwen3_vl", _qwen3_vl("Qwen3VL"), **_QWEN3_LAYOUT),
+    _family("qwen3_vl_moe", _qwen3_vl("Qwen3VLMoe"), **_QWEN3_LAYOUT),
+    _family("qwen3_5", _qwen3_vl("Qwen3_5", deepstack=False), **_QWEN3_LAYOUT),
+    _family("qwen3_5_moe", _qwen3_vl("Qwen3_5Moe", deepstack=False), **_QWEN3_LAYOUT),
+    _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
+                                vision_needs=(), rope_needs=())),
+    _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
+                                  vision_needs=("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'),
+                                  rope_needs=("tokens_per_second * ",)),
+            windows=True, video_time_scale=True),
+)}
+
+# Module-level functions shared by every family: (module, function) -> target. Modules that imported
+# the function by name (``from ...masking_utils import create_recurrent_attention_mask``) get it too.
 MODULE_TARGETS: dict[tuple[str, str], Target] = {
     ("transformers.masking_utils", "_ignore_causal_mask_sdpa"): Target(
         "_ignore_causal_mask_sdpa", "", wrap="make_ignore_causal_mask_sdpa", params=("padding_mask",),
         needs=("fast_all(padding_mask", "is_tracing(")),
+    ("transformers.masking_utils", "create_recurrent_attention_mask"): Target(
+        "create_recurrent_attention_mask", "", edits=RECURRENT_MASK, optional=True),
 }

@@ -18,12 +18,41 @@ import torch
 
 from .. import active
 
-__all__ = ["segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
+__all__ = ["host_padding_mask", "all_ones", "segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after"]
 
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def host_padding_mask(entry: active.Entry, padding_mask: torch.Tensor) -> torch.Tensor | None:
+    """The host copy of a (rows, width) padding mask of the running forward or generate() call, or None.
+
+    In the prefill that is the mask the plan was made from; in a decode step inside ``generate()``,
+    that mask extended with ones, one column per new token (which is how generate() extends it)."""
+    host = entry.plan.host_mask
+    if host is None or padding_mask.dim() != 2 or padding_mask.shape[0] % host.shape[0]:
+        return None
+    rows, width = padding_mask.shape
+    if rows != host.shape[0]:  # beams / num_return_sequences: generate() repeats each row
+        host = host.repeat_interleave(rows // host.shape[0], dim=0)
+    if width == host.shape[1] and isinstance(entry.attention_mask, torch.Tensor):
+        return host  # the prefill: the mask the plan was made from
+    if width > host.shape[1] and entry.in_generate:
+        # A decode step: generate() extends the prompt's mask with ones, one column per new token.
+        return torch.cat([host, host.new_ones(rows, width - host.shape[1])], dim=1)
+    return None
+
+
+def all_ones(attention_mask: torch.Tensor):
+    """``torch.all(attention_mask == 1)`` (the recurrent layers' skip check), from the host copy when there is one."""
+    entry = None if _compiling() else active.current()
+    host = host_padding_mask(entry, attention_mask) if entry is not None and attention_mask.device.type != "cpu" \
+        else None
+    if host is None:
+        return torch.all(attention_mask == 1)
+    return bool((host == 1).all())
 
 
 def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) -> list[int]:

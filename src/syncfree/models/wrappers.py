@@ -27,6 +27,7 @@ from .. import active
 from ..host_read import read_to_host_syncs_once, send_plan_back
 from ..plan import PLAN_INPUTS, ModelSpec, Plan, build_plan, vision_plan
 from ..rope import rope_index
+from .helpers import host_padding_mask
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_generate", "make_get_rope_index",
            "make_ignore_causal_mask_sdpa", "same_device"]
@@ -243,22 +244,6 @@ def make_get_rope_index(stock):
     return get_rope_index
 
 
-def _host_padding_mask(entry: active.Entry, padding_mask: torch.Tensor) -> torch.Tensor | None:
-    """The host copy of a (rows, width) padding mask of the running forward or generate() call, or None."""
-    host = entry.plan.host_mask
-    if host is None or padding_mask.dim() != 2 or padding_mask.shape[0] % host.shape[0]:
-        return None
-    rows, width = padding_mask.shape
-    if rows != host.shape[0]:  # beams / num_return_sequences: generate() repeats each row
-        host = host.repeat_interleave(rows // host.shape[0], dim=0)
-    if width == host.shape[1] and isinstance(entry.attention_mask, torch.Tensor):
-        return host  # the prefill: the mask the plan was made from
-    if width > host.shape[1] and entry.in_generate:
-        # A decode step: generate() extends the prompt's mask with ones, one column per new token.
-        return torch.cat([host, host.new_ones(rows, width - host.shape[1])], dim=1)
-    return None
-
-
 def make_ignore_causal_mask_sdpa(stock):
     is_tracing = stock.__globals__.get("is_tracing")
 
@@ -269,9 +254,9 @@ def make_ignore_causal_mask_sdpa(stock):
                 and not (is_tracing is not None and is_tracing(padding_mask))):
             # The padding mask of this forward, derived from the attention mask the plan holds a host copy
             # of: stock's all-ones checks give the same answer on the host, without a wait.
-            host = _host_padding_mask(entry, padding_mask)
+            host = host_padding_mask(entry, padding_mask)
             if host is not None:
-                padding_mask = host
+                padding_mask = host.bool()  # stock has turned the mask into booleans by now
         return stock(padding_mask, *args, **kwargs)
 
     return _ignore_causal_mask_sdpa
