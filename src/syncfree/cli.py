@@ -1,4 +1,4 @@
-"""The ``syncfree`` command: ``demo``, ``audit`` and ``bench``.
+"""The ``syncfree`` command: ``demo``, ``audit``, ``bench`` and ``census``.
 
 Every option is checked before the work starts (``cli_checks``), and every failure is one
 line on stderr with a nonzero exit status (``cli_errors``).
@@ -28,6 +28,7 @@ examples:
   syncfree demo               # stock vs patched, Qwen3-VL-2B shapes (70 s)
   syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
   syncfree bench --quick      # a smoke run of the benchmark on tiny models
+  syncfree census             # every family with the vision split, stock vs patched
 
 Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
 
@@ -138,6 +139,7 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from .bench.command import add_bench_args
+    from .census.command import add_census_args
 
     parser = _Parser(prog="syncfree", description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +160,12 @@ def _parser() -> argparse.ArgumentParser:
                                        "breaks (and on a GPU kernel time, busy fraction, memcpys, peak memory).")
     add_bench_args(bench, _DTYPES)
     _add_debug(bench, default=argparse.SUPPRESS)
+    census = sub.add_parser("census", help="every Transformers family with the vision split, stock vs patched",
+                            description="Find every model family of the installed Transformers whose vision "
+                                        "attention splits by lengths.tolist(), build a tiny one, and audit a "
+                                        "forward stock and patched on the emulated device.")
+    add_census_args(census)
+    _add_debug(census, default=argparse.SUPPRESS)
     return parser
 
 
@@ -176,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
 
         def work() -> int:
             return run_bench(args, _DTYPES)
+    elif args.command == "census":
+        from .census.command import run_census_command
+
+        def work() -> int:
+            return run_census_command(args)
     else:
         def work() -> int:
             compare = args.command == "demo" or args.compare

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copyreg
 import importlib
+import importlib.util
 import inspect
 import types
 
@@ -21,6 +22,8 @@ import torch
 
 from .models import helpers, wrappers
 from .models.families import FAMILIES, MODULE_TARGETS, Family, Target
+from .generic import GENERIC_NOTE, has_split, split_attention_targets
+from .models.edits import GENERIC_SPLIT
 from .rewrite import RewriteError, rewrite
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FAMILIES"]
@@ -137,7 +140,7 @@ def _patch_module_functions() -> None:
                 holders.append(module)
 
 
-def _family_of(model: torch.nn.Module) -> Family:
+def _family_of(model: torch.nn.Module) -> Family | None:
     for module in model.modules():
         config = getattr(module, "config", None)
         model_type = getattr(config, "model_type", None) or ""
@@ -145,38 +148,76 @@ def _family_of(model: torch.nn.Module) -> Family:
         for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text")):
             if name in FAMILIES:
                 return FAMILIES[name]
-    types_seen = sorted({getattr(getattr(m, "config", None), "model_type", None) or "" for m in model.modules()} - {""})
-    raise ValueError(f"syncfree.patch: no supported model in {type(model).__name__} (model types found: "
-                     f"{types_seen or 'none'}; supported: {', '.join(FAMILIES)})")
+    return None
 
 
-def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None):
+def _model_types(model: torch.nn.Module) -> list[str]:
+    return sorted({getattr(getattr(m, "config", None), "model_type", None) or "" for m in model.modules()} - {""})
+
+
+def _generic_replacements(model: torch.nn.Module) -> dict:
+    """Replacements for the vision attention split of a family syncfree does not fully support."""
+    replacements = {}
+    for cls, target in split_attention_targets(model):
+        where = f"{cls.__name__}.forward"
+        replacement = _build(cls.__module__.rsplit(".", 1)[-1], where, target, cls.__dict__["forward"])
+        _origin[replacement] = (cls.__module__, cls.__name__, "forward")
+        replacements[(cls, "forward")] = replacement
+    return replacements
+
+
+def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None, verbose: bool = False):
     """Make the multimodal forward free of host syncs, without changing what it computes.
 
-    With a model (``*ForConditionalGeneration``, ``*Model``, ``*VisionModel``, also inside a
-    PEFT wrapper), patch that instance and return it. Without one, patch the classes, so
-    every model of these families built afterwards (and already built) is patched.
+    With a model (``*ForConditionalGeneration``, ``*Model``, ``*VisionModel``, also inside a PEFT
+    wrapper), patch that instance and return it. A model of a family syncfree does not fully support
+    gets the generic fix of its vision attention split, where the stock code has it. Without a model,
+    patch the classes of the fully supported ``families`` (default: all of them that the installed
+    Transformers has), so every model of them, built before or after, is patched.
+    ``verbose=True`` prints what was patched and what was not.
     """
     if model is None:
-        chosen = [FAMILIES[name] for name in (families or tuple(FAMILIES))]
-        planned = [r for family in chosen for r in _replacements(family)]
+        if families is None:
+            families = tuple(n for n, f in FAMILIES.items() if importlib.util.find_spec(f.modeling) is not None)
+        unknown = [n for n in families if n not in FAMILIES]
+        if unknown:
+            raise ValueError(f"syncfree.patch: {unknown} are not fully supported families (supported: "
+                             f"{', '.join(FAMILIES)}); patch a model instance to get the generic fix")
+        planned = [r for name in families for r in _replacements(FAMILIES[name])]
         _patch_module_functions()
         for cls, target, stock, replacement in planned:
             if (cls, target.attr) not in _class_patches:
                 _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
             setattr(cls, target.attr, replacement)
+        if verbose:
+            print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions)")
         return None
-    replacements = {(cls, t.attr): r for cls, t, _, r in _replacements(_family_of(model))}
-    _patch_module_functions()
+    family = _family_of(model)
+    if family is not None:
+        replacements = {(cls, t.attr): r for cls, t, _, r in _replacements(family)}
+        _patch_module_functions()
+    else:
+        replacements = _generic_replacements(model)
+        if not replacements:
+            raise ValueError(f"syncfree.patch: no supported model in {type(model).__name__} (model types found: "
+                             f"{_model_types(model) or 'none'}; supported: {', '.join(FAMILIES)}), and no vision "
+                             "attention with the packed split syncfree can fix generically")
     copyreg.pickle(types.MethodType, _reduce_method)
-    patched = 0
+    patched = {}
     for module in model.modules():
         for (cls, attr), replacement in replacements.items():
             if isinstance(module, cls):
                 module.__dict__[attr] = types.MethodType(replacement, module)
-                patched += 1
+                patched[f"{cls.__name__}.{attr}"] = patched.get(f"{cls.__name__}.{attr}", 0) + 1
     if not patched:
         raise ValueError(f"syncfree.patch: {type(model).__name__} holds no module that syncfree patches")
+    if verbose:
+        what = ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in patched.items())
+        if family is not None:
+            print(f"syncfree: patched {type(model).__name__} ({family.model_type}, full support): {what}")
+        else:
+            print(f"syncfree: patched {type(model).__name__} ({', '.join(_model_types(model))}, generic fix): "
+                  f"{what}; {GENERIC_NOTE}")
     return model
 
 
@@ -220,9 +261,15 @@ def _reduce_method(method):
 
 
 def _rebind(obj, modeling: str, cls_name: str, attr: str):
-    family = next(f for f in FAMILIES.values() if f.modeling == modeling)
-    for cls, target, _, replacement in _replacements(family):
-        if target.cls == cls_name and target.attr == attr:
-            _patch_module_functions()
-            return types.MethodType(replacement, obj)
+    family = next((f for f in FAMILIES.values() if f.modeling == modeling), None)
+    if family is not None:
+        for cls, target, _, replacement in _replacements(family):
+            if target.cls == cls_name and target.attr == attr:
+                _patch_module_functions()
+                return types.MethodType(replacement, obj)
+    else:  # the generic fix (the object is still being unpickled here: only its class is asked)
+        cls = getattr(importlib.import_module(modeling), cls_name, None)
+        if cls is not None and has_split(cls.__dict__.get("forward")):
+            target = Target(cls_name, "forward", edits=GENERIC_SPLIT)
+            return types.MethodType(_build(cls_name, f"{cls_name}.forward", target, cls.__dict__["forward"]), obj)
     raise UnsupportedTransformers(f"syncfree cannot restore the patched {cls_name}.{attr} of a pickled model")

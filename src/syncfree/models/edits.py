@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from ..rewrite import Edit
 
-__all__ = ["RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
+__all__ = ["GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
 VISION_ATTENTION = (
     Edit("prepend", "", 'syncfree_seqlens = kwargs.pop("syncfree_seqlens", None)'),
     Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, syncfree_seqlens)"),
+)
+
+# The same split in a family syncfree does not plan for: the sizes are read once per tower call. The
+# first edit replaces the line by itself: it only insists that `lengths` is what the split uses.
+GENERIC_SPLIT = (
+    Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
+    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, None)"),
 )
 
 # get_placeholder_mask: the placeholder counts it checks against the features, as host ints

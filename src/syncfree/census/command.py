@@ -1,0 +1,86 @@
+"""``syncfree census``: the command, its table, and the JSON and CSV files."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import tempfile
+import time
+
+from .run import CensusRow, as_dicts, discover, run_census
+
+__all__ = ["add_census_args", "run_census_command", "table", "default_out"]
+
+
+def default_out() -> str:
+    return os.path.join(tempfile.gettempdir(), "syncfree-census")
+
+
+def add_census_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--families", nargs="+", metavar="MODEL_TYPE",
+                   help="model types to run (default: every family found in the installed Transformers)")
+    p.add_argument("--out", default=None, help=f"output folder for census.json and census.csv (default: {default_out()})")
+    p.add_argument("--name", default="census", help="file name stem (default: census)")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return str(value)
+
+
+def table(rows: list[CensusRow]) -> str:
+    head = ("family", "support", "stock syncs", "stock blocking", "patched syncs", "patched+prepare", "same outputs",
+            "note")
+    lines = [head]
+    for r in rows:
+        note = r.reason if r.status != "ok" else (f"left: {r.left}" if r.left else "")
+        lines.append((r.family, r.support if r.status == "ok" else f"{r.support} ({r.status})", _cell(r.stock_syncs),
+                      _cell(r.stock_blocking), _cell(r.patched_syncs), _cell(r.prepared_syncs),
+                      _cell(r.same_outputs), note[:100]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    text.insert(1, "-" * len(text[0]))
+    return "\n".join(text)
+
+
+def summary(rows: list[CensusRow]) -> str:
+    counts = {level: sum(r.support == level for r in rows) for level in ("full", "generic", "none")}
+    ran = sum(r.status == "ok" for r in rows)
+    return (f"{len(rows)} families with the packed vision split: {counts['full']} fully supported, "
+            f"{counts['generic']} with the generic fix, {counts['none']} not supported; {ran} built and ran here")
+
+
+def run_census_command(args: argparse.Namespace) -> int:
+    from ..cli_checks import check_out_dir
+
+    out = args.out or default_out()
+    check_out_dir(out)
+    families = args.families or discover()
+    unknown = [f for f in families if f not in discover()]
+    if unknown:
+        raise ValueError(f"--families {' '.join(unknown)}: no such family with the packed vision split in the "
+                         "installed Transformers (run without --families to list them)")
+    print(f"syncfree census: {len(families)} families, stock vs patched, one forward each on the emulated device; "
+          f"results go to {out}", flush=True)
+    start = time.perf_counter()
+    rows = run_census(families, progress=lambda line: print(f"  {line}", flush=True))
+    import torch
+    import transformers
+
+    result = {"transformers": transformers.__version__, "torch": torch.__version__,
+              "seconds": round(time.perf_counter() - start, 1), "rows": as_dicts(rows)}
+    paths = [os.path.join(out, f"{args.name}.json"), os.path.join(out, f"{args.name}.csv")]
+    with open(paths[0], "w") as f:
+        json.dump(result, f, indent=2)
+    with open(paths[1], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(result["rows"][0]) if rows else ["family"])
+        writer.writeheader()
+        writer.writerows(result["rows"])
+    print("\n" + table(rows) + "\n\n" + summary(rows) + f" ({result['seconds']} s)")
+    print("wrote " + ", ".join(paths))
+    return 0

@@ -1,0 +1,160 @@
+"""The census: every model family of the installed Transformers with the packed vision split, audited.
+
+Families are found by reading the installed modeling sources (``lengths.tolist()``), not from a list.
+For each: a tiny random model from the family's own config class, a Qwen-VL-style batch, one
+forward on the emulated device stock and one patched (full support where syncfree has it, the
+generic split fix otherwise), the syncs and blocking copies of each, and whether the outputs are
+equal. A family that cannot be built or run is listed with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = ["CensusRow", "discover", "census_family", "run_census"]
+
+PATTERN = "lengths.tolist()"
+
+
+@dataclass
+class CensusRow:
+    family: str
+    status: str  # "ok", "not built", "not run"
+    support: str = "none"  # "full", "generic" or "none"
+    stock_syncs: int | None = None
+    stock_blocking: int | None = None
+    patched_syncs: int | None = None
+    patched_blocking: int | None = None
+    prepared_syncs: int | None = None  # full support only: inputs from syncfree.prepare
+    same_outputs: bool | None = None
+    left: str = ""  # where the patched forward still syncs most (file:line), if anywhere
+    reason: str = ""
+    seconds: float = 0.0
+
+
+def discover() -> list[str]:
+    """Model types whose installed modeling code has the packed vision split, sorted."""
+    import transformers
+
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    found = []
+    for family in sorted(os.listdir(root)):
+        path = os.path.join(root, family, f"modeling_{family}.py")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                if PATTERN in f.read():
+                    found.append(family)
+    return found
+
+
+def support_level(family: str) -> str:
+    """"full" (in syncfree's family table), "generic" (a class of the family's modeling code holds the packed
+    split as syncfree fixes it) or "none" -- read from the installed source, whether or not a model builds."""
+    import importlib
+
+    from ..generic import has_split
+    from ..models.families import FAMILIES
+
+    if family in FAMILIES:
+        return "full"
+    try:
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except Exception:
+        return "none"
+    classes = [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
+    return "generic" if any(has_split(c.__dict__.get("forward")) for c in classes) else "none"
+
+
+def _where_left(report) -> str:
+    lines: dict[str, int] = {}
+    for event in report.syncs:
+        lines[event.line] = lines.get(event.line, 0) + 1
+    if not lines:
+        return ""
+    line, count = max(lines.items(), key=lambda kv: kv[1])
+    return f"{count} at {line}"
+
+
+def _output(out) -> torch.Tensor:
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    return out[0]
+
+
+def _audited(model, batch: dict, prepared: bool = False):
+    from ..audit import audit
+    from ..prepare import prepare
+
+    inputs = prepare(batch, "cuda", model) if prepared else {k: v.to("cuda") for k, v in batch.items()}
+    with audit() as report, torch.no_grad():
+        out = _output(model(**inputs))
+    return report, out.cpu()  # after the audit: reading the result back is not the forward's doing
+
+
+def _reason(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text[:240]
+
+
+def census_family(family: str) -> CensusRow:
+    """One row of the census (never raises: a failure is the row's reason)."""
+    from ..audit import emulate_cuda
+    from ..patching import patch
+    from .tiny import build_tiny, qwen_vl_style_batch
+
+    start = time.perf_counter()
+    row = CensusRow(family, "not built", support=support_level(family))
+    try:
+        stock = build_tiny(family)
+        batch = qwen_vl_style_batch(stock)
+    except Exception as exc:  # a family the generic shrinker or input builder does not fit
+        row.reason, row.seconds = _reason(exc), time.perf_counter() - start
+        return row
+    row.status = "not run"
+    try:
+        patched = patch(copy.deepcopy(stock)) if row.support != "none" else None
+    except ValueError as exc:
+        patched, row.reason = None, _reason(exc)
+    try:
+        with emulate_cuda():
+            stock.to("cuda")
+            report, expected = _audited(stock, batch)
+            row.stock_syncs, row.stock_blocking = len(report.syncs), len(report.blocking_copies)
+            if patched is not None:
+                patched.to("cuda")
+                report, got = _audited(patched, batch)
+                row.patched_syncs, row.patched_blocking = len(report.syncs), len(report.blocking_copies)
+                row.same_outputs = bool(got.shape == expected.shape and torch.equal(got, expected))
+                if row.support == "full":
+                    report, _ = _audited(patched, batch, prepared=True)
+                    row.prepared_syncs = len(report.syncs)
+                row.left = _where_left(report)
+        row.status = "ok"
+    except Exception as exc:
+        row.reason = _reason(exc)
+        if os.environ.get("SYNCFREE_DEBUG"):
+            traceback.print_exc()
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def run_census(families: list[str] | None = None, progress=None) -> list[CensusRow]:
+    rows = []
+    chosen = families or discover()
+    for i, family in enumerate(chosen, 1):
+        if progress:
+            progress(f"[{i}/{len(chosen)}] {family}")
+        rows.append(census_family(family))
+    return rows
+
+
+def as_dicts(rows: list[CensusRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
