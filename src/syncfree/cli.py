@@ -28,7 +28,7 @@ examples:
   syncfree demo               # stock vs patched, Qwen3-VL-2B shapes (70 s)
   syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
   syncfree bench --quick      # a smoke run of the benchmark on tiny models
-  syncfree census             # every family with the vision split, stock vs patched
+  syncfree census             # every family with the vision split: syncs
 
 Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
 
@@ -160,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
                                        "breaks (and on a GPU kernel time, busy fraction, memcpys, peak memory).")
     add_bench_args(bench, _DTYPES)
     _add_debug(bench, default=argparse.SUPPRESS)
-    census = sub.add_parser("census", help="every Transformers family with the vision split, stock vs patched",
+    census = sub.add_parser("census", help="every family with the vision split: stock vs patched",
                             description="Find every model family of the installed Transformers whose vision "
                                         "attention splits by lengths.tolist(), build a tiny one, and audit a "
                                         "forward stock and patched on the emulated device.")
