@@ -35,7 +35,7 @@ def _comparison_rows(out: str) -> dict:
     for line in out.splitlines():
         for label in ("stock Transformers", "inputs from syncfree.prepare", "same inputs (one explicit read)"):
             if line.startswith(("stock Transformers", "syncfree.patch")) and label in line:
-                rows[label] = [int(x) for x in line.split()[-5:]]
+                rows[label] = [int(x) for x in line.split()[-6:]]  # syncs, blocking, h2d, d2h, lines, launches
     return rows
 
 

@@ -40,6 +40,7 @@ class AuditSpec:
     dtype: torch.dtype = torch.float32
     image_side: int | None = None  # pixels, a multiple of the unit; default two units for a tiny preset, else 448
     seed: int = 0
+    vision_attention: str = "split"  # the patched variants' vision attention backend (models/attention.py)
 
     def side(self, unit: int = 32) -> int:
         """The image side in pixels; ``unit`` is patch size x merge size (32 for Qwen3-VL, 28 for Qwen2/2.5-VL)."""
@@ -140,7 +141,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
             if variant == "stock":
                 unpatch(model)
             else:
-                patch(model)
+                patch(model, vision_attention=spec.vision_attention)
             if variant == "patched+prepare":
                 device_batch = prepare(batch, "cuda", config)
             else:

@@ -47,6 +47,7 @@ def _add_debug(p: argparse.ArgumentParser, default) -> None:
 
 def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_layers: int | None) -> None:
     from .cli_checks import ATTNS
+    from .models.attention import BACKENDS
     from .inputs import LAYOUT_NAMES
     from .presets import PRESETS
 
@@ -67,6 +68,9 @@ def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_la
                         "Qwen2/2.5-VL); default: 448, or two of those units for a tiny preset")
     p.add_argument("--engine", default="auto", choices=("auto", "emulated", "cuda"),
                    help="auto: the real GPU if there is one, else the emulated device")
+    p.add_argument("--vision-attention", default="split", choices=BACKENDS,
+                   help="how the patched vision attention runs its segments: split (as stock), grouped, "
+                        "block_diagonal, varlen (a real GPU, bf16/fp16) or auto (default: split)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     if p.prog.endswith("audit"):
         p.add_argument("--compare", action="store_true",
@@ -81,11 +85,11 @@ _LABELS = {
 
 
 def _comparison(reports: dict) -> str:
-    rows = [("", "syncs", "blocking copies", "h2d", "d2h", "source lines")]
+    rows = [("", "syncs", "blocking copies", "h2d", "d2h", "source lines", "launches")]
     for variant, report in reports.items():
         t = report.summary()
         rows.append((_LABELS[variant], str(t["syncs"]), str(t["blocking_copies"]), str(t["h2d"]), str(t["d2h"]),
-                     str(t["lines"])))
+                     str(t["lines"]), "-" if t["launches"] is None else str(t["launches"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
@@ -95,13 +99,15 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     import torch
 
     from .audit_run import VARIANTS, AuditSpec, run_compare
-    from .cli_checks import check_attn, check_emulation, check_engine, check_image_side, check_json_path
+    from .cli_checks import (check_attn, check_emulation, check_engine, check_image_side, check_json_path,
+                             check_vision_attention)
     from .presets import load_config
     from .progress import ProgressLine
 
     # Everything that can be wrong with the request is said now, not after minutes of work.
     use_gpu = check_engine(args.engine)
     check_attn(args.attn, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
+    check_vision_attention(args.vision_attention, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
     check_json_path(args.json)
     check_image_side(args.image_side, load_config(args.model))  # (also: unknown model, folder, model type)
     if not use_gpu:
@@ -109,7 +115,7 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
 
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
-                     image_side=args.image_side)
+                     image_side=args.image_side, vision_attention=args.vision_attention)
     print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, scope={spec.scope}", flush=True)
     line = ProgressLine(sys.stderr)  # which forward is running, on a terminal only
     try:
@@ -128,7 +134,9 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     for variant, report in reports.items():
         if compare:
             print(f"-- {_LABELS[variant]} --")
-        print((report.table() if report.events else "(no syncs, no copies)") + "\n")
+        launches = report.summary()["launches"]
+        print((report.table() if report.events else "(no syncs, no copies" +
+               (f"; {launches} kernel launches)" if launches is not None else ")")) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"run": about, **{v: r.to_dict() for v, r in reports.items()}} if compare

@@ -12,8 +12,8 @@ import importlib.util
 import os
 import tempfile
 
-__all__ = ["ATTNS", "at_least_one", "positive_seconds", "positive_number", "check_attn", "check_engine",
-           "check_image_side", "check_json_path", "check_out_dir", "check_emulation", "image_unit"]
+__all__ = ["ATTNS", "at_least_one", "positive_seconds", "positive_number", "check_attn", "check_vision_attention",
+           "check_engine", "check_image_side", "check_json_path", "check_out_dir", "check_emulation", "image_unit"]
 
 # What --attn takes. Transformers' own names beyond these (flash_attention_3, flex_attention, paged|...)
 # are not what syncfree's patched attention was checked against, so they are refused rather than guessed at.
@@ -142,3 +142,14 @@ def check_out_dir(path: str) -> None:
     except OSError as err:
         raise ValueError(f"--out {path}: cannot create or write files in that folder "
                          f"({err.strerror or err})") from None
+
+
+def check_vision_attention(backend: str, device: str, dtype) -> None:
+    """``--vision-attention``: a backend that can run where the command runs."""
+    from .models.attention import check_backend
+
+    check_backend(backend)
+    name = str(dtype).replace("torch.", "")
+    if backend == "varlen" and (device != "cuda" or name not in ("bfloat16", "float16")):
+        raise ValueError("--vision-attention varlen runs PyTorch's flash kernel, which needs a CUDA GPU and "
+                         f"--dtype bfloat16 or float16 (got {device}, {name}); use grouped or auto")

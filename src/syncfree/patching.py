@@ -21,6 +21,7 @@ import types
 import torch
 
 from .models import helpers, wrappers
+from .models.attention import check_backend
 from .models.families import FAMILIES, MODULE_TARGETS, Family, Target
 from .generic import GENERIC_NOTE, has_split, split_attention_targets
 from .models.edits import GENERIC_SPLIT
@@ -166,7 +167,8 @@ def _generic_replacements(model: torch.nn.Module) -> dict:
     return replacements
 
 
-def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None, verbose: bool = False):
+def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None,
+          vision_attention: str = "split", verbose: bool = False):
     """Make the multimodal forward free of host syncs, without changing what it computes.
 
     With a model (``*ForConditionalGeneration``, ``*Model``, ``*VisionModel``, also inside a PEFT
@@ -174,8 +176,11 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     gets the generic fix of its vision attention split, where the stock code has it. Without a model,
     patch the classes of the fully supported ``families`` (default: all of them that the installed
     Transformers has), so every model of them, built before or after, is patched.
-    ``verbose=True`` prints what was patched and what was not.
+    ``vision_attention`` picks how the vision attention runs its segments (fully supported families):
+    ``"split"`` (one call per segment, as stock), ``"grouped"``, ``"block_diagonal"``, ``"varlen"`` or
+    ``"auto"`` (see ``syncfree.models.attention``). ``verbose=True`` prints what was patched and what was not.
     """
+    check_backend(vision_attention)
     if model is None:
         if families is None:
             families = tuple(n for n, f in FAMILIES.items() if importlib.util.find_spec(f.modeling) is not None)
@@ -189,6 +194,8 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             if (cls, target.attr) not in _class_patches:
                 _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
             setattr(cls, target.attr, replacement)
+            if target.wrap == "make_vision_forward":
+                _set_backend(cls, vision_attention)
         if verbose:
             print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions)")
         return None
@@ -211,6 +218,14 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
                 patched[f"{cls.__name__}.{attr}"] = patched.get(f"{cls.__name__}.{attr}", 0) + 1
     if not patched:
         raise ValueError(f"syncfree.patch: {type(model).__name__} holds no module that syncfree patches")
+    if family is not None:
+        towers = {cls for cls, t, _, _ in _replacements(family) if t.wrap == "make_vision_forward"}
+        for module in model.modules():
+            if isinstance(module, tuple(towers)):
+                module.__dict__["_syncfree_attention"] = vision_attention
+    elif vision_attention != "split":
+        raise ValueError(f"syncfree.patch: vision_attention={vision_attention!r} needs a fully supported family; "
+                         f"{type(model).__name__} gets the generic split fix only")
     if verbose:
         what = ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in patched.items())
         if family is not None:
@@ -219,6 +234,14 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             print(f"syncfree: patched {type(model).__name__} ({', '.join(_model_types(model))}, generic fix): "
                   f"{what}; {GENERIC_NOTE}")
     return model
+
+
+def _set_backend(cls: type, backend: str) -> None:
+    if backend == "split":
+        if "_syncfree_attention" in cls.__dict__:
+            delattr(cls, "_syncfree_attention")
+    else:
+        cls._syncfree_attention = backend
 
 
 def unpatch(model: torch.nn.Module | None = None) -> None:
@@ -230,12 +253,16 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
             else:
                 setattr(cls, attr, stock)
             del _class_patches[(cls, attr)]
+        for cls in {cls for cls, _ in _class_patches}:
+            if "_syncfree_attention" in cls.__dict__:
+                delattr(cls, "_syncfree_attention")
         for (module_name, name), (stock, _, holders) in list(_module_patches.items()):
             for holder in holders:
                 setattr(holder, name, stock)
             del _module_patches[(module_name, name)]
         return
     for module in model.modules():
+        module.__dict__.pop("_syncfree_attention", None)
         for attr, value in list(module.__dict__.items()):
             if getattr(value, "__func__", None) in _origin:
                 del module.__dict__[attr]

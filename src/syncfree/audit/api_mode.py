@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from . import rules
 from .emulate import _CPU, DeviceTensor, _api_stack, record
-from .events import H2D, SYNC
+from .events import H2D, SYNC, active_collectors
 
 __all__ = ["ApiMode"]
 
@@ -102,6 +102,8 @@ def _sdpa(func, args, kwargs):
                 "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
                 "cpu! (emulated CUDA, in F.scaled_dot_product_attention)"
             )
+    for collector in list(active_collectors()):  # one fused attention kernel on CUDA
+        collector.add_launch("aten::scaled_dot_product_attention")
     return _EmulatedKernel.apply(func, spec, *flat)
 
 

@@ -39,6 +39,7 @@ from .cpu_kernel_gaps import CPU_KERNEL_GAPS
 from .cuda_standins import CUDA_STANDINS
 from .events import D2H, H2D, SYNC, Event, active_collectors, capture_stack
 from .guard_shim import FakeCudaGuard
+from .launches import is_launch
 
 __all__ = ["DeviceTensor", "emulate_cuda", "is_emulating", "real_cuda_available", "record"]
 
@@ -207,6 +208,10 @@ class _DispatchMode(TorchDispatchMode):
         reason = rules.sync_reason(name, args, kwargs)
         if reason is not None:
             record(SYNC, name, reason, *[a for a in flat if isinstance(a, DeviceTensor)])
+        collectors = active_collectors()
+        if collectors and is_launch(func):
+            for c in list(collectors):
+                c.add_launch(name)
 
         wrappers = {}
         unwrapped = []

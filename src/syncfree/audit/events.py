@@ -156,6 +156,8 @@ class Collector:
 
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self.launches = 0  # kernels the forward would launch on CUDA (emulated device only)
+        self.launch_ops: dict[str, int] = {}
 
     def start(self) -> None:
         with _lock:
@@ -168,6 +170,10 @@ class Collector:
 
     def add(self, event: Event) -> None:
         self.events.append(event)
+
+    def add_launch(self, op: str) -> None:
+        self.launches += 1
+        self.launch_ops[op] = self.launch_ops.get(op, 0) + 1
 
 
 _lock = threading.Lock()

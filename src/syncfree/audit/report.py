@@ -79,6 +79,7 @@ class Report(Collector):
             "d2h": sum(e.kind == D2H for e in self.events),
             "blocking_copies": len(self.blocking_copies),
             "lines": len(self.by_line()),
+            "launches": self.launches if self.engine == "emulated" else None,
         }
 
     def table(self, max_code: int = 60) -> str:
@@ -92,9 +93,10 @@ class Report(Collector):
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         out.insert(1, "-" * len(out[0]))
+        launches = f"; {t['launches']} kernel launches" if t["launches"] is not None else ""
         out.append(
             f"total ({t['engine']}): {t['syncs']} syncs, {t['h2d']} host-to-device and {t['d2h']} "
-            f"device-to-host copies ({t['blocking_copies']} blocking), from {t['lines']} source lines"
+            f"device-to-host copies ({t['blocking_copies']} blocking), from {t['lines']} source lines{launches}"
         )
         return "\n".join(out)
 
@@ -102,6 +104,7 @@ class Report(Collector):
         return {
             "summary": self.summary(),
             "lines": [vars(s) for s in self.by_line().values()],
+            "launch_ops": dict(sorted(self.launch_ops.items(), key=lambda kv: -kv[1])),
             "events": [e.to_dict() for e in self.events],
         }
 

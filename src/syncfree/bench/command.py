@@ -14,6 +14,7 @@ import sys
 import tempfile
 
 from ..cli_checks import at_least_one, positive_seconds
+from ..models.attention import BACKENDS
 
 __all__ = ["add_bench_args", "run_bench", "quick_out", "FULL_OUT"]
 
@@ -43,6 +44,9 @@ def add_bench_args(bench: argparse.ArgumentParser, dtypes: dict) -> None:
                        help="attention implementations: sdpa, eager, flash_attention_2 (when installed), or varlen "
                             "(PyTorch's flash kernel for the vision tower, CUDA only); default: sdpa, and sdpa and "
                             "eager on cuda (sdpa with --quick)")
+    bench.add_argument("--vision-attention", default="split", choices=BACKENDS,
+                       help="how the patched vision attention runs its segments: split (as stock), grouped, "
+                            "block_diagonal, varlen (CUDA, bf16/fp16) or auto (default: split)")
     bench.add_argument("--compile", action="store_true", help="also time the torch.compile'd vision tower")
     bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full"),
                        help="vision tower alone and/or the full prefill (default: both)")
@@ -74,7 +78,7 @@ def _config(args: argparse.Namespace, device: str, dtypes: dict):
                   compile=(False, True) if args.compile else (False,), repeats=_given(args, "repeats"),
                   budget_s=_given(args, "budget"), text_layers=_given(args, "text_layers"),
                   dtype=dtypes[_given(args, "dtype")], graph_breaks=not args.no_graph_breaks,
-                  deadline_s=args.deadline, keep_going=args.keep_going)
+                  deadline_s=args.deadline, keep_going=args.keep_going, vision_attention=args.vision_attention)
     if args.quick:
         return BenchConfig(models=tuple(args.models or QUICK_MODELS), attns=tuple(args.attn or ("sdpa",)),
                            scale=0.08, max_frames=4, **common)
@@ -84,12 +88,13 @@ def _config(args: argparse.Namespace, device: str, dtypes: dict):
 
 def _check(cfg, out: str) -> None:
     """Everything that can be wrong with the request, before the first model is built."""
-    from ..cli_checks import check_attn, check_emulation, check_out_dir
+    from ..cli_checks import check_attn, check_emulation, check_out_dir, check_vision_attention
     from ..presets import load_config
     from . import SCENARIOS
 
     for attn in cfg.attns:
         check_attn(attn, device=cfg.device, dtype=cfg.dtype)
+    check_vision_attention(cfg.vision_attention, device=cfg.device, dtype=cfg.dtype)
     unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")

@@ -28,7 +28,8 @@ def pairs(records: list[dict]) -> list[dict]:
                    "ratio": patched["latency_ms"] / stock["latency_ms"],
                    "stock_syncs": stock.get("syncs"), "patched_syncs": patched.get("syncs"),
                    "stock_graph_breaks": stock.get("graph_breaks"),
-                   "patched_graph_breaks": patched.get("graph_breaks")}
+                   "patched_graph_breaks": patched.get("graph_breaks"),
+                   "stock_launches": stock.get("launches"), "patched_launches": patched.get("launches")}
             for name, r in (("stock", stock), ("patched", patched)):  # the profiler's view, on a GPU
                 for metric in _GPU_METRICS:
                     if metric in r.get("gpu", {}):
@@ -52,12 +53,12 @@ def table(rows: list[dict]) -> str:
     """The terminal table; on a GPU also GPU-busy fraction, device-to-host memcpys and stream syncs."""
     gpu = any("stock_busy_fraction" in r for r in rows)
     head = ("model", "scenario", "scope", "attn", "compile", "stock ms", "patched ms", "ratio", "syncs s/p",
-            "breaks s/p") + (("busy s/p", "DtoH s/p", "stream syncs s/p") if gpu else ())
+            "breaks s/p", "launches s/p") + (("busy s/p", "DtoH s/p", "stream syncs s/p") if gpu else ())
     lines = [head]
     for r in rows:
         line = (r["model"], r["scenario"], r["scope"], r["attn"], "yes" if r["compiled"] else "no",
                 f"{r['stock_ms']:.1f}", f"{r['patched_ms']:.1f}", f"{r['ratio']:.3f}", _both(r, "syncs"),
-                _both(r, "graph_breaks"))
+                _both(r, "graph_breaks"), _both(r, "launches"))
         if gpu:
             line += (_both(r, "busy_fraction", "{:.2f}"), _both(r, "memcpy_dtoh"), _both(r, "stream_syncs"))
         lines.append(line)

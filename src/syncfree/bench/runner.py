@@ -48,7 +48,16 @@ class BenchConfig:
     graph_breaks: bool = True
     deadline_s: float | None = None  # start no new scenario after this many seconds
     keep_going: bool = False  # record a failing scenario and go on, instead of stopping
+    vision_attention: str = "split"  # the patched model's vision attention backend (models/attention.py)
     extra: dict = field(default_factory=dict)
+
+
+def _use(model, variant: str, vision_attention: str = "split") -> None:
+    """Stock or patched (with the configured vision attention backend), on the same model object."""
+    if variant == "patched":
+        patch(model, vision_attention=vision_attention)
+    else:
+        unpatch(model)
 
 
 def _sync(device: str) -> None:
@@ -108,7 +117,7 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
     return run
 
 
-def _audits(model, batch: dict, scopes, device: str) -> dict:
+def _audits(model, batch: dict, scopes, device: str, vision_attention: str = "split") -> dict:
     """Syncs and copies of one forward per (scope, variant), on the real device or the emulated one.
 
     One emulated session per scenario: moving a large model onto the emulated device costs a copy.
@@ -121,7 +130,7 @@ def _audits(model, batch: dict, scopes, device: str) -> dict:
         try:
             for scope in scopes:
                 for variant in ("stock", "patched"):
-                    (patch if variant == "patched" else unpatch)(model)
+                    _use(model, variant, vision_attention)
                     run = _runner(model, batch, scope, variant, "cuda", compiled=False)
                     if gpu:
                         run()  # warm-up: first calls set up kernels and caches, which is not the forward's doing
@@ -130,7 +139,7 @@ def _audits(model, batch: dict, scopes, device: str) -> dict:
                         run()
                     s = report.summary()
                     out[scope, variant] = {"syncs": s["syncs"], "blocking_copies": s["blocking_copies"],
-                                           "h2d": s["h2d"], "d2h": s["d2h"],
+                                           "h2d": s["h2d"], "d2h": s["d2h"], "launches": s["launches"],
                                            "sync_lines": sorted({e.line for e in report.syncs})}
         finally:
             unpatch(model)
@@ -179,11 +188,11 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
     batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
     small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
     with torch.no_grad():
-        audits = _audits(model, small, cfg.scopes, cfg.device)
+        audits = _audits(model, small, cfg.scopes, cfg.device, cfg.vision_attention)
     records = []
     for scope, compiled in _timed_cells(cfg):
         for variant in ("stock", "patched"):
-            (patch if variant == "patched" else unpatch)(model)
+            _use(model, variant, cfg.vision_attention)
             if progress:
                 progress(f"[{next(counter)}/{counter.total}] {model_name} {scenario_name} {scope} {attn}"
                          f"{' compiled' if compiled else ''} {variant}")
@@ -283,7 +292,7 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
         for record, small, variant in pending:
             key = (record["scenario"], variant)
             if key not in breaks:
-                (patch if variant == "patched" else unpatch)(model)
+                _use(model, variant, cfg.vision_attention)
                 try:
                     breaks[key] = _graph_breaks(model, small, variant, cfg.device)
                 except Exception as exc:

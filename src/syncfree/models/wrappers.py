@@ -27,6 +27,7 @@ from .. import active
 from ..host_read import read_to_host_syncs_once, send_plan_back
 from ..plan import PLAN_INPUTS, ModelSpec, Plan, build_plan, vision_plan
 from ..rope import rope_index
+from .attention import AttentionChoice
 from .helpers import host_padding_mask
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_generate", "make_get_rope_index",
@@ -221,7 +222,11 @@ def make_vision_forward(stock):
             vp = send_plan_back(vp, hidden_states.device)
         # Stock helpers pop these precomputed values from kwargs instead of deriving them from grid_thw,
         # so grid_thw is never read on the device (and may stay on the host).
-        return stock(self, hidden_states, *args, grid_thw=vp.grid_thw, **{**vp.vision_kwargs(), **kwargs})
+        extra = vp.vision_kwargs()
+        backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
+        if backend is not None and backend != "split":
+            extra["syncfree_attention"] = AttentionChoice(backend)
+        return stock(self, hidden_states, *args, grid_thw=vp.grid_thw, **{**extra, **kwargs})
 
     return forward
 
