@@ -22,6 +22,7 @@ from .audit import (
 )
 from .patching import UnsupportedTransformers, is_patched, patch, unpatch
 from .prepare import prepare
+from .vision_buckets import compile_vision
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "unpatch",
     "is_patched",
     "prepare",
+    "compile_vision",
     "audit",
     "assert_no_sync",
     "emulate_cuda",

@@ -262,7 +262,8 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
             del _module_patches[(module_name, name)]
         return
     for module in model.modules():
-        module.__dict__.pop("_syncfree_attention", None)
+        for attr in ("_syncfree_attention", "_syncfree_buckets", "_syncfree_bucket_backend", "_syncfree_compiled"):
+            module.__dict__.pop(attr, None)
         for attr, value in list(module.__dict__.items()):
             if getattr(value, "__func__", None) in _origin:
                 del module.__dict__[attr]

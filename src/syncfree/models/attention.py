@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BACKENDS", "AttentionChoice", "segment_attention", "check_backend"]
+__all__ = ["BACKENDS", "AttentionChoice", "segment_attention", "split_segments", "check_backend"]
 
 BACKENDS = ("split", "grouped", "block_diagonal", "varlen", "auto")
 
@@ -49,7 +49,12 @@ class AttentionChoice:
 
     backend: str = "split"
 
-    def mode(self, sizes: tuple[int, ...], q: torch.Tensor, training: bool) -> str:
+    def whole_sequence(self, q: torch.Tensor, training: bool) -> bool:
+        """True when the backend attends over the packed sequence at once (no split by segment needed)."""
+        return self.backend == "block_diagonal" or (
+            self.backend in ("varlen", "auto") and self.mode(None, q, training) == "varlen")
+
+    def mode(self, sizes: tuple[int, ...] | None, q: torch.Tensor, training: bool) -> str:
         backend = self.backend
         if backend == "varlen" and (q.device.type != "cuda" or q.dtype not in (torch.bfloat16, torch.float16)):
             raise ValueError(f"vision_attention='varlen' runs PyTorch's flash kernel, which needs a CUDA device and "
@@ -58,6 +63,8 @@ class AttentionChoice:
             if (varlen_available() and q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16)
                     and not training):
                 return "varlen"
+            if sizes is None:
+                return "split"
             return "grouped" if any(a == b for a, b in zip(sizes, sizes[1:])) else "split"
         if backend == "varlen" and training:
             return "split"  # the kernel has no dropout; a vision tower in training mode may use it
@@ -120,31 +127,42 @@ def _block_diagonal(call, qkv, cu_seqlens, eager: bool) -> list[torch.Tensor]:
     return [call(*qkv, attention_mask=mask)]
 
 
-def _varlen(qkv, cu_seqlens, sizes: tuple[int, ...], scaling) -> list[torch.Tensor]:
+def _varlen(qkv, cu_seqlens, longest: int, scaling) -> list[torch.Tensor]:
     from torch.nn.attention.varlen import varlen_attn
 
     q, k, v = (t.squeeze(0).transpose(0, 1) for t in qkv)  # (1, heads, n, d) -> (n, heads, d)
-    longest = max(sizes)
     cu = cu_seqlens.to(torch.int32)
     out = varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling)
     return [out.unsqueeze(0)]  # (1, n, heads, d), as the attention functions return
 
 
+def split_segments(lengths, cu_seqlens, seqlens, choice, qkv, training: bool = False):
+    """Stock's split of q, k and v by segment (the sizes from the plan, see ``helpers.segment_lengths``),
+    or None when the backend attends over the whole packed sequence and needs no split."""
+    from .helpers import segment_lengths
+
+    if choice is not None and choice.whole_sequence(qkv[0], training):
+        return None
+    sizes = segment_lengths(lengths, cu_seqlens, seqlens)
+    return [torch.split(tensor, sizes, dim=2) for tensor in qkv]
+
+
 def segment_attention(call, splits, qkv, cu_seqlens, choice, scaling=None, training: bool = False,
-                      eager: bool = False) -> list[torch.Tensor]:
+                      eager: bool = False, max_seqlen=None) -> list[torch.Tensor]:
     """The per-segment attention outputs (stock's ``attn_outputs``), by the chosen backend.
 
     ``call(q, k, v, attention_mask=None)`` is stock's attention call; ``splits`` stock's q/k/v split by
-    segment; ``qkv`` the unsplit q/k/v; the outputs are concatenated along the sequence by stock.
+    segment (None for the whole-sequence backends); ``qkv`` the unsplit q/k/v; the outputs are
+    concatenated along the sequence by stock.
     """
     if choice is None or choice.backend == "split":
         return [call(q, k, v) for q, k, v in zip(*splits)]
+    if splits is None:  # block_diagonal, or varlen
+        if choice.backend == "block_diagonal":
+            return _block_diagonal(call, qkv, cu_seqlens, eager)
+        longest = max_seqlen if isinstance(max_seqlen, int) else qkv[0].shape[2]
+        return _varlen(qkv, cu_seqlens, longest, scaling)
     sizes = tuple(s.shape[2] for s in splits[0])
-    mode = choice.mode(sizes, qkv[0], training)
-    if mode == "grouped":
+    if choice.mode(sizes, qkv[0], training) == "grouped":
         return _grouped(call, splits, qkv, eager)
-    if mode == "block_diagonal":
-        return _block_diagonal(call, qkv, cu_seqlens, eager)
-    if mode == "varlen":
-        return _varlen(qkv, cu_seqlens, sizes, scaling)
     return [call(q, k, v) for q, k, v in zip(*splits)]

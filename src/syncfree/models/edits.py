@@ -13,11 +13,16 @@ __all__ = ["GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_M
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
 # The per-segment attention calls go through the chosen backend (models/attention.py; "split" is
-# stock's own list of calls).
+# stock's own list of calls). Backends that attend over the whole packed sequence at once do not
+# split it at all (so nothing there depends on the layout, which a bucketed compile relies on).
 VISION_ATTENTION = (
     Edit("prepend", "", 'syncfree_seqlens = kwargs.pop("syncfree_seqlens", None)\n'
                         'syncfree_attention = kwargs.pop("syncfree_attention", None)'),
-    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, syncfree_seqlens)"),
+    Edit("stmt", """
+         splits = [torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)]
+         """, """
+         splits = _syncfree.split_segments(lengths, cu_seqlens, syncfree_seqlens, syncfree_attention,
+                                           (query_states, key_states, value_states), self.training)"""),
     Edit("stmt", """
          attn_outputs = [attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
                                              dropout=0.0 if not self.training else self.attention_dropout,
@@ -27,7 +32,8 @@ VISION_ATTENTION = (
                  self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
                  dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
-             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager")"""),
+             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen)"""),
 )
 
 # The same split in a family syncfree does not plan for: the sizes are read once per tower call. The

@@ -19,9 +19,9 @@ import weakref
 import torch
 
 from .. import active
-from .attention import segment_attention  # noqa: F401  (called from rewritten vision attention)
+from .attention import segment_attention, split_segments  # noqa: F401  (called from rewritten vision attention)
 
-__all__ = ["segment_attention", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
+__all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after"]
 
 

@@ -222,6 +222,10 @@ def make_vision_forward(stock):
             vp = send_plan_back(vp, hidden_states.device)
         # Stock helpers pop these precomputed values from kwargs instead of deriving them from grid_thw,
         # so grid_thw is never read on the device (and may stay on the host).
+        if getattr(self, "_syncfree_buckets", None) and set(kwargs) <= {"return_dict"} and not args:
+            from ..vision_buckets import run_bucketed  # compile_vision(): one static graph per bucket
+
+            return run_bucketed(self, hidden_states, vp, kwargs)
         extra = vp.vision_kwargs()
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
