@@ -187,7 +187,7 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     replacer = _Replacer(edits)
     node.body = [replacer.visit(stmt) for stmt in node.body]
     node.body = [s for item in node.body for s in (item if isinstance(item, list) else [item])]
-    problems = [f"the code {e.old.strip()!r} appears {n} times, not {e.count}" for e, n in replacer.hits.items()
+    problems = [f"the code {e.normalized_old()!r} appears {n} times, not {e.count}" for e, n in replacer.hits.items()
                 if n != e.count]
     if problems:
         raise RewriteError("; ".join(problems))
