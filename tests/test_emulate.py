@@ -234,3 +234,37 @@ def test_inside_emulation_the_real_engine_is_refused_and_auto_picks_the_emulated
         assert report.engine == "emulated" and len(report.syncs) == 1
         stock, about = run_audit(AuditSpec(scope="rope", inputs="image"))  # engine="auto" inside emulate_cuda()
     assert about["engine"] == "emulated" and stock.syncs
+
+
+def test_emulation_is_per_thread_and_nothing_is_left_behind():
+    import threading
+
+    results, errors = {}, []
+    inside = threading.Barrier(2)
+
+    def work(name: str, n: int):
+        try:
+            with emulate_cuda(), audit() as report:
+                inside.wait(timeout=30)  # both threads emulate at once
+                x = torch.arange(n, device="cuda")
+                for _ in range(n):
+                    x.sum().item()
+                results[name] = (len(report.syncs), torch.cuda.device_count())
+        except Exception as exc:  # reported to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=("a", 2)), threading.Thread(target=work, args=("b", 5))]
+    for t in threads:
+        t.start()
+    seen_outside = []
+    while any(t.is_alive() for t in threads):  # this thread is not emulating: it sees the real torch.cuda
+        seen_outside.append((torch.cuda.is_available(), torch.cuda.device_count()))
+        threads[0].join(0.01)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert results == {"a": (2, 1), "b": (5, 1)}  # each audit heard only its own thread
+    assert set(seen_outside) <= {(False, 0)}
+    assert not torch.cuda.is_available() and torch.cuda._lazy_init.__module__ == "torch.cuda"
+    with emulate_cuda():  # and the process can emulate again afterwards
+        assert torch.cuda.is_available() and torch.ones(1, device="cuda").device.type == "cuda"

@@ -316,17 +316,51 @@ _SPECIAL = {
 
 
 # ---- the context ---------------------------------------------------------------------------
-_depth = 0
+# Emulation is per thread: each thread that enters emulate_cuda() gets its own dispatch modes (they
+# are thread-local in PyTorch) and is_emulating() answers per thread. What has to be process-wide
+# (the fake device guard, torch.cuda's stand-ins, the parameter-swap flag) is installed by the first
+# thread in and restored by the last one out; the stand-ins answer as the real torch.cuda in threads
+# that are not emulating.
+_local = threading.local()
+_shared_lock = threading.Lock()
+_shared: dict = {"threads": 0}
 
 
 def is_emulating() -> bool:
-    """True inside ``emulate_cuda()``."""
-    return _depth > 0
+    """True inside ``emulate_cuda()`` on this thread."""
+    return getattr(_local, "depth", 0) > 0
 
 
 def real_cuda_available() -> bool:
     """True when a real CUDA device is usable: ``torch.cuda.is_available()`` says yes inside ``emulate_cuda()``."""
     return not is_emulating() and torch.cuda.is_available()
+
+
+def _per_thread(standin, real):
+    def answer(*args, **kwargs):
+        return standin(*args, **kwargs) if is_emulating() else real(*args, **kwargs)
+    answer.__name__ = getattr(real, "__name__", "standin")
+    return answer
+
+
+def _install() -> None:
+    guard = FakeCudaGuard()
+    guard.install()
+    real = {name: getattr(torch.cuda, name) for name in CUDA_STANDINS}
+    for name, standin in CUDA_STANDINS.items():
+        setattr(torch.cuda, name, _per_thread(standin, real[name]))
+    # model.to("cpu") must swap each emulated parameter for a plain one in place (as model.to("cuda")
+    # did the other way), or the module would keep wrappers whose data is on the host.
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    _shared.update(guard=guard, real=real, swap=swap)
+
+
+def _restore() -> None:
+    torch.__future__.set_swap_module_params_on_conversion(_shared.pop("swap"))
+    for name, fn in _shared.pop("real").items():
+        setattr(torch.cuda, name, fn)
+    _shared.pop("guard").restore()
 
 
 @contextlib.contextmanager
@@ -346,38 +380,36 @@ def emulate_cuda():
     statistics and random-number state are not emulated. Everything is restored on exit.
     (To ask whether a *real* GPU is there from code that may run inside, use
     ``real_cuda_available()``.)
+
+    Emulation belongs to the thread that enters it: several threads may emulate at once, each
+    auditing only its own work, and threads that do not enter see the real ``torch.cuda``.
     """
-    global _depth
-    if _depth:  # re-entrant: the outer context already set everything up
-        _depth += 1
+    depth = getattr(_local, "depth", 0)
+    if depth:  # re-entrant: the outer context already set everything up
+        _local.depth = depth + 1
         try:
             yield
         finally:
-            _depth -= 1
+            _local.depth = depth
         return
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # (this thread is not emulating: the real answer)
         raise RuntimeError(
             "syncfree.emulate_cuda() is for machines without a CUDA device; this one has one. "
             "Use syncfree.audit() directly: it reads syncs and copies from the real device."
         )
     from .api_mode import ApiMode
 
-    guard = FakeCudaGuard()
-    guard.install()
-    real = {name: getattr(torch.cuda, name) for name in CUDA_STANDINS}
-    for name, standin in CUDA_STANDINS.items():
-        setattr(torch.cuda, name, standin)
-    # model.to("cpu") must swap each emulated parameter for a plain one in place (as model.to("cuda")
-    # did the other way), or the module would keep wrappers whose data is on the host.
-    swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    _depth = 1
+    with _shared_lock:
+        if _shared["threads"] == 0:
+            _install()
+        _shared["threads"] += 1
+    _local.depth = 1
     try:
         with ApiMode(), _DispatchMode():
             yield
     finally:
-        _depth = 0
-        torch.__future__.set_swap_module_params_on_conversion(swap)
-        for name, fn in real.items():
-            setattr(torch.cuda, name, fn)
-        guard.restore()
+        _local.depth = 0
+        with _shared_lock:
+            _shared["threads"] -= 1
+            if _shared["threads"] == 0:
+                _restore()

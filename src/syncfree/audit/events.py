@@ -152,7 +152,7 @@ class Event:
 
 
 class Collector:
-    """Receives events while it is active (``start`` .. ``stop``). Thread-safe enough for one forward."""
+    """Receives the events of the thread that started it, while active (``start`` .. ``stop``)."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -160,13 +160,12 @@ class Collector:
         self.launch_ops: dict[str, int] = {}
 
     def start(self) -> None:
-        with _lock:
-            _collectors.append(self)
+        active_collectors().append(self)
 
     def stop(self) -> None:
-        with _lock:
-            if self in _collectors:
-                _collectors.remove(self)
+        collectors = active_collectors()
+        if self in collectors:
+            collectors.remove(self)
 
     def add(self, event: Event) -> None:
         self.events.append(event)
@@ -176,9 +175,12 @@ class Collector:
         self.launch_ops[op] = self.launch_ops.get(op, 0) + 1
 
 
-_lock = threading.Lock()
-_collectors: list[Collector] = []
+_local = threading.local()
 
 
 def active_collectors() -> list[Collector]:
-    return _collectors
+    """The collectors started on this thread (an audit hears only its own thread's work)."""
+    collectors = getattr(_local, "collectors", None)
+    if collectors is None:
+        collectors = _local.collectors = []
+    return collectors
