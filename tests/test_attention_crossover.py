@@ -24,6 +24,8 @@ def test_quick_grid_writes_every_cell_with_its_output_check(tmp_path, capsys):
     for key, cell in cells.items():
         split, grouped, block = (cell["backends"][b] for b in ("split", "grouped", "block_diagonal"))
         assert split["ms"] > 0 and grouped["ms"] > 0 and block["ms"] > 0, key
+        # each backend made its own calls (not a fallback to split measured under its name)
+        assert (split["calls"], grouped["calls"], block["calls"], block["masked_calls"]) == (key[2], 1, 1, 1), key
         assert grouped["equal_to_split"] is True, key  # grouped runs the same arithmetic per segment
         assert block["max_abs_diff_vs_split"] < 1e-4, key  # one masked call: equal to rounding
         assert cell["block_diagonal_analytic_mib"] > 0 and "others_cores" in cell
