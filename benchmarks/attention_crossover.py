@@ -1,6 +1,8 @@
 """Vision attention backends on the CPU: where (if anywhere) block_diagonal or grouped beat split.
 
 Run: python benchmarks/attention_crossover.py [--quick] [--out-dir benchmarks/results]
+On a GPU (benchmarks/gpu/run.sh): --device cuda --dtype bfloat16 adds the varlen backend, times with
+the device synchronized around each call, and takes memory from the CUDA allocator's peak.
 Times one vision-attention layer's attention (stock's split of q/k/v by segment, the backend's calls,
 stock's torch.cat after them) for split, grouped and block_diagonal over shapes x total lengths x
 equal-length segment counts; records each cell's median time, peak memory and each backend's output
@@ -90,17 +92,44 @@ def wait_for_idle(limit: float, patience: float) -> None:
             return
 
 
+class PeakCuda:
+    """The CUDA allocator's peak above what was allocated before the block (exact, unlike RSS)."""
+
+    def __enter__(self):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self.base = torch.cuda.memory_allocated()
+        self.samples = 0
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize()
+        self.mib = (torch.cuda.max_memory_allocated() - self.base) / MiB
+
+
+DEVICE = {"device": "cpu", "dtype": torch.float32}  # set by --device / --dtype
+
+
+def _now() -> float:
+    if DEVICE["device"] == "cuda":
+        torch.cuda.synchronize()  # (around each timed call: the kernels are asynchronous)
+    return time.perf_counter()
+
+
 def qkv_like_the_model(total: int, heads: int, dim: int, seed: int) -> tuple[torch.Tensor, ...]:
     """q/k/v in the layout Qwen3-VL's vision attention passes on: q and k fresh (seq, heads, d) tensors
     (the rotary embedding's output), v a view into the fused qkv projection, all transposed to (1, heads,
     seq, d). The strides matter: grouped batches views of them, SDPA may copy them."""
-    fused = torch.randn(total, 3, heads, dim, generator=torch.Generator().manual_seed(seed)).permute(1, 0, 2, 3)
+    fused = torch.randn(total, 3, heads, dim, generator=torch.Generator().manual_seed(seed))
+    fused = fused.to(DEVICE["device"], DEVICE["dtype"]).permute(1, 0, 2, 3)
     return tuple(t.transpose(0, 1).unsqueeze(0) for t in (fused[0].contiguous(), fused[1].contiguous(), fused[2]))
 
 
 def sdpa_path_with_mask(q, k, v) -> str:
     """SDPA's kernel for block_diagonal's (1, 1, S, S) mask: 'flash' reads the mask blockwise, 'math'
     materializes heads x S x S scores. An expanded mask costs no memory to ask with."""
+    if q.device.type != "cpu":
+        return "device"  # (the CPU's choice is what decides memory on the host; on a GPU the allocator tells)
     mask = torch.ones(1, 1, 1, 1, dtype=torch.bool).expand(1, 1, q.shape[2], k.shape[2])
     try:
         return {0: "math", 1: "flash"}.get(int(torch._fused_sdp_choice(q, k, v, mask, 0.0, False)), "other")
@@ -128,37 +157,46 @@ def time_backend(backend, qkv, sizes, cu_seqlens, call, max_repeats, budget_s):
         splits = split_segments(lengths, cu_seqlens, sizes, choice, qkv)  # None for block_diagonal
         return torch.cat(segment_attention(counted, splits, qkv, cu_seqlens, choice), dim=1)
 
-    with PeakRSS() as memory:  # memory is watched in the warm-up call, whose time is not reported
-        start = time.perf_counter()
+    watch = PeakCuda if DEVICE["device"] == "cuda" else PeakRSS
+    with watch() as memory:  # memory is watched in the warm-up call, whose time is not reported
+        start = _now()
         out = layer()
-        warm = time.perf_counter() - start
+        warm = _now() - start
     calls, masked = len(seen), sum(seen)
     # Fewer repeats for slow cells (one 16k-patch block_diagonal call takes ~15 s on 2 cores); one at least.
     times = []
     for _ in range(max(1, min(max_repeats, int(budget_s / max(warm, 1e-6))))):
-        start = time.perf_counter()
+        start = _now()
         layer()
-        times.append(time.perf_counter() - start)
+        times.append(_now() - start)
     return out, {"ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times],
                  "peak_rss_mib": memory.mib, "rss_samples": memory.samples, "calls": calls, "masked_calls": masked}
+
+
+def active_backends() -> tuple[str, ...]:
+    """split, grouped, block_diagonal; and varlen where it runs (CUDA, PyTorch >= 2.10, bf16/fp16)."""
+    from syncfree.models.attention import varlen_available
+
+    half = DEVICE["dtype"] in (torch.bfloat16, torch.float16)
+    return BACKENDS + (("varlen",) if DEVICE["device"] == "cuda" and half and varlen_available() else ())
 
 
 def run_cell(name, heads, dim, total, count, args, call) -> dict:
     length = total // count
     qkv = qkv_like_the_model(length * count, heads, dim, seed=total + count)
-    cu_seqlens = torch.arange(count + 1, dtype=torch.int32) * length
+    cu_seqlens = (torch.arange(count + 1, dtype=torch.int32) * length).to(DEVICE["device"])
     path = sdpa_path_with_mask(*qkv)
     need = block_diagonal_bytes(length * count, heads, qkv[0].element_size(), path)
     cell = {"shape": name, "heads": heads, "head_dim": dim, "total": length * count, "segments": count,
             "segment_length": length, "sdpa_path_with_mask": path, "block_diagonal_analytic_mib": need / MiB,
             "backends": {}}
-    for backend in BACKENDS:
+    for backend in active_backends():
         if backend == "block_diagonal" and need > args.max_gib * GiB:
             cell["backends"][backend] = {"skipped": f"skipped (would need {need / GiB:.1f} GiB)"}
             continue
         out, result = time_backend(backend, qkv, [length] * count, cu_seqlens, call, args.repeats, args.cell_budget)
         # A backend that fell back to another (the calls it made tell) would be measured under a false name.
-        expected = {"split": (count, 0), "grouped": (1, 0), "block_diagonal": (1, 1)}[backend]
+        expected = {"split": (count, 0), "grouped": (1, 0), "block_diagonal": (1, 1), "varlen": (0, 0)}[backend]
         if (result["calls"], result["masked_calls"]) != expected:
             raise RuntimeError(f"{backend} made {result['calls']} calls ({result['masked_calls']} masked), not "
                                f"{expected[0]} ({expected[1]}): syncfree's backends changed, update this script")
@@ -166,7 +204,7 @@ def run_cell(name, heads, dim, total, count, args, call) -> dict:
             reference = out
         elif backend == "grouped":
             result["equal_to_split"] = torch.equal(out, reference)
-        else:  # one masked call: its softmax sums run in another blocking, equal to rounding only
+        else:  # one call over everything: its softmax sums run in another blocking, equal to rounding only
             result["max_abs_diff_vs_split"] = (out - reference).abs().max().item()
         cell["backends"][backend] = result
     return cell
@@ -178,14 +216,16 @@ def plot(cells, totals, path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, len(totals), figsize=(5.5 * len(totals), 9), squeeze=False)
-    colors, counts = dict(zip(BACKENDS, ("tab:blue", "tab:green", "tab:red"))), sorted({c["segments"] for c in cells})
+    shown = [b for b in BACKENDS + ("varlen",) if any(b in c["backends"] for c in cells)]
+    colors = dict(zip(BACKENDS + ("varlen",), ("tab:blue", "tab:green", "tab:red", "tab:purple")))
+    counts = sorted({c["segments"] for c in cells})
     for col, total in enumerate(totals):
         top, bottom = axes[0][col], axes[1][col]
         for name, style in zip(SHAPES, ("-", "--")):
             mine = [c for c in cells if c["total"] == total and c["shape"] == name]
             short = name.removeprefix("qwen3-vl-").upper()
-            for backend in BACKENDS:
-                done = [c for c in mine if "ms" in c["backends"][backend]]
+            for backend in shown:
+                done = [c for c in mine if "ms" in c["backends"].get(backend, {})]
                 xs, results = [c["segments"] for c in done], [c["backends"][backend] for c in done]
                 kw = {"color": colors[backend], "marker": "o", "label": f"{backend} {short}"}
                 top.plot(xs, [r["ms"] for r in results], style, **kw)
@@ -233,6 +273,34 @@ def print_table(cells, summary) -> None:
         print(f"{name.replace('_', ' ')}: {found or 'no cell'}")
 
 
+def _save(args, cells, began) -> tuple[dict, str]:
+    """The JSON of what was measured so far (rewritten after every cell: a run cut short keeps its cells)."""
+    summary = summarize(cells)
+    result = {"benchmark": "attention_crossover", "quick": args.quick,
+              "device": args.device, "dtype": args.dtype,
+              "machine": {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+                          "torch": torch.__version__, "transformers": transformers.__version__,
+                          "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                          "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                          "processor": platform.processor() or platform.machine(), "python": platform.python_version()},
+              "attention_call": f"transformers.integrations.sdpa_attention.sdpa_attention_forward, {args.dtype}, "
+                                "no dropout",
+              "timed": "torch.split of q/k/v + segment_attention + torch.cat; median of the repeats after a warm-up",
+              "memory": "peak_rss_mib: process RSS peak above baseline in the warm-up call, /proc/self/statm every "
+                        "~1 ms (approximate; on CUDA the allocator's peak); block_diagonal_analytic_mib: its masks "
+                        "(+ scores on the math path)",
+              "grid": {"shapes": {n: SHAPES[n] for n in args.shapes}, "totals": args.totals, "segments": args.segments,
+                       "backends": list(active_backends()), "repeats": args.repeats, "cell_budget_s": args.cell_budget,
+                       "max_gib": args.max_gib, "max_others": args.max_others, "retries": args.retries},
+              "wall_s": time.perf_counter() - began, "summary": summary, "cells": cells}
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = "attention_crossover" + ("" if args.device == "cpu" else f"-{args.device}")
+    json_path = os.path.join(args.out_dir, f"{stem}.json")
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1)
+    return result, json_path
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     arg = parser.add_argument
@@ -248,7 +316,12 @@ def main(argv=None) -> dict:
     arg("--retries", type=int, default=2, help="measurements again of a cell other processes disturbed")
     arg("--patience", type=float, default=60.0, help="seconds to wait for an idle machine before a cell")
     arg("--out-dir", default="benchmarks/results")
+    arg("--device", default="cpu", choices=("cpu", "cuda"))
+    arg("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args(argv)
+    DEVICE.update(device=args.device, dtype=getattr(torch, args.dtype))
+    if args.device == "cuda":
+        args.max_others, args.retries, args.patience = float("inf"), 0, 0  # host load does not disturb the GPU
     if args.quick:
         args.totals, args.segments, args.repeats, args.retries, args.patience = [128, 512], [1, 4, 16], 2, 0, 0
     if args.threads:
@@ -260,7 +333,8 @@ def main(argv=None) -> dict:
     calls = {dim: (lambda q, k, v, attention_mask=None, s=dim**-0.5: sdpa_attention_forward(
         module, q, k, v, attention_mask=attention_mask, scaling=s, dropout=0.0, is_causal=False)[0])
         for _, dim in SHAPES.values()}
-    time_backend("split", qkv_like_the_model(256, 16, 64, 0), [256], torch.tensor([0, 256]), calls[64], 1, 0)  # warm
+    time_backend("split", qkv_like_the_model(256, 16, 64, 0), [256], torch.tensor([0, 256], device=args.device),
+                 calls[64], 1, 0)  # warm
 
     cells, began = [], time.perf_counter()
     for name in args.shapes:
@@ -282,27 +356,12 @@ def main(argv=None) -> dict:
                           f"{k} {v['ms']:.1f} ms" if "ms" in v else f"{k} {v['skipped']}" for k, v in b.items())
                       + f"; grouped equal: {b['grouped']['equal_to_split']}, block_diagonal max diff: "
                       + f"{b['block_diagonal'].get('max_abs_diff_vs_split', '-')}", flush=True)
+                _save(args, cells, began)
 
-    summary = summarize(cells)
-    result = {"benchmark": "attention_crossover", "quick": args.quick,
-              "machine": {"torch": torch.__version__, "transformers": transformers.__version__,
-                          "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                          "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                          "processor": platform.processor() or platform.machine(), "python": platform.python_version()},
-              "attention_call": "transformers.integrations.sdpa_attention.sdpa_attention_forward, fp32, no dropout",
-              "timed": "torch.split of q/k/v + segment_attention + torch.cat; median of the repeats after a warm-up",
-              "memory": "peak_rss_mib: process RSS peak above baseline in the warm-up call, /proc/self/statm every "
-                        "~1 ms (approximate); block_diagonal_analytic_mib: its masks (+ scores on the math path)",
-              "grid": {"shapes": {n: SHAPES[n] for n in args.shapes}, "totals": args.totals, "segments": args.segments,
-                       "backends": list(BACKENDS), "repeats": args.repeats, "cell_budget_s": args.cell_budget,
-                       "max_gib": args.max_gib, "max_others": args.max_others, "retries": args.retries},
-              "wall_s": time.perf_counter() - began, "summary": summary, "cells": cells}
-    os.makedirs(args.out_dir, exist_ok=True)
-    json_path = os.path.join(args.out_dir, "attention_crossover.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1)
+    result, json_path = _save(args, cells, began)
+    summary, stem = result["summary"], os.path.basename(json_path).removesuffix(".json")
     try:
-        plot(cells, args.totals, os.path.join(args.out_dir, "attention_crossover.png"))
+        plot(cells, args.totals, os.path.join(args.out_dir, f"{stem}.png"))
     except ImportError:
         print("no PNG written: matplotlib is not installed (pip install matplotlib)")
     print_table(cells, summary)

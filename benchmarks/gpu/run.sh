@@ -3,11 +3,11 @@
 #   benchmarks/gpu/run.sh OUT_DIR
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
-# bench-gpu-compiled.{json,csv,png}, vision_backends.json and log.txt.
+# bench-gpu-compiled.{json,csv,png}, vision_backends.json, attention_crossover-cuda.{json,png} and log.txt.
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
-# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 90 + 190 + 80 + 90 = 470 s.
+# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 90 + 170 + 80 + 80 + 40 = 480 s.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,9 +31,9 @@ timeout 90 "$py" benchmarks/gpu/cross_check.py --timeout 75 --out "$out/cross_ch
 #    flash kernel in the vision tower (flash-attn is not on the image), then eager attention; the deadline
 #    cuts from the end. Graph breaks are left to the CPU run (they do not depend on the device).
 step "bench: the matrix"
-timeout 190 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
+timeout 170 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
   --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa varlen eager --repeats 10 --budget 3 \
-  --deadline 140 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
+  --deadline 125 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
   || echo "bench-gpu: exit $? (1 = some scenario failed, see errors in the JSON; 124 = timeout)"
 
 # 3. torch.compile of the vision tower, where launch overhead matters most (many small images).
@@ -46,9 +46,15 @@ timeout 80 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models q
 # 4. The vision attention backends and the bucketed CUDA-graph tower (8B vision shape, bf16): stock, split,
 #    grouped, varlen, compile_vision; latency, GPU-busy fraction and kernel counts per cell.
 step "vision backends and bucketed CUDA graphs"
-timeout 90 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
-  --deadline 70 --out "$out/vision_backends.json" \
+timeout 80 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
+  --deadline 60 --out "$out/vision_backends.json" \
   || echo "vision-backends: exit $? (1 = some cell failed, see errors in the JSON; 124 = timeout)"
+
+# 5. The backends' crossover grid on the GPU (2B/8B vision attention, 1-64 segments, 1k-16k patches, bf16):
+#    split, grouped, block_diagonal, varlen; time and the allocator's peak memory per cell.
+step "attention backend crossover"
+timeout 40 "$py" benchmarks/attention_crossover.py --device cuda --dtype bfloat16 --repeats 5 --cell-budget 0.2 \
+  --out-dir "$out" || echo "crossover: exit $? (124 = timeout)"
 step "done"
 ls -l "$out"
 }
