@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.presets import build_model
+
+from family_checks import generate_and_backward_equal_stock, prepared_prefill_has_no_sync_and_moved_inputs_one
 from syncfree.rope import rope_index
 
 transformers_has = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5",
@@ -87,20 +88,7 @@ def test_rope_index_equals_stock_on_random_layouts(rows, padding):
 def test_prepared_prefill_has_no_sync_and_moved_inputs_one(name, dtype):
     stock, patched = _pair(name, dtype=dtype)
     batch = build_inputs(stock.config, LAYOUTS["image and video"] + LAYOUTS["one image"], padding_side="left")
-    with torch.no_grad():
-        expected = stock(**batch).logits
-        with emulate_cuda():
-            patched.to("cuda")
-            try:
-                kwargs = syncfree.prepare(batch, "cuda", patched)
-                with assert_no_sync():
-                    logits = patched(**kwargs).logits
-                moved = {k: v.to("cuda") for k, v in batch.items()}
-                with assert_no_sync(max_syncs=1):
-                    patched(**moved)
-                assert torch.equal(logits.cpu(), expected)
-            finally:
-                patched.to("cpu")
+    prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -109,24 +97,11 @@ def test_generate_and_backward_equal_stock(name):
     batch = build_inputs(stock.config, [[Text(2), Image(64, 32), Text(2), Video(2, 32, 32), Text(1)],
                                         [Text(1), Image(32, 32), Text(2)]], padding_side="left")
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    with torch.no_grad():
-        expected = stock.generate(**batch, **options)
-        assert torch.equal(patched.generate(**syncfree.prepare(batch, "cpu", patched), **options), expected)
-        assert torch.equal(patched.generate(**batch, **options), expected)
+    generate_and_backward_equal_stock(stock, patched, batch, options,
+                                      syncfree.prepare(batch, "cpu", patched))
+    with torch.no_grad():  # the hybrid cache with static attention layers too
         assert torch.equal(patched.generate(**batch, **options, cache_implementation="static"),
                            stock.generate(**batch, **options, cache_implementation="static"))
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    losses = []
-    for model, inputs in ((stock, batch), (patched, syncfree.prepare(batch, "cpu", patched))):
-        model.train()
-        model.zero_grad()
-        loss = model(**inputs, labels=labels).loss
-        loss.backward()
-        losses.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-        model.eval()
-    assert torch.equal(losses[0][0], losses[1][0])
-    assert losses[0][1].keys() == losses[1][1].keys()
-    assert all(torch.equal(losses[0][1][n], losses[1][1][n]) for n in losses[0][1])
 
 
 def test_patched_vision_tower_compiles_without_graph_breaks():

@@ -33,21 +33,10 @@ VARIANTS = ("stock", "split", "grouped", "varlen", "buckets")
 
 
 def _timed(fn, device: str, repeats: int) -> list[float]:
-    fn()  # warm-up (and, for the bucketed tower, its compile and graph capture)
-    out = []
-    for _ in range(repeats):
-        if device == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(begin.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - start) * 1e3)
-    return out
+    """Milliseconds per call after a warm-up (for the bucketed tower: its compile and graph capture)."""
+    from syncfree.bench.runner import time_calls
+
+    return time_calls(fn, device, repeats, budget_s=1e9)  # every repeat: a cell here is short
 
 
 def _kernels(fn) -> dict:

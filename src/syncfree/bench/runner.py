@@ -65,7 +65,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn, device: str, repeats: int, budget_s: float, compiled: bool = False) -> list[float]:
+def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = False) -> list[float]:
     """Milliseconds per call: one warm-up, then timed calls within the budget."""
     start = time.perf_counter()
     fn()
@@ -197,7 +197,7 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
                 progress(f"[{next(counter)}/{counter.total}] {model_name} {scenario_name} {scope} {attn}"
                          f"{' compiled' if compiled else ''} {variant}")
             with torch.no_grad():
-                times = _time(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
+                times = time_calls(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
                               cfg.repeats, cfg.budget_s, compiled)
                 record = {
                     "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,

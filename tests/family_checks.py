@@ -1,0 +1,46 @@
+"""Checks every fully supported family passes, shared by the per-family test files."""
+
+from __future__ import annotations
+
+import torch
+
+import syncfree
+from syncfree.audit import assert_no_sync, emulate_cuda
+
+
+def prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch) -> None:
+    """0 syncs with prepare(), 1 with inputs moved by hand, and the logits of stock (emulated device)."""
+    with torch.no_grad():
+        expected = stock(**batch).logits
+        with emulate_cuda():
+            patched.to("cuda")
+            try:
+                kwargs = syncfree.prepare(batch, "cuda", patched)
+                with assert_no_sync():
+                    logits = patched(**kwargs).logits
+                moved = {k: v.to("cuda") for k, v in batch.items()}
+                with assert_no_sync(max_syncs=1):
+                    patched(**moved)
+                assert torch.equal(logits.cpu(), expected)
+            finally:
+                patched.to("cpu")
+
+
+def generate_and_backward_equal_stock(stock, patched, batch, options: dict, prepared: dict) -> None:
+    """The same generated ids (with and without prepare), the same loss and every gradient bit for bit."""
+    with torch.no_grad():
+        expected = stock.generate(**batch, **options)
+        assert torch.equal(patched.generate(**prepared, **options), expected)
+        assert torch.equal(patched.generate(**batch, **options), expected)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    losses = []
+    for model, inputs in ((stock, batch), (patched, prepared)):
+        model.train()
+        model.zero_grad()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        losses.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        model.eval()
+    assert torch.equal(losses[0][0], losses[1][0])
+    assert losses[0][1].keys() == losses[1][1].keys()
+    assert all(torch.equal(losses[0][1][n], losses[1][1][n]) for n in losses[0][1])
