@@ -19,7 +19,7 @@ import torch
 
 import syncfree
 from syncfree.audit import audit, emulate_cuda
-from syncfree.inputs import Image, Text, Video, build_inputs, named_layout
+from syncfree.inputs import Image, Text, build_inputs, named_layout
 from syncfree.presets import build_model
 
 

@@ -11,7 +11,6 @@ import syncfree
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan import ModelSpec, vision_plan
 from syncfree.presets import build_model
-
 from family_checks import generate_and_backward_equal_stock, prepared_prefill_has_no_sync_and_moved_inputs_one
 
 PRESETS = ("qwen2-vl-tiny", "qwen2.5-vl-tiny")

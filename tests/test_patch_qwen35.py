@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
+from family_checks import generate_and_backward_equal_stock, prepared_prefill_has_no_sync_and_moved_inputs_one
+from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.presets import build_model
-
-from family_checks import generate_and_backward_equal_stock, prepared_prefill_has_no_sync_and_moved_inputs_one
 from syncfree.rope import rope_index
 
 transformers_has = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
