@@ -8,7 +8,7 @@ import syncfree
 from syncfree.audit import assert_no_sync, emulate_cuda
 
 
-def prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch) -> None:
+def check_prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch) -> None:
     """0 syncs with prepare(), 1 with inputs moved by hand, and the logits of stock (emulated device)."""
     with torch.no_grad():
         expected = stock(**batch).logits
@@ -26,7 +26,7 @@ def prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch) -> 
                 patched.to("cpu")
 
 
-def generate_and_backward_equal_stock(stock, patched, batch, options: dict, prepared: dict) -> None:
+def check_generate_and_backward_equal_stock(stock, patched, batch, options: dict, prepared: dict) -> None:
     """The same generated ids (with and without prepare), the same loss and every gradient bit for bit."""
     with torch.no_grad():
         expected = stock.generate(**batch, **options)

@@ -11,7 +11,7 @@ import syncfree
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan import ModelSpec, vision_plan
 from syncfree.presets import build_model
-from family_checks import generate_and_backward_equal_stock, prepared_prefill_has_no_sync_and_moved_inputs_one
+from family_checks import check_generate_and_backward_equal_stock, check_prepared_prefill_has_no_sync_and_moved_inputs_one
 
 PRESETS = ("qwen2-vl-tiny", "qwen2.5-vl-tiny")
 _pairs: dict = {}
@@ -88,7 +88,7 @@ def test_vision_tower_and_window_plan_equal_stock_on_random_grids(name, grid):
 def test_prepared_prefill_has_no_sync_and_moved_inputs_one(name):
     stock, patched = _pair(name)
     batch = build_inputs(stock.config, LAYOUTS["image and video"] + LAYOUTS["one image"], padding_side="left")
-    prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch)
+    check_prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -97,7 +97,7 @@ def test_generate_and_backward_equal_stock(name):
     batch = build_inputs(stock.config, [[Text(2), Image(112, 56), Text(2), Video(2, 56, 56), Text(1)],
                                         [Text(1), Image(56, 56), Text(2)]], padding_side="left")
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    generate_and_backward_equal_stock(stock, patched, batch, options,
+    check_generate_and_backward_equal_stock(stock, patched, batch, options,
                                       syncfree.prepare(batch, None, patched))
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import generate_and_backward_equal_stock, prepared_prefill_has_no_sync_and_moved_inputs_one
+from family_checks import check_generate_and_backward_equal_stock, check_prepared_prefill_has_no_sync_and_moved_inputs_one
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.presets import build_model
@@ -88,7 +88,7 @@ def test_rope_index_equals_stock_on_random_layouts(rows, padding):
 def test_prepared_prefill_has_no_sync_and_moved_inputs_one(name, dtype):
     stock, patched = _pair(name, dtype=dtype)
     batch = build_inputs(stock.config, LAYOUTS["image and video"] + LAYOUTS["one image"], padding_side="left")
-    prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch)
+    check_prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -97,7 +97,7 @@ def test_generate_and_backward_equal_stock(name):
     batch = build_inputs(stock.config, [[Text(2), Image(64, 32), Text(2), Video(2, 32, 32), Text(1)],
                                         [Text(1), Image(32, 32), Text(2)]], padding_side="left")
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    generate_and_backward_equal_stock(stock, patched, batch, options,
+    check_generate_and_backward_equal_stock(stock, patched, batch, options,
                                       syncfree.prepare(batch, "cpu", patched))
     with torch.no_grad():  # the hybrid cache with static attention layers too
         assert torch.equal(patched.generate(**batch, **options, cache_implementation="static"),

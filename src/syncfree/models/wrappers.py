@@ -102,15 +102,16 @@ def resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
 
 
 def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
-    spec = ModelSpec.from_config(model.config)
+    # (ModelSpec is made only where a plan is checked or built: decode steps skip it.)
     shape = _call_shape(given)
     input_ids, mask = given.get("input_ids"), given.get("attention_mask")
     if explicit is not None:
-        return active.Entry(_explicit_plan(explicit, spec, given, shape), input_ids, mask)
+        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config), given, shape), input_ids,
+                            mask)
     anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
     registration = active.registered(anchor)
     if registration is not None:
-        registration.plan.check_model(spec)
+        registration.plan.check_model(ModelSpec.from_config(model.config))
         active.check_unchanged(registration, given)
         return active.Entry(registration.plan, input_ids, mask)
     outer = active.generating()
@@ -128,7 +129,7 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
-    plan = build_plan(spec, **host)
+    plan = build_plan(ModelSpec.from_config(model.config), **host)
     return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
 
 
