@@ -42,7 +42,31 @@ POSITIVE = {
     "aten::histc": lambda: torch.histc(_x().float()),
     "aten::equal": lambda: torch.equal(_x(), _x()),
     "aten::_grouped_mm": lambda: _grouped_mm(torch.float32),
+    # Backward ops: their syncs are counted in the backward phase (the forward may sync on its own).
+    "aten::index_put": lambda: _backward(lambda w: w[_mask()]),
+    "aten::masked_scatter_backward": lambda: _backward(
+        lambda w: torch.zeros(6, device=CUDA).masked_scatter(_mask(), w)),
 }
+
+
+def _backward(forward, n: int = 6):
+    w = torch.ones(n, device=CUDA, requires_grad=True)
+    forward(w).sum().backward()
+    assert w.grad is not None and w.grad.device.type == "cuda"  # the backward did run, on the device
+
+
+def _embedding(n_indices: int):
+    weight = torch.ones(10, 4, device=CUDA, requires_grad=True)
+    indices = torch.arange(n_indices, device=CUDA) % 10
+    torch.nn.functional.embedding(indices, weight).sum().backward()
+    assert weight.grad is not None
+
+
+def _cross_entropy():
+    logits = torch.ones(6, 5, device=CUDA, requires_grad=True)
+    target = torch.tensor([1, -100, 2, 3, -100, 0]).to(CUDA)
+    torch.nn.functional.cross_entropy(logits, target, ignore_index=-100).backward()
+    assert logits.grad is not None
 
 
 def _grouped_mm(dtype):
@@ -88,7 +112,19 @@ NEGATIVE = {
     "aten::nonzero_static": lambda: torch.nonzero_static(_mask(), size=6),
     "aten::repeat_interleave.Tensor (output_size=n)": lambda: torch.repeat_interleave(_x(), _x(), output_size=15),
     "aten::_grouped_mm (bfloat16)": lambda: _grouped_mm(torch.bfloat16),
+    "aten::embedding_dense_backward": lambda: (_embedding(64), _embedding(4000)),  # both sides of 3072
+    "aten::nll_loss_forward (ignore_index, mean)": _cross_entropy,
+    "aten::nll_loss_backward": _cross_entropy,
+    "aten::masked_select_backward": lambda: _backward(lambda w: w.masked_select(_mask())),
+    "aten::index_select_backward / aten::index_add_": lambda: _backward(lambda w: w.index_select(0, _x()[:2])),
 }
+
+_BACKWARD = {op for op in {*POSITIVE, *NEGATIVE} if "backward" in op or op == "aten::index_put"}
+
+
+def _syncs(report, op):
+    """The syncs a case is about: for a backward op, those of the backward phase."""
+    return [e for e in report.syncs if op not in _BACKWARD or e.phase == "backward"]
 
 
 def test_every_rule_has_a_positive_and_every_negative_case_a_test():
@@ -100,8 +136,8 @@ def test_every_rule_has_a_positive_and_every_negative_case_a_test():
 @pytest.mark.parametrize("op", sorted(POSITIVE))
 def test_positive_rule_records_exactly_one_sync_from_its_op(emulated, op):
     report = emulated(POSITIVE[op])
-    assert [e.op for e in report.syncs] == [op]
-    assert report.syncs[0].reason == rules.SYNC_RULES[op].reason
+    assert [e.op for e in _syncs(report, op)] == [op]
+    assert _syncs(report, op)[0].reason == rules.SYNC_RULES[op].reason
 
 
 @pytest.mark.parametrize("how", sorted(SCALAR_READS))
@@ -121,7 +157,7 @@ def test_python_level_rules_sync(emulated, api):
 @pytest.mark.parametrize("op", sorted(NEGATIVE))
 def test_negative_case_records_no_sync(emulated, op):
     report = emulated(NEGATIVE[op])
-    assert report.syncs == []
+    assert _syncs(report, op) == []
 
 
 def test_boolean_mask_write_of_a_scalar_does_not_sync_but_of_a_device_tensor_does(emulated):

@@ -75,6 +75,11 @@ def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_la
     if p.prog.endswith("audit"):
         p.add_argument("--compare", action="store_true",
                        help="audit stock and syncfree-patched forwards side by side")
+        p.add_argument("--train", action="store_true",
+                       help="audit one training step instead of a forward (forward with labels, backward, AdamW "
+                            "step, zero_grad), stock and patched side by side, by phase")
+        p.add_argument("--grad-ckpt", choices=("reentrant", "non-reentrant"), default=None,
+                       help="with --train: gradient checkpointing, as Transformers enables it")
 
 
 _LABELS = {
@@ -90,6 +95,20 @@ def _comparison(reports: dict) -> str:
         t = report.summary()
         rows.append((_LABELS[variant], str(t["syncs"]), str(t["blocking_copies"]), str(t["h2d"]), str(t["d2h"]),
                      str(t["lines"]), "-" if t["launches"] is None else str(t["launches"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _phase_comparison(reports: dict) -> str:
+    from .audit.phases import PHASES
+
+    rows = [("syncs by phase", *PHASES, "total", "blocking copies", "launches")]
+    for variant, report in reports.items():
+        phases = report.by_phase()
+        t = report.summary()
+        rows.append((_LABELS[variant], *(str(phases[p]["syncs"]) for p in PHASES), str(t["syncs"]),
+                     str(t["blocking_copies"]), "-" if t["launches"] is None else str(t["launches"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
@@ -113,23 +132,41 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     if not use_gpu:
         check_emulation()
 
+    train = getattr(args, "train", False)
+    if getattr(args, "grad_ckpt", None) and not train:
+        raise ValueError("--grad-ckpt applies to a training step: add --train")
+    if train and args.scope != "full":
+        raise ValueError(f"--train runs a whole training step: --scope {args.scope} cannot be combined with it")
+    compare = compare or train  # a training step is always audited stock vs patched
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
                      image_side=args.image_side, vision_attention=args.vision_attention)
-    print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, scope={spec.scope}", flush=True)
+    what = f"training step (gradient checkpointing: {args.grad_ckpt or 'off'})" if train else f"scope={spec.scope}"
+    print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, {what}", flush=True)
     line = ProgressLine(sys.stderr)  # which forward is running, on a terminal only
     try:
-        reports, about = run_compare(spec, engine="cuda" if use_gpu else "emulated",
-                                     variants=VARIANTS if compare else ("stock",),
-                                     progress=line.show if line.enabled else None)
+        if train:
+            from .audit_train import run_train_compare
+
+            reports, about = run_train_compare(spec, grad_ckpt=args.grad_ckpt, engine="cuda" if use_gpu else "emulated",
+                                               progress=line.show if line.enabled else None)
+        else:
+            reports, about = run_compare(spec, engine="cuda" if use_gpu else "emulated",
+                                         variants=VARIANTS if compare else ("stock",),
+                                         progress=line.show if line.enabled else None)
     finally:
         line.clear()
     n = len(reports)
     print(f"engine: {about['engine']}; vision depth {about['vision_depth']}, text layers {about['text_layers']}; "
           f"grids {about['grids']}; sequence {about['sequence']}")
-    print(f"{n} audited forward{'s' if n > 1 else ''} in {about['forwards_s']:.1f} s "
-          f"(model built and moved in {about['build_s']:.1f} s)\n")
-    if compare:
+    if train:
+        print(f"{n} audited training steps in {about['steps_s']:.1f} s (model built and moved in "
+              f"{about['build_s']:.1f} s); losses {about['losses']}\n")
+        print(_phase_comparison(reports) + "\n")
+    else:
+        print(f"{n} audited forward{'s' if n > 1 else ''} in {about['forwards_s']:.1f} s "
+              f"(model built and moved in {about['build_s']:.1f} s)\n")
+    if compare and not train:
         print(_comparison(reports) + "\n")
     for variant, report in reports.items():
         if compare:

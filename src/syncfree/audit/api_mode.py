@@ -9,16 +9,20 @@ emulator needs: ``torch.tensor``/``as_tensor``/``Tensor.new_tensor`` and
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from . import rules
-from .emulate import _CPU, DeviceTensor, _api_stack, record
+from .device_tensor import DeviceTensor, _api_stack, record
 from .events import H2D, SYNC, active_collectors
 
-__all__ = ["ApiMode"]
+__all__ = ["ApiMode", "hook_engine_start", "unhook_engine_start"]
+
+_CPU = torch.device("cpu")
 
 _names: dict = {}
 
@@ -76,20 +80,44 @@ def _new_tensor(func, args, kwargs, api: str):
 
 
 class _EmulatedKernel(torch.autograd.Function):
-    """Runs a function on the held CPU tensors; its backward is not emulated."""
+    """Runs a function on the held CPU tensors; its backward runs the same function's CPU graph.
+
+    The backward computes the function again on the saved inputs (CPU kernels are deterministic,
+    so the values are the forward's) and asks that graph for the gradients: both passes run exactly
+    the kernels a plain CPU run would. Only the inputs are saved, through ``save_for_backward``, so
+    saved-tensor hooks (gradient checkpointing) see what they would see for a fused kernel.
+    """
 
     @staticmethod
     def forward(ctx, fn, spec, *flat):
         plain = [a.elem if isinstance(a, DeviceTensor) else a for a in flat]
         args, kwargs = pytree.tree_unflatten(plain, spec)
+        tensors = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        ctx.fn, ctx.spec, ctx.flat, ctx.tensors = fn, spec, [None if i in tensors else a for i, a in enumerate(flat)], \
+            tensors
+        ctx.wants = [isinstance(a, torch.Tensor) and a.requires_grad for a in flat]
+        ctx.save_for_backward(*[flat[i] for i in tensors])
         return DeviceTensor(fn(*args, **kwargs))
 
     @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            "backward through scaled_dot_product_attention is not emulated by syncfree.emulate_cuda(); "
-            "run the backward pass outside the emulated device."
-        )
+    def backward(ctx, grad):
+        for collector in list(active_collectors()):  # one fused attention backward kernel on CUDA
+            collector.add_launch("aten::scaled_dot_product_attention_backward")
+        flat = list(ctx.flat)
+        for i, t in zip(ctx.tensors, ctx.saved_tensors):
+            t = t.elem if isinstance(t, DeviceTensor) else t
+            flat[i] = t.detach().requires_grad_() if ctx.wants[i] else t
+        args, kwargs = pytree.tree_unflatten(flat, ctx.spec)
+        inputs = [flat[i] for i, w in enumerate(ctx.wants) if w]
+        with torch.enable_grad():
+            out = ctx.fn(*args, **kwargs)
+        plain_grad = grad.elem if isinstance(grad, DeviceTensor) else grad
+        grads = iter(torch.autograd.grad(out, inputs, plain_grad, allow_unused=True) if inputs else ())
+        result = [None, None]  # fn, spec
+        for w in ctx.wants:
+            g = next(grads) if w else None
+            result.append(DeviceTensor(g) if g is not None else None)
+        return tuple(result)
 
 
 def _sdpa(func, args, kwargs):
@@ -141,6 +169,35 @@ def _host_list_indices(args: tuple) -> tuple:
     return (args[0], parts if len(parts) > 1 or isinstance(args[1], tuple) else parts[0], *args[2:])
 
 
+_STARTS_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_local = threading.local()
+
+
+def _engine_with_mode(real):
+    def run(*args, **kwargs):
+        mode = getattr(_local, "pending", None)
+        if mode is None:
+            return real(*args, **kwargs)
+        _local.pending = None
+        with mode:  # (the engine entry point checks no torch function: nothing recurses)
+            return real(*args, **kwargs)
+    run.syncfree_real = real
+    return run
+
+
+def hook_engine_start() -> None:
+    """While emulating: the autograd engine starts with the ApiMode of the thread that called it."""
+    real = getattr(torch.autograd, "_engine_run_backward", None)
+    if real is not None and not hasattr(real, "syncfree_real"):
+        torch.autograd._engine_run_backward = _engine_with_mode(real)
+
+
+def unhook_engine_start() -> None:
+    hooked = getattr(torch.autograd, "_engine_run_backward", None)
+    if hooked is not None and hasattr(hooked, "syncfree_real"):
+        torch.autograd._engine_run_backward = hooked.syncfree_real
+
+
 class ApiMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -156,6 +213,15 @@ class ApiMode(TorchFunctionMode):
                 isinstance(a, DeviceTensor) for a in pytree.tree_leaves((args, kwargs))
             ):
                 return _sdpa(func, args, kwargs)
+            if func in _STARTS_BACKWARD:
+                # The autograd engine runs the backward (and checkpointing's recompute, which needs
+                # this mode's SDPA) with the modes active when it starts, and a mode is off the stack
+                # while its own handler runs: the engine hook below puts this one back for that start.
+                _local.pending = self
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    _local.pending = None
             return func(*args, **kwargs)
         finally:
             stack.pop()

@@ -22,7 +22,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .api_mode import api_name, index_parts
-from .events import D2H, H2D, SYNC, Event, capture_stack
+from .events import D2H, H2D, SYNC, Event
+from .phases import locate
 from .rules import PYTHON_SYNC_RULES
 
 __all__ = ["CudaEngine", "CudaUnavailable"]
@@ -102,9 +103,10 @@ def _index_copies(func, args, kwargs) -> list:
 def _index_event(index, api: str | None) -> Event:
     nbytes = index.numel() * index.element_size() if isinstance(index, torch.Tensor) else 8 * len(index)
     shape = tuple(index.shape) if isinstance(index, torch.Tensor) else (len(index),)
+    phase, stack = locate()
     return Event(kind=H2D, op="index", api=api, reason="a CPU index tensor is copied to the device",
                  shapes=(shape,), nbytes=nbytes, blocking=True, pinned=False, waits=False, engine="cuda",
-                 stack=capture_stack())
+                 stack=stack, phase=phase)
 
 
 class _CallTracker(TorchFunctionMode):
@@ -136,13 +138,14 @@ class _CallTracker(TorchFunctionMode):
             host = src if direction == H2D else (args[0] if func is torch.Tensor.copy_ else out)
             pinned = bool(host is not None and host.is_pinned())
             blocking = not (non_blocking and pinned)
+            phase, stack = locate()
             self.engine.add(Event(
                 kind=direction, op=getattr(func, "__name__", "copy"), api=name,
                 reason="a host-to-device copy" if direction == H2D else "a device-to-host copy",
                 shapes=(tuple(data.shape),) if isinstance(data, torch.Tensor) else (),
                 nbytes=data.numel() * data.element_size() if isinstance(data, torch.Tensor) else 0,
                 blocking=blocking, pinned=pinned, waits=blocking and direction == D2H,
-                engine="cuda", stack=capture_stack(),
+                engine="cuda", stack=stack, phase=phase,
             ))
         return out
 
@@ -158,7 +161,8 @@ class _HostWaits:
         self._add, self._tracker = add, tracker
 
     def _sync_event(self, reason: str, api: str | None) -> None:
-        self._add(Event(kind=SYNC, op="cuda sync", api=api, reason=reason, engine="cuda", stack=capture_stack()))
+        phase, stack = locate()
+        self._add(Event(kind=SYNC, op="cuda sync", api=api, reason=reason, engine="cuda", stack=stack, phase=phase))
 
     def _on_warning(self, message, category, filename, lineno, file=None, line=None):
         if _SYNC_WARNING not in str(message):

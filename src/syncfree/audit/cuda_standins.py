@@ -38,7 +38,7 @@ class EmulatedDeviceProperties:
 
 
 def _synchronize(device=None) -> None:
-    from .emulate import record  # (emulate imports this module)
+    from .device_tensor import record  # (device_tensor imports the rules this module sits beside)
 
     record(SYNC, "torch.cuda.synchronize", rules.PYTHON_SYNC_RULES["torch.cuda.synchronize"],
            api="torch.cuda.synchronize")

@@ -27,8 +27,8 @@ Four things make this work on a CPU-only PyTorch build:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
-import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -36,135 +36,22 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rules
 from .cpu_kernel_gaps import CPU_KERNEL_GAPS
+from .api_mode import ApiMode, hook_engine_start, unhook_engine_start
 from .cuda_standins import CUDA_STANDINS
-from .events import D2H, H2D, SYNC, Event, active_collectors, capture_stack
+from .device_tensor import DeviceTensor, current_api, record
+from .emulated_copies import COPY_HANDLERS as _SPECIAL
+from .emulated_copies import _to_device, is_pinned
+from .events import H2D, SYNC, active_collectors
 from .guard_shim import FakeCudaGuard
 from .launches import is_launch
 
-__all__ = ["DeviceTensor", "emulate_cuda", "is_emulating", "real_cuda_available", "record"]
+__all__ = ["DeviceTensor", "emulate_cuda", "is_emulating", "is_pinned", "real_cuda_available", "record",
+           "current_api"]
 
-_CUDA = torch.device("cuda", 0)
 _CPU = torch.device("cpu")
-_state = threading.local()
-
-
-def _api_stack() -> list[str]:
-    if not hasattr(_state, "api"):
-        _state.api = []
-    return _state.api
-
-
-def current_api() -> str | None:
-    stack = _api_stack()
-    return stack[0] if stack else None
-
-
-class DeviceTensor(torch.Tensor):
-    """A tensor on the emulated CUDA device; ``elem`` holds its data on the CPU."""
-
-    elem: torch.Tensor
-
-    @staticmethod
-    def __new__(cls, elem: torch.Tensor, device: torch.device = _CUDA) -> "DeviceTensor":
-        assert type(elem) is torch.Tensor and elem.device.type == "cpu", type(elem)
-        out = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.size(),
-            strides=elem.stride(),
-            storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
-            layout=elem.layout,
-            device=device,
-            requires_grad=elem.requires_grad,
-        )
-        out.elem = elem
-        return out
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise RuntimeError(
-            f"{func} was called on a tensor of syncfree's emulated CUDA device outside "
-            "`with syncfree.emulate_cuda():`; that device exists only inside the context."
-        )
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
-        return DeviceTensor(inner_tensors["elem"])
-
-    def tolist(self):
-        record(SYNC, "Tensor.tolist", rules.PYTHON_SYNC_RULES["Tensor.tolist"], self.elem, api="Tensor.tolist")
-        return self.elem.tolist()
-
-    def __repr__(self, *, tensor_contents=None):
-        record(SYNC, "Tensor.__repr__", rules.PYTHON_SYNC_RULES["Tensor.__repr__"], self.elem,
-               api=current_api() or "Tensor.__repr__")
-        body = repr(self.elem)
-        return body[:-1] + f", device='{self.device}')" if body.endswith(")") else body
-
-
-rules._device_tensor_type = DeviceTensor
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def record(kind: str, op: str, reason: str, *tensors, nbytes: int | None = None, blocking: bool = True,
-           pinned: bool | None = None, waits: bool | None = None, api: str | None = None) -> None:
-    """Send one event to every active collector (cheap when none is active)."""
-    collectors = active_collectors()
-    if not collectors:
-        return
-    plain = [t.elem if isinstance(t, DeviceTensor) else t for t in tensors if isinstance(t, torch.Tensor)]
-    event = Event(
-        kind=kind,
-        op=op,
-        reason=reason,
-        api=api if api is not None else current_api(),
-        shapes=tuple(tuple(t.shape) for t in plain),
-        nbytes=sum(_nbytes(t) for t in plain) if nbytes is None else nbytes,
-        blocking=blocking,
-        pinned=pinned,
-        waits=(kind == SYNC or (kind == D2H and blocking)) if waits is None else waits,
-        engine="emulated",
-        stack=capture_stack(),
-    )
-    for c in list(collectors):
-        c.add(event)
-
-
-# ---- pinned host memory -------------------------------------------------------------------
-# A CPU-only build cannot pin memory. We hand out ordinary CPU tensors and remember
-# their storages as "pinned", so a later non_blocking copy can be judged as CUDA would.
-_pinned: dict[int, weakref.ref] = {}
-
-
-def _mark_pinned(t: torch.Tensor) -> torch.Tensor:
-    storage = t.untyped_storage()
-    key = storage.data_ptr()
-    _pinned[key] = weakref.ref(t, lambda _r, k=key: _pinned.pop(k, None))
-    return t
-
-
-def is_pinned(t: torch.Tensor) -> bool:
-    if isinstance(t, DeviceTensor) or t.device.type != "cpu" or t.numel() == 0:
-        return False
-    ref = _pinned.get(t.untyped_storage().data_ptr())
-    return ref is not None and ref() is not None
 
 
 # ---- the dispatch mode ---------------------------------------------------------------------
-def _to_device(value) -> torch.device | None:
-    if value is None:
-        return None
-    d = torch.device(value) if not isinstance(value, torch.device) else value
-    return d
-
 
 def _same_device_error(op: str) -> RuntimeError:
     return RuntimeError(
@@ -245,76 +132,6 @@ def _rewrap(o, wrappers: dict, op: str):
     return w
 
 
-def _to_copy(func, args, kwargs):
-    (src,) = args
-    target = _to_device(kwargs.get("device"))
-    non_blocking = bool(kwargs.get("non_blocking", False))
-    kwargs = {**kwargs, "device": _CPU}
-    kwargs.pop("pin_memory", None)
-    if isinstance(src, DeviceTensor):
-        if target is None or target.type == "cuda":
-            return DeviceTensor(func(src.elem, **kwargs))
-        if src.numel() == 0:  # CUDA skips the copy of an empty tensor
-            return func(src.elem, **kwargs)
-        # Device to host. A non_blocking copy to the CPU lands in pinned memory: no wait.
-        record(D2H, func.name(), "a device-to-host copy (.cpu(), .to('cpu'), .numpy())", src,
-               blocking=not non_blocking, pinned=non_blocking)
-        out = func(src.elem, **kwargs)
-        return _mark_pinned(out) if non_blocking else out
-    if target is not None and target.type == "cuda":
-        pinned = is_pinned(src)
-        if src.numel():  # CUDA skips the copy of an empty tensor
-                record(H2D, func.name(), "a host-to-device copy (.to('cuda'), .cuda())", src,
-                   blocking=not (non_blocking and pinned), pinned=pinned)
-        # Crossing devices always makes a new tensor, even when dtype and layout match.
-        out = func(src, **kwargs)
-        return DeviceTensor(out.clone() if out is src else out)
-    return func(src, **kwargs)
-
-
-def _copy_(func, args, kwargs):
-    dst, src = args[0], args[1]
-    non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
-    if dst.numel() == 0:  # CUDA skips the copy of an empty tensor
-        func(dst.elem if isinstance(dst, DeviceTensor) else dst, src.elem if isinstance(src, DeviceTensor) else src)
-        return dst
-    if isinstance(dst, DeviceTensor) and not isinstance(src, DeviceTensor):
-        pinned = is_pinned(src)
-        record(H2D, func.name(), "a host-to-device copy into an existing device tensor", src,
-               blocking=not (non_blocking and pinned), pinned=pinned)
-        func(dst.elem, src, non_blocking)
-        return dst
-    if isinstance(src, DeviceTensor) and not isinstance(dst, DeviceTensor):
-        pinned = is_pinned(dst)
-        record(D2H, func.name(), "a device-to-host copy into an existing host tensor", src,
-               blocking=not (non_blocking and pinned), pinned=pinned)
-        func(dst, src.elem, non_blocking)
-        return dst
-    if isinstance(dst, DeviceTensor):
-        func(dst.elem, src.elem, non_blocking)
-        return dst
-    return func(dst, src, non_blocking)
-
-
-def _is_pinned(func, args, kwargs):
-    return is_pinned(args[0])
-
-
-def _pin_memory(func, args, kwargs):
-    src = args[0]
-    if isinstance(src, DeviceTensor):
-        raise RuntimeError("cannot pin 'cuda:0' memory: only dense CPU tensors can be pinned (emulated CUDA)")
-    return _mark_pinned(src.clone())
-
-
-_SPECIAL = {
-    "aten::_to_copy": _to_copy,
-    "aten::copy_": _copy_,
-    "aten::is_pinned": _is_pinned,
-    "aten::_pin_memory": _pin_memory,
-}
-
-
 # ---- the context ---------------------------------------------------------------------------
 # Emulation is per thread: each thread that enters emulate_cuda() gets its own dispatch modes (they
 # are thread-local in PyTorch) and is_emulating() answers per thread. What has to be process-wide
@@ -344,6 +161,7 @@ def _per_thread(standin, real):
 
 
 def _install() -> None:
+    optimizer_module = importlib.import_module("torch.optim.optimizer")  # (torch.optim hides the name)
     guard = FakeCudaGuard()
     guard.install()
     real = {name: getattr(torch.cuda, name) for name in CUDA_STANDINS}
@@ -353,10 +171,22 @@ def _install() -> None:
     # did the other way), or the module would keep wrappers whose data is on the host.
     swap = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(True)
-    _shared.update(guard=guard, real=real, swap=swap)
+    # Each autograd node keeps the forward stack that made it, so a backward op can be attributed to
+    # its forward line (phases.py). Without the NaN checks: those read every gradient on the host.
+    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    torch.autograd.set_detect_anomaly(True, check_nan=False)
+    # Optimizers pick their default implementation (foreach on CUDA) only for plain tensor types: let
+    # the emulated device's tensors count as one, so optimizer.step() takes the path it takes on CUDA.
+    optimizer_module._foreach_supported_types.append(DeviceTensor)
+    hook_engine_start()
+    _shared.update(guard=guard, real=real, swap=swap, anomaly=anomaly, optimizer_module=optimizer_module)
 
 
 def _restore() -> None:
+    unhook_engine_start()
+    _shared.pop("optimizer_module")._foreach_supported_types.remove(DeviceTensor)
+    enabled, check_nan = _shared.pop("anomaly")
+    torch.autograd.set_detect_anomaly(enabled, check_nan=check_nan)
     torch.__future__.set_swap_module_params_on_conversion(_shared.pop("swap"))
     for name, fn in _shared.pop("real").items():
         setattr(torch.cuda, name, fn)
@@ -383,6 +213,12 @@ def emulate_cuda():
 
     Emulation belongs to the thread that enters it: several threads may emulate at once, each
     auditing only its own work, and threads that do not enter see the real ``torch.cuda``.
+
+    Training works too: ``backward()``, ``torch.autograd.grad``, gradient checkpointing and
+    optimizers run, bit-identical to the CPU. Backward runs on the calling thread (autograd's
+    device threads are switched off inside), anomaly mode is on without its NaN checks (it keeps
+    each autograd node's forward stack, so backward events name the forward line that made them),
+    and optimizers choose their default implementation as they would for CUDA tensors.
     """
     depth = getattr(_local, "depth", 0)
     if depth:  # re-entrant: the outer context already set everything up
@@ -397,15 +233,15 @@ def emulate_cuda():
             "syncfree.emulate_cuda() is for machines without a CUDA device; this one has one. "
             "Use syncfree.audit() directly: it reads syncs and copies from the real device."
         )
-    from .api_mode import ApiMode
-
     with _shared_lock:
         if _shared["threads"] == 0:
             _install()
         _shared["threads"] += 1
     _local.depth = 1
     try:
-        with ApiMode(), _DispatchMode():
+        # Backward runs on this thread: the engine would hand device work to a thread of its own,
+        # which neither sees this thread's audits nor needs to (the ops and results are the same).
+        with ApiMode(), _DispatchMode(), torch.autograd.set_multithreading_enabled(False):
             yield
     finally:
         _local.depth = 0

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-__all__ = ["Event", "Frame", "Collector", "capture_stack", "active_collectors"]
+__all__ = ["Event", "Frame", "Collector", "capture_stack", "active_collectors", "is_machinery"]
 
 SYNC, H2D, D2H = "sync", "h2d", "d2h"
 
@@ -82,7 +82,7 @@ _SCRIPT_DIRS = {os.path.abspath(d) for d in (sysconfig.get_path("scripts"), os.p
 
 
 @functools.lru_cache(maxsize=4096)
-def _is_machinery(filename: str, function: str = "") -> bool:
+def is_machinery(filename: str, function: str = "") -> bool:
     if filename == _KEEP:
         return False
     if (filename.startswith(_SKIP_PREFIXES) or filename == _WARNINGS_FILE
@@ -102,7 +102,7 @@ def capture_stack(skip_machinery: bool = True) -> tuple[Frame, ...]:
     f = sys._getframe(1)
     while f is not None and len(frames) < _MAX_CHAIN:
         code = f.f_code
-        if not (skip_machinery and _is_machinery(code.co_filename, code.co_name)):
+        if not (skip_machinery and is_machinery(code.co_filename, code.co_name)):
             frames.append(Frame(code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(frames)
@@ -113,7 +113,9 @@ class Event:
     """A host sync or a host/device copy, and the source line that caused it.
 
     ``kind`` is ``"sync"`` (the host reads device data and waits for it), ``"h2d"``
-    or ``"d2h"`` (a copy). ``waits`` is true whenever the host waits for the
+    or ``"d2h"`` (a copy). ``phase`` is the part of a training step it happened in
+    (``forward``, ``recompute``, ``backward``, ``optimizer``; see ``phases.py``); a backward
+    event's ``stack`` is the forward line that created the autograd node. ``waits`` is true whenever the host waits for the
     device: every sync, and every copy to the host that is not a non-blocking
     copy into pinned memory. ``blocking`` applies to copies.
     """
@@ -129,6 +131,7 @@ class Event:
     waits: bool = True
     engine: str = "emulated"
     stack: tuple[Frame, ...] = field(default_factory=tuple)
+    phase: str = "forward"
 
     @property
     def where(self) -> Frame | None:

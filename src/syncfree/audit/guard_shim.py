@@ -114,7 +114,7 @@ def _build(target: Path) -> None:
     # Build to a temporary name and rename: two processes may build at once.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, *build_flags(), f"-I{include}", str(_SOURCE), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}",
+    cmd = [compiler, *build_flags(), f"-I{include}", str(_SOURCE), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}",
            "-o", tmp]
     if sys.platform == "darwin":
         cmd[1:1] = ["-undefined", "dynamic_lookup"]
@@ -156,15 +156,22 @@ class FakeCudaGuard:
             lib = ctypes.CDLL(str(path))
             lib.syncfree_install_fake_cuda_guard.restype = ctypes.c_void_p
             lib.syncfree_restore_cuda_guard.argtypes = [ctypes.c_void_p]
+            lib.syncfree_install_emulated_cuda_hooks.restype = ctypes.c_void_p
+            lib.syncfree_restore_cuda_hooks.argtypes = [ctypes.c_void_p]
             cls._lib = lib
         return cls._lib
 
     def __init__(self) -> None:
         self._previous: int | None = None
+        self._hooks: int | None = None
 
     def install(self) -> None:
-        self._previous = self._load().syncfree_install_fake_cuda_guard()
+        lib = self._load()
+        self._previous = lib.syncfree_install_fake_cuda_guard()
+        self._hooks = lib.syncfree_install_emulated_cuda_hooks()
 
     def restore(self) -> None:
-        self._load().syncfree_restore_cuda_guard(self._previous)
-        self._previous = None
+        lib = self._load()
+        lib.syncfree_restore_cuda_hooks(self._hooks)
+        lib.syncfree_restore_cuda_guard(self._previous)
+        self._previous = self._hooks = None

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .events import D2H, H2D, SYNC, Collector, Event
+from .phases import PHASES
 
 __all__ = ["Report", "LineSummary"]
 
@@ -18,6 +19,7 @@ class LineSummary:
     line: str
     code: str
     function: str
+    phase: str = "forward"
     syncs: int = 0
     h2d: int = 0
     d2h: int = 0
@@ -61,15 +63,32 @@ class Report(Collector):
         return [e for e in self.copies if e.blocking]
 
     def by_line(self) -> "OrderedDict[str, LineSummary]":
-        """Events grouped by source line, in the order the lines first occurred."""
+        """Events grouped by phase and source line, in the order they first occurred.
+
+        Keyed by ``file:line``, with `` [phase]`` appended for every phase but the forward (a line
+        can sync in the forward and again in its backward or recompute).
+        """
         lines: OrderedDict[str, LineSummary] = OrderedDict()
         for e in self.events:
             w = e.where
-            summary = lines.get(e.line)
+            key = e.line if e.phase == "forward" else f"{e.line} [{e.phase}]"
+            summary = lines.get(key)
             if summary is None:
-                summary = lines[e.line] = LineSummary(e.line, w.code if w else "", w.function if w else "")
+                summary = lines[key] = LineSummary(e.line, w.code if w else "", w.function if w else "", e.phase)
             summary.add(e)
         return lines
+
+    @property
+    def phases(self) -> list[str]:
+        """The phases of a training step this report saw events in, in step order."""
+        seen = {e.phase for e in self.events}
+        return [p for p in PHASES if p in seen]
+
+    def by_phase(self) -> dict[str, dict[str, int]]:
+        """Syncs and blocking copies per phase, every phase listed (zeros included)."""
+        return {p: {"syncs": sum(e.waits for e in self.events if e.phase == p),
+                    "blocking_copies": sum(e.kind != SYNC and e.blocking for e in self.events if e.phase == p)}
+                for p in PHASES}
 
     def summary(self) -> dict:
         return {
@@ -84,11 +103,13 @@ class Report(Collector):
 
     def table(self, max_code: int = 60) -> str:
         """A plain-text table: one row per source line with its syncs and copies."""
-        rows = [("syncs", "h2d", "d2h", "blk", "where", "what", "code")]
+        # The phase column appears once anything happened outside a forward (a training step).
+        phased = self.phases not in ([], ["forward"])
+        rows = [("syncs", "h2d", "d2h", "blk", *(("phase",) if phased else ()), "where", "what", "code")]
         for s in self.by_line().values():
             code = s.code if len(s.code) <= max_code else s.code[: max_code - 3] + "..."
             rows.append((str(s.syncs), str(s.h2d), str(s.d2h), str(s.blocking_copies),
-                         f"{s.line} {s.function}", ", ".join(s.ops), code))
+                         *((s.phase,) if phased else ()), f"{s.line} {s.function}", ", ".join(s.ops), code))
         t = self.summary()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -98,11 +119,15 @@ class Report(Collector):
             f"total ({t['engine']}): {t['syncs']} syncs, {t['h2d']} host-to-device and {t['d2h']} "
             f"device-to-host copies ({t['blocking_copies']} blocking), from {t['lines']} source lines{launches}"
         )
+        if phased:
+            out.append("by phase: " + ", ".join(f"{p} {n['syncs']} syncs/{n['blocking_copies']} blocking copies"
+                                                 for p, n in self.by_phase().items()))
         return "\n".join(out)
 
     def to_dict(self) -> dict:
         return {
             "summary": self.summary(),
+            "phases": self.by_phase(),
             "lines": [vars(s) for s in self.by_line().values()],
             "launch_ops": dict(sorted(self.launch_ops.items(), key=lambda kv: -kv[1])),
             "events": [e.to_dict() for e in self.events],

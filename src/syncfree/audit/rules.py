@@ -105,6 +105,11 @@ SYNC_RULES: dict[str, Rule] = {
              "(one mask, a one-element host value such as a Python scalar, no accumulate)"),
         Rule("aten::_index_put_impl_", "x[mask] = tensor expands the boolean mask with nonzero()",
              _index_put_syncs, "as aten::index_put_"),
+        Rule("aten::index_put", "a boolean mask is expanded with nonzero() (also the backward of x[mask], "
+             "which accumulates the gradient into zeros through the mask)", _index_put_syncs, "as aten::index_put_"),
+        Rule("aten::masked_scatter_backward",
+             "the gradient of masked_scatter's source is grad.masked_select(mask), whose output size is read "
+             "on the host (ATen's masked_scatter_backward_symint)"),
         Rule("aten::_unique", "the number of unique values is data-dependent, read on the host"),
         Rule("aten::_unique2", "the number of unique values is data-dependent, read on the host"),
         Rule("aten::unique_dim", "the number of unique values is data-dependent, read on the host"),
@@ -149,6 +154,14 @@ NO_SYNC: dict[str, str] = {
     "aten::nonzero_static": "the output size is given by the caller",
     "aten::repeat_interleave.Tensor (output_size=n)": "the output length is the host int n",
     "aten::_grouped_mm (bfloat16)": "the sm_90 fast path takes the offsets on the device",
+    "aten::embedding_dense_backward": "up to 3072 indices an atomic kernel; past that a sort and segment "
+    "reduction whose segment count stays on the device (kernels are sized by min(indices, rows)): no host "
+    "read either way",
+    "aten::nll_loss_forward (ignore_index, mean)": "the count of non-ignored targets (total_weight) is computed "
+    "and divided by on the device",
+    "aten::nll_loss_backward": "a kernel that reads total_weight on the device",
+    "aten::masked_select_backward": "zeros_like(input).masked_scatter_(mask, grad): no host read",
+    "aten::index_select_backward / aten::index_add_": "integer indices: known output size",
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..rewrite import Edit
 
-__all__ = ["GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
+__all__ = ["FEATURE_SCATTER", "GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -50,6 +50,16 @@ PLACEHOLDER_MASK = (
          'n_image_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
     Edit("stmt", "n_video_tokens = special_video_mask.sum()",
          'n_video_tokens = _syncfree.placeholder_count(input_ids, special_video_mask, "video")'),
+)
+
+# *Model.forward puts the vision features into the placeholder rows with masked_scatter. Its forward
+# does not sync, but its backward takes the features' gradient with masked_select (a host read of the
+# output size): by planned positions with index_copy instead (backward: index_select), same values.
+FEATURE_SCATTER = (
+    Edit("expr", "inputs_embeds.masked_scatter(image_mask, image_embeds)",
+         '_syncfree.scatter_features(inputs_embeds, image_mask, image_embeds, input_ids, "image")'),
+    Edit("expr", "inputs_embeds.masked_scatter(video_mask, video_embeds)",
+         '_syncfree.scatter_features(inputs_embeds, video_mask, video_embeds, input_ids, "video")'),
 )
 
 # Qwen3-VL's *Model.forward, image and video in one batch: the deepstack features of both are

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rewrite import Edit
-from .edits import (DEEPSTACK_MERGE, DEEPSTACK_PROCESS, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
+from .edits import (DEEPSTACK_MERGE, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
                     VISION_ATTENTION)
 
 __all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
@@ -59,7 +59,8 @@ def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_
         Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
                needs=_VISION_NEEDS + vision_needs),
         Target(f"{prefix}Model", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
-        Target(f"{prefix}Model", "forward", edits=model_edits, wrap="make_model_forward", params=_MODEL_PARAMS,
+        Target(f"{prefix}Model", "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward",
+               params=_MODEL_PARAMS,
                needs=_MODEL_NEEDS),
         Target(f"{prefix}Model", "get_rope_index", wrap="make_get_rope_index", params=_ROPE_PARAMS,
                needs=_ROPE_NEEDS + rope_needs),

@@ -21,7 +21,8 @@ import torch
 from .. import active
 from .attention import segment_attention, split_segments  # noqa: F401  (called from rewritten vision attention)
 
-__all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
+__all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
+           "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after"]
 
 
@@ -91,6 +92,27 @@ def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
     if entry is not None and entry.owns(input_ids):
         return entry.plan.n_image_tokens if kind == "image" else entry.plan.n_video_tokens
     return mask.sum()
+
+
+def scatter_features(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: torch.Tensor, input_ids,
+                     kind: str) -> torch.Tensor:
+    """``inputs_embeds.masked_scatter(mask, features)`` for the (B, S, H) placeholder mask of ``kind``.
+
+    Placeholder row i takes feature row i, in row-major order, as in stock; with the plan's count the
+    rows move with ``index_copy``, whose backward (``index_select``) needs no host read.
+    """
+    entry = None if _compiling() else active.current()
+    count = None
+    # The mask is get_placeholder_mask's: (B, S, 1), or (B, S, H) expanded from it in older releases.
+    if (entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.dim() == 3
+            and mask.shape[:2] == inputs_embeds.shape[:2] and mask.shape[2] in (1, inputs_embeds.shape[2])
+            and features.dim() == 2 and features.dtype == inputs_embeds.dtype
+            and features.shape[1] == inputs_embeds.shape[2]):
+        count = entry.plan.n_image_tokens if kind == "image" else entry.plan.n_video_tokens
+    if count is None or features.shape[0] != count:
+        return inputs_embeds.masked_scatter(mask, features)
+    rows = inputs_embeds.reshape(-1, inputs_embeds.shape[-1])
+    return rows.index_copy(0, _positions(mask[..., 0], count), features).view(inputs_embeds.shape)
 
 
 def _visual_count(entry, mask: torch.Tensor) -> int | None:

@@ -1,0 +1,83 @@
+"""A patched training step: 0 syncs with prepare() in every phase, and the same gradients as stock."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import syncfree
+from syncfree.audit import emulate_cuda
+from syncfree.audit_run import AuditSpec
+from syncfree.audit_train import labels_for, run_train_compare, train_step
+from syncfree.inputs import Image, Text, Video, build_inputs
+from syncfree.presets import PRESETS, build_model, load_config
+
+# MoE experts in bfloat16: CUDA's grouped matmul fast path (fp32 takes a fallback that syncs, see rules.py).
+FAMILIES = {"qwen2-vl-tiny": torch.float32, "qwen2.5-vl-tiny": torch.float32, "qwen3-vl-tiny": torch.float32,
+            "qwen3-vl-moe-tiny": torch.bfloat16, "qwen3.5-tiny": torch.float32}
+
+
+@pytest.mark.parametrize("preset", sorted(FAMILIES))
+def test_patched_step_with_prepare_has_no_sync_in_any_phase(preset):
+    reports, about = run_train_compare(AuditSpec(model=preset, inputs="mixed", dtype=FAMILIES[preset]),
+                                       grad_ckpt="non-reentrant")
+    prepared = reports["patched+prepare"]
+    assert prepared.syncs == [] and prepared.blocking_copies == []
+    assert reports["patched"].summary()["syncs"] == 1  # the one explicit read without prepare()
+    assert reports["stock"].by_phase()["backward"]["syncs"] > 0  # stock's backward does sync
+    assert len(set(about["losses"].values())) == 1  # the three steps computed the same loss
+
+
+def test_assert_no_sync_holds_for_a_reentrant_checkpointed_step():
+    preset = "qwen3-vl-tiny"
+    config = load_config(preset)
+    batch = build_inputs(config, [[Text(5), Image(64, 64), Text(4)], [Video(4, 64, 64), Text(3)]],
+                         pad_token_id=PRESETS[preset].pad_token_id)
+    labels = labels_for(batch)
+    model = build_model(preset, attn="sdpa", dtype=torch.float32, seed=0).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with emulate_cuda():
+        model.to("cuda")
+        syncfree.patch(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        device_batch = syncfree.prepare(batch, "cuda", model)
+        device_batch["labels"] = labels.to("cuda", non_blocking=True)
+        with syncfree.assert_no_sync():
+            train_step(model, device_batch, optimizer)
+
+
+# Two requests per micro-batch; u is the model's image unit (patch x merge size, in pixels).
+LAYOUTS = {
+    "image": lambda u: [[Text(4), Image(2 * u, 2 * u), Text(3)], [Text(2), Image(2 * u, u), Text(5)]],
+    "video": lambda u: [[Text(3), Video(4, 2 * u, 2 * u), Text(2)], [Text(6)]],
+    "mixed": lambda u: [[Text(2), Image(2 * u, 2 * u), Text(2), Video(2, u, 2 * u), Text(1)], [Image(u, u), Text(7)]],
+    "text-only": lambda u: [[Text(9)], [Text(5)]],
+}
+
+
+def _grads(preset: str, batch: dict, patched: bool, grad_ckpt: bool):
+    model = build_model(preset, attn="sdpa", dtype=torch.float32, seed=0).train()
+    if grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if patched:
+        syncfree.patch(model)
+        batch = syncfree.prepare(batch, "cpu", model)
+    loss = model(**batch, labels=labels_for(batch)).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny"])
+def test_patched_gradients_equal_stock(preset, layout, padding_side, grad_ckpt):
+    config = load_config(preset)
+    unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    batch = build_inputs(config, LAYOUTS[layout](unit), padding_side=padding_side, pad_token_id=PRESETS[preset].pad_token_id)
+    stock_loss, stock = _grads(preset, batch, patched=False, grad_ckpt=grad_ckpt)
+    patched_loss, patched = _grads(preset, batch, patched=True, grad_ckpt=grad_ckpt)
+    assert torch.equal(stock_loss, patched_loss)
+    assert stock.keys() == patched.keys()
+    for name in stock:
+        assert torch.equal(stock[name], patched[name]), name
