@@ -294,3 +294,24 @@ def test_one_line_joins_lines():
 
     assert one_line(ValueError("a\n  b\n\nc ")) == "a b c"
     assert one_line(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["audit", "--grad-ckpt", "reentrant"], "add --train"),
+    (["audit", "--train", "--scope", "vision"], "--scope vision cannot be combined"),
+])
+def test_training_options_that_do_not_fit_together_are_refused(args, words):
+    assert words in _refused(_syncfree(*args))
+
+
+def test_audit_train_prints_the_step_by_phase(tmp_path):
+    out = tmp_path / "train.json"
+    result = _syncfree("audit", "--train", "--model", "qwen3-vl-tiny", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "syncs by phase" in result.stdout and "recompute" in result.stdout
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["run"]["scope"] == "train"
+    assert data["patched+prepare"]["summary"]["syncs"] == 0
+    assert set(data["stock"]["phases"]) == {"forward", "recompute", "backward", "optimizer"}

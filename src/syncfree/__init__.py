@@ -21,6 +21,7 @@ from .audit import (
     emulate_cuda,
 )
 from .patching import UnsupportedTransformers, is_patched, patch, unpatch
+from .collate import planning_collator
 from .prepare import prepare
 from .vision_buckets import compile_vision
 
@@ -31,6 +32,7 @@ __all__ = [
     "unpatch",
     "is_patched",
     "prepare",
+    "planning_collator",
     "compile_vision",
     "audit",
     "assert_no_sync",

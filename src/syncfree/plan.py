@@ -124,6 +124,10 @@ class VisionPlan:
         moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
         return dataclasses.replace(self, **moved, device=str(torch.device(device)))
 
+    def pin_memory(self) -> "VisionPlan":
+        return dataclasses.replace(self, **{f: getattr(self, f).pin_memory() for f in self._TENSORS
+                                            if getattr(self, f) is not None})
+
     def vision_kwargs(self) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
         kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": self.position_ids}
@@ -223,6 +227,30 @@ class Plan:
             self, image=self.image.to(device) if self.image else None,
             video=self.video.to(device) if self.video else None, device=str(torch.device(device)), **moved,
         )
+
+    def pin_memory(self) -> "Plan":
+        """The plan with its host tensors in pinned memory. A ``DataLoader`` with ``pin_memory=True`` calls
+        this for a plan in a batch (``prepare(batch)`` in a worker), so moving it later does not block."""
+        if self.device != "cpu":
+            return self
+        pinned = {n: getattr(self, n).pin_memory() for n in ("position_ids", "rope_deltas") if getattr(self, n) is not None}
+        return dataclasses.replace(self, image=self.image.pin_memory() if self.image else None,
+                                   video=self.video.pin_memory() if self.video else None, **pinned)
+
+    def check_batch(self, batch) -> None:
+        """Refuse a batch this plan was not built from (sliced, packed or edited after ``prepare()``).
+
+        Compares the host inputs the plan keeps with the batch's (host tensors: no sync)."""
+        for name in PLAN_INPUTS:
+            value, kept = batch.get(name), self.host.get(name)
+            if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+                continue
+            kept = torch.as_tensor(kept) if kept is not None else None
+            if kept is None or value.shape != kept.shape or not torch.equal(value, kept.to(value.dtype)):
+                raise ValueError(
+                    f"the batch's {name} is not the one its syncfree plan was built from (was the batch sliced, "
+                    "packed or edited after syncfree.prepare()?); call syncfree.prepare() on the final batch"
+                )
 
     def expanded(self, rows: int) -> "Plan":
         """The plan for each row repeated ``rows // batch rows`` times, as generate() expands inputs for

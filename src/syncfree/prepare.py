@@ -80,8 +80,12 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
         spec = _spec(model, batch)
         check_batch(spec, **{k: batch.get(k) for k in _CHECKED})
         plan = build_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS})
-    elif model is not None:
-        plan.check_model(_spec(model, batch))
+    else:
+        if not isinstance(plan, Plan):
+            raise ValueError(f"batch[{PLAN_KEY!r}] must be the plan syncfree.prepare() added, got {type(plan).__name__}")
+        plan.check_batch(batch)
+        if model is not None:
+            plan.check_model(_spec(model, batch))
     if device is None:
         return {**batch, PLAN_KEY: plan}
     target = torch.device(device)

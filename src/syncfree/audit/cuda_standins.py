@@ -44,6 +44,16 @@ def _synchronize(device=None) -> None:
            api="torch.cuda.synchronize")
 
 
+def _set_device(device) -> None:
+    # One device: selecting it is a no-op (training loops and Trainer select their device up front).
+    import torch
+
+    index = device if isinstance(device, int) else torch.device(device).index if not isinstance(device, torch.device) \
+        else device.index
+    if index not in (None, 0, -1):
+        raise RuntimeError(f"the emulated CUDA device is cuda:0 only; torch.cuda.set_device({device!r}) asks for another")
+
+
 CUDA_STANDINS = {
     "is_available": lambda: True,
     "_lazy_init": lambda: None,  # so factories such as torch.arange(n, device="cuda") reach the dispatch mode
@@ -54,4 +64,6 @@ CUDA_STANDINS = {
     "device_count": lambda: 1,
     "current_device": lambda: 0,
     "get_device_name": lambda device=None: EMULATED_NAME,
+    "set_device": _set_device,
+    "empty_cache": lambda: None,  # nothing is cached: device memory is host memory
 }

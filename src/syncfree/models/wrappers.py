@@ -77,7 +77,11 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     """A plan passed as ``syncfree_plan`` (``prepare(batch)`` without a device): check it still describes the call."""
     plan.check_model(spec)
     device = _call_device(given)
-    if device is not None and not same_device(plan.device, device):
+    if device is not None and not same_device(plan.device, device) and plan.device == "cpu":
+        # A plan built in a DataLoader worker whose batch was then moved by the training loop (as HF
+        # Trainer moves it): its tensors follow, from pinned memory when the DataLoader pinned them.
+        plan = plan.to(device)
+    elif device is not None and not same_device(plan.device, device):
         raise ValueError(f"this syncfree plan was built for {plan.device} tensors but the inputs are on {device}; "
                          f"call syncfree.prepare(batch, {str(device)!r}) to move the batch and its plan together")
     if not _fits(plan, shape):

@@ -1,0 +1,22 @@
+"""examples/train_with_trainer.py: HF Trainer trains a patched model, planned in its collator, without a
+sync of syncfree's or the model's; the only reads left are Trainer's own logging, named as such."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_with_trainer.py"
+TRAINER_LOGGING = ("_maybe_log_save_evaluate", "_finalize_training")
+
+
+def test_trainer_steps_sync_only_in_trainer_logging():
+    spec = importlib.util.spec_from_file_location("train_with_trainer", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    steps = example.main(nan_inf_filter=False)
+    assert len(steps) == 4
+    for step in steps:
+        for line in step["lines"]:  # every read left is Trainer's logging (at logging_steps and at the end)
+            assert line.startswith("transformers/trainer.py:") and line.split("(")[1].split(":")[0] in TRAINER_LOGGING
+    assert [sum(s["phases"].values()) == 0 for s in steps] == [True, False, True, False]  # logging_steps=2
