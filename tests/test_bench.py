@@ -168,3 +168,15 @@ def test_without_matplotlib_the_bench_says_no_png_was_written_and_how_to_get_one
     out = capsys.readouterr().out
     assert "no PNG plot written: matplotlib is not installed" in out and 'pip install "syncfree[bench]"' in out
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_training_cell_times_the_step_and_counts_its_syncs_by_phase(tmp_path):
+    assert main(["bench", "--quick", "--device", "cpu", "--out", str(tmp_path), "--name", "train", "--no-plot",
+                 "--scopes", "train", "--models", "qwen3-vl-tiny", "--scenarios", "image+video"]) == 0
+    records = json.loads((tmp_path / "train.json").read_text())["records"]
+    by_variant = {r["variant"]: r for r in records if r["scope"] == "train"}
+    assert set(by_variant) == {"stock", "patched"}
+    assert all(r["latency_ms"] > 0 for r in by_variant.values())
+    stock, patched = by_variant["stock"]["syncs_by_phase"], by_variant["patched"]["syncs_by_phase"]
+    assert stock["backward"] > 0 and sum(stock.values()) == by_variant["stock"]["syncs"]
+    assert patched == {"forward": 0, "recompute": 0, "backward": 0, "optimizer": 0}

@@ -81,3 +81,27 @@ def test_patched_gradients_equal_stock(preset, layout, padding_side, grad_ckpt):
     assert stock.keys() == patched.keys()
     for name in stock:
         assert torch.equal(stock[name], patched[name]), name
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny", "qwen3.5-tiny"])
+def test_a_text_only_micro_batch_runs_no_vision_and_reads_at_most_once(preset):
+    config = load_config(preset)
+    batch = build_inputs(config, LAYOUTS["text-only"](32), pad_token_id=PRESETS[preset].pad_token_id)
+    batch["labels"] = labels_for(batch)
+    model = build_model(preset, attn="sdpa", dtype=torch.float32, seed=0).train()
+    vision_calls = []
+    model.model.visual.register_forward_hook(lambda *args: vision_calls.append(1))
+    with emulate_cuda():
+        model.to("cuda")
+        stock = model(**{k: v.to("cuda") for k, v in batch.items()}).loss
+        syncfree.patch(model)
+        on_device = {k: v.to("cuda") for k, v in batch.items()}
+        with syncfree.audit() as plain:
+            loss = model(**on_device).loss
+            loss.backward()
+        prepared = syncfree.prepare(batch, "cuda", model)
+        with syncfree.assert_no_sync():
+            model(**prepared).loss.backward()
+        assert torch.equal(stock.to("cpu"), loss.to("cpu"))
+    assert plain.summary()["syncs"] == 1 and plain.blocking_copies == []  # the one explicit read
+    assert vision_calls == []

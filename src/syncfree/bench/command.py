@@ -48,8 +48,9 @@ def add_bench_args(bench: argparse.ArgumentParser, dtypes: dict) -> None:
                        help="how the patched vision attention runs its segments: split (as stock), grouped, "
                             "block_diagonal, varlen (CUDA, bf16/fp16) or auto (default: split)")
     bench.add_argument("--compile", action="store_true", help="also time the torch.compile'd vision tower")
-    bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full"),
-                       help="vision tower alone and/or the full prefill (default: both)")
+    bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full", "train"),
+                       help="vision tower alone, the full prefill, and/or a training step (forward with labels, "
+                            "backward, optimizer step; syncs also by phase) (default: vision full)")
     bench.add_argument("--dtype", choices=sorted(dtypes), help="model dtype (default float32)")
     bench.add_argument("--repeats", type=at_least_one, help="timed runs per variant (default 5; 2 with --quick)")
     bench.add_argument("--budget", type=positive_seconds,

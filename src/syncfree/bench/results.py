@@ -88,8 +88,10 @@ def footnotes(rows: list[dict], graph_breaks: bool = True) -> list[str]:
     missing = [r for r in rows if r.get("stock_graph_breaks") is None or r.get("patched_graph_breaks") is None]
     if missing:
         why = []
-        if any(r["scope"] != "vision" for r in missing):
+        if any(r["scope"] == "full" for r in missing):
             why.append("the full prefill")
+        if any(r["scope"] == "train" for r in missing):
+            why.append("training steps")
         if any(r["scope"] == "vision" and r["compiled"] for r in missing):
             why.append("compiled rows")
         plain = [r for r in missing if r["scope"] == "vision" and not r["compiled"]]

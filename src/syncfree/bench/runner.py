@@ -9,6 +9,11 @@ stock does). Host syncs come from ``syncfree.audit`` (the real device on a GPU; 
 emulated one, run on the same layout at its smallest pixel size, since the syncs depend on the
 layout and not on the pixel count). Graph breaks come from ``torch._dynamo.explain`` of the
 vision tower. Every ratio is patched / stock within this one run.
+
+The ``train`` scope times one training step: forward with labels (the causal-LM loss), backward, an
+optimizer step and ``zero_grad``. The optimizer is SGD with learning rate 0: stateless and leaving
+the weights as built, so repeats time the same step and memory stays that of the step itself (AdamW's
+update syncs no more: see ``syncfree audit --train``). Its syncs are also counted by phase.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..audit import audit, emulate_cuda
+from ..audit_train import labels_for
 from ..inputs import build_inputs
 from ..patching import patch, unpatch
 from ..prepare import plan_of, prepare
@@ -99,12 +105,22 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
     def move(kwargs):
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
+    if scope == "train":
+        labels = labels_for(batch)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+
     def run():
         if variant == "patched":
             kwargs = prepare(batch, device, model)
         else:
             kwargs = move(batch)
-        if scope == "vision":
+        if scope == "train":
+            kwargs["labels"] = labels.to(device, non_blocking=variant == "patched")  # (prepare's copies are pinned)
+            with torch.enable_grad():
+                model(**kwargs).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        elif scope == "vision":
             plan = plan_of(kwargs)
             for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                        ("pixel_values_videos", "video_grid_thw", "video")):
@@ -129,6 +145,7 @@ def _audits(model, batch: dict, scopes, device: str, vision_attention: str = "sp
             model.to("cuda")
         try:
             for scope in scopes:
+                model.train(scope == "train")
                 for variant in ("stock", "patched"):
                     _use(model, variant, vision_attention)
                     run = _runner(model, batch, scope, variant, "cuda", compiled=False)
@@ -141,8 +158,11 @@ def _audits(model, batch: dict, scopes, device: str, vision_attention: str = "sp
                     out[scope, variant] = {"syncs": s["syncs"], "blocking_copies": s["blocking_copies"],
                                            "h2d": s["h2d"], "d2h": s["d2h"], "launches": s["launches"],
                                            "sync_lines": sorted({e.line for e in report.syncs})}
+                    if scope == "train":
+                        out[scope, variant]["syncs_by_phase"] = {p: n["syncs"] for p, n in report.by_phase().items()}
         finally:
             unpatch(model)
+            model.eval()
             if not gpu:
                 model.to("cpu")
     return out
@@ -191,6 +211,7 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
         audits = _audits(model, small, cfg.scopes, cfg.device, cfg.vision_attention)
     records = []
     for scope, compiled in _timed_cells(cfg):
+        model.train(scope == "train")
         for variant in ("stock", "patched"):
             _use(model, variant, cfg.vision_attention)
             if progress:
@@ -220,6 +241,7 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
                     pending.append((record, small, variant))
             records.append(record)
     unpatch(model)
+    model.eval()
     return records
 
 

@@ -126,8 +126,14 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
         return active.Entry(outer.plan.expanded(shape[0]), input_ids, mask)
     encoded = given.get("mm_encoder_outputs")
     has_vision = any(given.get(n) is not None for n in _VISION_INPUTS) or bool(encoded)
-    if not has_vision or (input_ids is None and given.get("mm_token_type_ids") is None):
+    if input_ids is None and given.get("mm_token_type_ids") is None:
         return None
+    if not has_vision and not (outer is None and device is not None and device.type != "cpu"
+                               and isinstance(mask, torch.Tensor) and mask.dim() == 2):
+        # Nothing to plan: no vision, or a decode step, or no 2D device mask whose checks would read it.
+        return None
+    # (A text-only micro-batch on the device with a padding mask: stock's mask code reads that mask
+    # twice (the SDPA skip check; Qwen3.5's recurrent-layer check); one read here answers both.)
     # No prepare(): read the small control tensors once (one wait), plan on the host, send the plan back.
     wanted = {n: given.get(n) for n in PLAN_INPUTS}
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
