@@ -22,6 +22,7 @@ import torch
 
 from .models import helpers, wrappers
 from .models.attention import check_backend
+from .models.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
 from .models.families import FAMILIES, MODULE_TARGETS, Family, Target
 from .generic import GENERIC_NOTE, has_split, split_attention_targets
 from .models.edits import GENERIC_SPLIT
@@ -168,7 +169,7 @@ def _generic_replacements(model: torch.nn.Module) -> dict:
 
 
 def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None,
-          vision_attention: str = "split", verbose: bool = False):
+          vision_attention: str = "split", vision_every_step: bool = False, verbose: bool = False):
     """Make the multimodal forward free of host syncs, without changing what it computes.
 
     With a model (``*ForConditionalGeneration``, ``*Model``, ``*VisionModel``, also inside a PEFT
@@ -178,9 +179,15 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     Transformers has), so every model of them, built before or after, is patched.
     ``vision_attention`` picks how the vision attention runs its segments (fully supported families):
     ``"split"`` (one call per segment, as stock), ``"grouped"``, ``"block_diagonal"``, ``"varlen"`` or
-    ``"auto"`` (see ``syncfree.models.attention``). ``verbose=True`` prints what was patched and what was not.
+    ``"auto"`` (see ``syncfree.models.attention``). ``vision_every_step=True`` (a model instance of a fully
+    supported family) makes every training forward run the vision tower for images and for videos, on a
+    one-unit dummy where the micro-batch has none, so FSDP2/DDP ranks stay in step with text-only or
+    image-only micro-batches (``syncfree.models.vision_in_step``; outputs unchanged). ``verbose=True`` prints
+    what was patched and what was not.
     """
     check_backend(vision_attention)
+    if vision_every_step and model is None:
+        raise ValueError("syncfree.patch: vision_every_step=True applies to a model instance; pass the model")
     if model is None:
         if families is None:
             families = tuple(n for n, f in FAMILIES.items() if importlib.util.find_spec(f.modeling) is not None)
@@ -223,6 +230,11 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         for module in model.modules():
             if isinstance(module, tuple(towers)):
                 module.__dict__["_syncfree_attention"] = vision_attention
+            if vision_every_step and hasattr(module, "visual") and hasattr(module, "language_model"):
+                module.__dict__[VISION_EVERY_STEP] = True
+    elif vision_every_step:
+        raise ValueError(f"syncfree.patch: vision_every_step=True needs a fully supported family; "
+                         f"{type(model).__name__} gets the generic split fix only")
     elif vision_attention != "split":
         raise ValueError(f"syncfree.patch: vision_attention={vision_attention!r} needs a fully supported family; "
                          f"{type(model).__name__} gets the generic split fix only")
@@ -262,7 +274,8 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
             del _module_patches[(module_name, name)]
         return
     for module in model.modules():
-        for attr in ("_syncfree_attention", "_syncfree_buckets", "_syncfree_bucket_backend", "_syncfree_compiled"):
+        for attr in ("_syncfree_attention", "_syncfree_buckets", "_syncfree_bucket_backend", "_syncfree_compiled",
+                     VISION_EVERY_STEP):
             module.__dict__.pop(attr, None)
         for attr, value in list(module.__dict__.items()):
             if getattr(value, "__func__", None) in _origin:

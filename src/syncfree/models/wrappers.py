@@ -24,6 +24,7 @@ import inspect
 import torch
 
 from .. import active
+from .vision_in_step import vision_in_step
 from ..host_read import read_to_host_syncs_once, send_plan_back
 from ..plan import PLAN_INPUTS, ModelSpec, Plan, build_plan, vision_plan
 from ..rope import rope_index
@@ -165,12 +166,14 @@ def make_model_forward(stock):
         explicit = kwargs.pop(PLAN_KEY, None)
         if torch.compiler.is_compiling():
             return stock(self, *args, **kwargs)
-        entry = resolve(self, _given(names, args, kwargs), explicit)
-        if entry is None:
-            return stock(self, *args, **kwargs)
-        args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
-        with active.activate(entry):
-            return stock(self, *args, **kwargs)
+        given = _given(names, args, kwargs)
+        with vision_in_step(self, given):  # (only with patch(..., vision_every_step=True), in training)
+            entry = resolve(self, given, explicit)
+            if entry is None:
+                return stock(self, *args, **kwargs)
+            args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
+            with active.activate(entry):
+                return stock(self, *args, **kwargs)
 
     return forward
 
