@@ -76,7 +76,30 @@ def _full(t):
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
 
-def step(engine: str, variant: str, layout: str, world: int) -> dict:
+def _save_and_reload(model, variant: str, world: int, checkpoint_dir: str) -> dict:
+    """Save the sharded model with torch.distributed.checkpoint, load it into a freshly built (differently
+    seeded) sharded model of the same variant, and return both state dicts (full tensors)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    import syncfree
+    from syncfree.presets import build_model
+
+    saved = get_model_state_dict(model)
+    dcp.save(saved, checkpoint_id=checkpoint_dir)
+    fresh = build_model(PRESET, dtype=torch.float32, seed=1).train()
+    if variant != "stock":
+        syncfree.patch(fresh)
+    _shard(fresh, world)
+    loaded = get_model_state_dict(fresh)
+    dcp.load(loaded, checkpoint_id=checkpoint_dir)
+    set_model_state_dict(fresh, loaded)
+    return {"saved": {k: _full(v) for k, v in get_model_state_dict(model).items()},
+            "loaded": {k: _full(v) for k, v in get_model_state_dict(fresh).items()},
+            "patched": syncfree.is_patched(fresh)}
+
+
+def step(engine: str, variant: str, layout: str, world: int, checkpoint_dir: str | None = None) -> dict:
     import syncfree
     from syncfree.presets import build_model
 
@@ -97,6 +120,9 @@ def step(engine: str, variant: str, layout: str, world: int) -> dict:
         wrapped = _shard(model, world)
     loss = wrapped(**batch).loss
     loss.backward()
+    if checkpoint_dir is not None:
+        return {"loss": loss.detach(), "grads": {}, "state": {}, "reloaded": _save_and_reload(model, variant, world,
+                                                                                              checkpoint_dir)}
     return {"loss": loss.detach(),
             "grads": {n: _full(p.grad) for n, p in model.named_parameters() if p.grad is not None},
             "state": {k: _full(v) for k, v in model.state_dict().items()}}
@@ -107,8 +133,8 @@ def run(rank: int, world: int, port: int, jobs: list, queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results = [step(engine, variant, layouts_by_rank[rank], world)
-                   for engine, variant, layouts_by_rank in jobs]
+        results = [step(engine, variant, layouts_by_rank[rank], world, *extra)
+                   for engine, variant, layouts_by_rank, *extra in jobs]
         # As bytes: tensors put on a torch.multiprocessing queue are shared through this process, which
         # is gone by the time the parent reads them.
         buffer = io.BytesIO()

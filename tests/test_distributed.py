@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 
 def _run(jobs: list) -> dict:
-    """Each job: (engine, variant, {rank: layout}); returns rank -> list of results, one per job."""
+    """Each job: (engine, variant, {rank: layout}[, checkpoint folder]); returns rank -> results, one per job."""
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
@@ -66,6 +66,15 @@ def test_fsdp2_patched_equals_stock_and_the_state_dict_is_unchanged():
         _same(stock, patched)
         assert stock["state"].keys() == patched["state"].keys()
         assert all(torch.equal(stock["state"][k], patched["state"][k]) for k in stock["state"])
+
+
+def test_fsdp2_checkpoint_of_a_patched_model_round_trips(tmp_path):
+    layouts = {0: "image+video", 1: "image+video-2"}
+    out = _run([("fsdp2", "patched", layouts, str(tmp_path / "checkpoint"))])
+    for rank in (0, 1):
+        reloaded = out[rank][0]["reloaded"]
+        assert reloaded["patched"] and reloaded["saved"].keys() == reloaded["loaded"].keys()
+        assert all(torch.equal(reloaded["saved"][k], reloaded["loaded"][k]) for k in reloaded["saved"])
 
 
 def test_fsdp2_text_only_rank_stays_in_step_and_equals_the_dummy_forward_workaround():

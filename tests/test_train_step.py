@@ -67,10 +67,15 @@ def _grads(preset: str, batch: dict, patched: bool, grad_ckpt: bool):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("grad_ckpt", [False, True], ids=["plain", "checkpointed"])
-@pytest.mark.parametrize("padding_side", ["left", "right"])
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny"])
+# The whole grid for Qwen2.5-VL and Qwen3-VL; the other families on mixed and text-only micro-batches.
+_GRID = [(p, layout, side, ckpt) for p in ("qwen2.5-vl-tiny", "qwen3-vl-tiny") for layout in sorted(LAYOUTS)
+         for side in ("left", "right") for ckpt in (False, True)]
+_GRID += [(p, layout, "left", ckpt) for p in ("qwen2-vl-tiny", "qwen3-vl-moe-tiny", "qwen3.5-tiny")
+          for layout in ("mixed", "text-only") for ckpt in (False, True)]
+
+
+@pytest.mark.parametrize("preset,layout,padding_side,grad_ckpt", _GRID,
+                         ids=[f"{p}-{lay}-{side}-{'ckpt' if c else 'plain'}" for p, lay, side, c in _GRID])
 def test_patched_gradients_equal_stock(preset, layout, padding_side, grad_ckpt):
     config = load_config(preset)
     unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
@@ -105,3 +110,44 @@ def test_a_text_only_micro_batch_runs_no_vision_and_reads_at_most_once(preset):
         assert torch.equal(stock.to("cpu"), loss.to("cpu"))
     assert plain.summary()["syncs"] == 1 and plain.blocking_copies == []  # the one explicit read
     assert vision_calls == []
+
+
+def _one_batch(preset: str = "qwen3-vl-tiny") -> dict:
+    config = load_config(preset)
+    batch = build_inputs(config, LAYOUTS["mixed"](32), pad_token_id=PRESETS[preset].pad_token_id)
+    batch["labels"] = labels_for(batch)
+    return batch
+
+
+@pytest.mark.parametrize("count", ["int", "device tensor", "host tensor"])
+def test_the_loss_path_as_trainer_calls_it_reads_nothing_from_the_device(count):
+    batch = _one_batch()
+    n = int((batch["labels"][:, 1:] != -100).sum())
+    model = build_model("qwen3-vl-tiny", dtype=torch.float32, seed=0).train()
+    with emulate_cuda():
+        model.to("cuda")
+        syncfree.patch(model)
+        items = {"int": n, "device tensor": torch.tensor(n).to("cuda"), "host tensor": torch.tensor(n)}[count]
+        prepared = syncfree.prepare(batch, "cuda", model)
+        with syncfree.audit() as report:
+            model(**prepared, num_items_in_batch=items).loss.backward()
+    assert report.syncs == []
+    if count == "host tensor":  # Transformers' loss moves it to the device: a copy (the caller's choice), no wait
+        (copy,) = report.copies
+        assert copy.kind == "h2d" and copy.line.startswith("transformers/loss/loss_utils.py")
+    else:
+        assert report.copies == []
+
+
+def test_labels_of_the_wrong_shape_are_refused_as_stock_refuses_them():
+    batch = _one_batch()
+    batch["labels"] = batch["labels"][:, :-1]
+    errors = []
+    for patched in (False, True):
+        model = build_model("qwen3-vl-tiny", dtype=torch.float32, seed=0)
+        if patched:
+            syncfree.patch(model)
+        with pytest.raises(ValueError) as caught:
+            model(**(syncfree.prepare(batch, "cpu", model) if patched else batch))
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]

@@ -3,11 +3,12 @@
 #   benchmarks/gpu/run.sh OUT_DIR
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
-# bench-gpu-compiled.{json,csv,png}, vision_backends.json, attention_crossover-cuda.{json,png} and log.txt.
+# bench-gpu-train.{json,csv,png}, bench-gpu-compiled.{json,csv,png}, vision_backends.json,
+# attention_crossover-cuda.{json,png} and log.txt.
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
-# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 90 + 170 + 80 + 80 + 40 = 480 s.
+# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 90 + 140 + 30 + 80 + 80 + 40 = 480 s.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,10 +32,18 @@ timeout 90 "$py" benchmarks/gpu/cross_check.py --timeout 75 --out "$out/cross_ch
 #    flash kernel in the vision tower (flash-attn is not on the image), then eager attention; the deadline
 #    cuts from the end. Graph breaks are left to the CPU run (they do not depend on the device).
 step "bench: the matrix"
-timeout 170 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
+timeout 140 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
   --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa varlen eager --repeats 10 --budget 3 \
-  --deadline 125 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
+  --deadline 100 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
   || echo "bench-gpu: exit $? (1 = some scenario failed, see errors in the JSON; 124 = timeout)"
+
+# 2b. A training step (forward with labels, backward, optimizer step), stock vs patched: step time and
+#     syncs by phase on the real device (2B shapes, text shortened to 2 layers, one 448 px image).
+step "bench: training step"
+timeout 30 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+  --scenarios image-448 --scopes train --repeats 5 --budget 2 \
+  --deadline 5 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-train \
+  || echo "bench-gpu-train: exit $? (1 = the scenario failed; 124 = timeout)"
 
 # 3. torch.compile of the vision tower, where launch overhead matters most (many small images).
 step "bench: compiled vision tower"
