@@ -9,7 +9,7 @@ plain CPU run) and, when the op touches device data, applies the rule table
 (``rules.py``) and records syncs and host/device copies with the source line
 that caused them.
 
-Four things make this work on a CPU-only PyTorch build:
+Five things make this work on a CPU-only PyTorch build (and on a CUDA build without a GPU):
 
 * ``torch.cuda._lazy_init`` is what C++ calls before a factory such as
   ``torch.arange(n, device="cuda")`` reaches the dispatcher; we replace it with
@@ -17,6 +17,9 @@ Four things make this work on a CPU-only PyTorch build:
   failing with "Torch not compiled with CUDA enabled".
 * Python bindings such as ``x[i]`` open a device guard for the tensor's device;
   ``guard_shim`` installs c10's header-only fake guard for CUDA.
+* The autograd engine asks ATen's CUDA hooks whether CUDA is there and which devices hold a
+  context before it runs a backward; the same shim answers them for the emulated device, and
+  backward runs on the calling thread (so this thread's audits and modes see it).
 * ``torch.tensor``/``as_tensor``/``new_tensor`` skip the Python dispatch layer,
   and ``F.scaled_dot_product_attention`` picks a kernel by device type before
   it reaches aten; a ``TorchFunctionMode`` handles those (``api_mode.py``).

@@ -1,4 +1,4 @@
-"""Builds and loads the tiny C++ shim that gives "cuda" a fake device guard.
+"""Builds and loads the tiny C++ shim that gives "cuda" a fake device guard and answers ATen's CUDA hooks.
 
 Why a shim at all: see fake_cuda_guard.cpp. It is built once per PyTorch
 version and compiler flag set with the system C++ compiler against the headers
@@ -143,7 +143,8 @@ def _library_path() -> Path:
 
 
 class FakeCudaGuard:
-    """Installs the fake guard on ``install()`` and restores the previous one on ``restore()``."""
+    """Installs the fake guard, and the emulated answers of ATen's CUDA hooks (which the autograd engine
+    asks before a backward), on ``install()``; restores what was there on ``restore()``."""
 
     _lib: ctypes.CDLL | None = None
 
