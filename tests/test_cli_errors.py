@@ -298,6 +298,7 @@ def test_one_line_joins_lines():
 
 @pytest.mark.parametrize("args,words", [
     (["audit", "--grad-ckpt", "reentrant"], "add --train"),
+    (["audit", "--optimizer", "sgd"], "add --train"),
     (["audit", "--train", "--scope", "vision"], "--scope vision cannot be combined"),
 ])
 def test_training_options_that_do_not_fit_together_are_refused(args, words):

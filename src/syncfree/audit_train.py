@@ -22,9 +22,12 @@ from .inputs import build_inputs, named_layout
 from .presets import PRESETS, build_model, load_config
 from .progress import layer_progress
 
-__all__ = ["GRAD_CKPT", "labels_for", "train_step", "run_train_compare"]
+__all__ = ["GRAD_CKPT", "OPTIMIZERS", "labels_for", "train_step", "run_train_compare"]
 
 GRAD_CKPT = ("reentrant", "non-reentrant")
+# AdamW (PyTorch's default implementation for the device: foreach on CUDA) as most training runs use it;
+# SGD keeps no state, for shapes whose AdamW state does not fit beside the weights and gradients.
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 IGNORE_INDEX = -100  # what Transformers' loss skips
 
 
@@ -61,12 +64,13 @@ def _enable_checkpointing(model, grad_ckpt: str | None) -> None:
 
 
 def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str = "auto",
-                      variants: tuple[str, ...] = VARIANTS, lr: float = 1e-4,
+                      variants: tuple[str, ...] = VARIANTS, lr: float = 1e-4, optimizer: str = "adamw",
                       progress: Callable[[str], None] | None = None) -> tuple[dict[str, Report], dict]:
     """Audit one training step per variant of one model; returns reports by variant and what ran.
 
-    ``spec.scope`` must be ``full`` (a training step runs the whole model). The optimizer is AdamW with
-    PyTorch's default implementation for the device (foreach on CUDA and on the emulated device).
+    ``spec.scope`` must be ``full`` (a training step runs the whole model). ``optimizer``: ``"adamw"``
+    (PyTorch's default implementation for the device: foreach on CUDA and on the emulated device) or
+    ``"sgd"`` (no state: for shapes whose AdamW state does not fit).
     """
     from .patching import patch, unpatch
     from .prepare import prepare
@@ -75,6 +79,9 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
         if progress is not None:
             progress(text)
 
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    make_optimizer = OPTIMIZERS[optimizer]
     if spec.scope != "full":
         raise ValueError(f"a training step runs the whole model: scope must be 'full', got {spec.scope!r}")
     use_gpu = _resolve_engine(engine)
@@ -102,7 +109,7 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
             label = f"[{i}/{len(variants)} {variant}]"
             unpatch(model) if variant == "stock" else patch(model, vision_attention=spec.vision_attention)
             model.load_state_dict(initial)  # every variant steps from the same weights
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            step_optimizer = make_optimizer(model.parameters(), lr=lr)
             if variant == "patched+prepare":
                 device_batch = prepare(batch, "cuda", config)
                 device_batch["labels"] = labels.to("cuda", non_blocking=True)
@@ -110,18 +117,18 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
                 device_batch = {k: v.to("cuda") for k, v in {**batch, "labels": labels}.items()}
             if use_gpu:  # warm-up: first calls initialize kernels and caches
                 with layer_progress(model, f"{label} warm-up", progress):
-                    train_step(model, device_batch, optimizer)
+                    train_step(model, device_batch, step_optimizer)
                 model.load_state_dict(initial)
-                optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+                step_optimizer = make_optimizer(model.parameters(), lr=lr)
                 torch.cuda.synchronize()
             with layer_progress(model, label, progress), audit("cuda" if use_gpu else "emulated") as report:
-                loss = train_step(model, device_batch, optimizer)
+                loss = train_step(model, device_batch, step_optimizer)
             reports[variant], losses[variant] = report, loss.to("cpu")
         unpatch(model)
         timing["steps_s"] = time.perf_counter() - started
     about = {
         "model": spec.model, "inputs": spec.inputs, "attn": spec.attn, "scope": "train",
-        "grad_ckpt": grad_ckpt, "engine": report.engine, "variants": list(variants),
+        "grad_ckpt": grad_ckpt, "optimizer": optimizer, "engine": report.engine, "variants": list(variants),
         "vision_depth": config.vision_config.depth,
         "text_layers": spec.text_layers or config.text_config.num_hidden_layers,
         "grids": {k: v.tolist() for k, v in batch.items() if k.endswith("grid_thw")},

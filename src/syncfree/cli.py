@@ -80,6 +80,8 @@ def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_la
                             "step, zero_grad), stock and patched side by side, by phase")
         p.add_argument("--grad-ckpt", choices=("reentrant", "non-reentrant"), default=None,
                        help="with --train: gradient checkpointing, as Transformers enables it")
+        p.add_argument("--optimizer", choices=("adamw", "sgd"), default=None,
+                       help="with --train: adamw (default) or sgd (no optimizer state: for large shapes)")
 
 
 _LABELS = {
@@ -133,15 +135,17 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
         check_emulation()
 
     train = getattr(args, "train", False)
-    if getattr(args, "grad_ckpt", None) and not train:
-        raise ValueError("--grad-ckpt applies to a training step: add --train")
+    for option in ("grad_ckpt", "optimizer"):
+        if getattr(args, option, None) and not train:
+            raise ValueError(f"--{option.replace('_', '-')} applies to a training step: add --train")
     if train and args.scope != "full":
         raise ValueError(f"--train runs a whole training step: --scope {args.scope} cannot be combined with it")
     compare = compare or train  # a training step is always audited stock vs patched
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
                      image_side=args.image_side, vision_attention=args.vision_attention)
-    what = f"training step (gradient checkpointing: {args.grad_ckpt or 'off'})" if train else f"scope={spec.scope}"
+    what = (f"training step ({args.optimizer or 'adamw'}; gradient checkpointing: {args.grad_ckpt or 'off'})"
+            if train else f"scope={spec.scope}")
     print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, {what}", flush=True)
     line = ProgressLine(sys.stderr)  # which forward is running, on a terminal only
     try:
@@ -149,6 +153,7 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
             from .audit_train import run_train_compare
 
             reports, about = run_train_compare(spec, grad_ckpt=args.grad_ckpt, engine="cuda" if use_gpu else "emulated",
+                                               optimizer=args.optimizer or "adamw",
                                                progress=line.show if line.enabled else None)
         else:
             reports, about = run_compare(spec, engine="cuda" if use_gpu else "emulated",
