@@ -1,0 +1,74 @@
+"""patch(model, vision_every_step=True) on one process: both tower passes in every training forward, the
+numbers of stock, no sync; untouched in inference; refused where it cannot apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import syncfree
+from syncfree.audit import emulate_cuda
+from syncfree.audit_train import labels_for
+from syncfree.inputs import Image, Text, build_inputs
+from syncfree.presets import PRESETS, build_model, load_config
+
+
+def _batch(preset: str, layout: str) -> dict:
+    config = load_config(preset)
+    unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    samples = {"text-only": [[Text(9)], [Text(5)]], "image": [[Text(2), Image(2 * unit, 2 * unit), Text(3)]]}[layout]
+    batch = build_inputs(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+    batch["labels"] = labels_for(batch)
+    return batch
+
+
+def _tower_calls(model) -> list:
+    calls = []
+    model.model.visual.register_forward_hook(lambda *args: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["text-only", "image"])
+@pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny", "qwen3.5-tiny"])
+def test_training_forwards_make_both_tower_passes_with_stock_numbers_and_no_sync(preset, layout):
+    batch = _batch(preset, layout)
+    stock = build_model(preset, dtype=torch.float32, seed=0).train()
+    stock_loss = stock(**batch).loss
+    stock_loss.backward()
+    model = build_model(preset, dtype=torch.float32, seed=0).train()
+    syncfree.patch(model, vision_every_step=True)
+    calls = _tower_calls(model)
+    loss = model(**syncfree.prepare(batch, "cpu", model)).loss
+    loss.backward()
+    assert len(calls) == 2  # an image pass and a video pass, real or one-unit dummies
+    assert torch.equal(loss, stock_loss)
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        reference = grads[name].grad
+        if reference is None:  # a vision parameter the stock step did not reach: the dummy gives it zeros
+            assert p.grad is not None and not p.grad.any(), name
+        else:
+            assert torch.equal(p.grad, reference), name
+    with emulate_cuda():
+        model.to("cuda")
+        prepared = syncfree.prepare(batch, "cuda", model)
+        with syncfree.assert_no_sync():
+            model(**prepared).loss.backward()
+
+
+def test_inference_is_untouched():
+    batch = _batch("qwen3-vl-tiny", "text-only")
+    model = build_model("qwen3-vl-tiny", dtype=torch.float32, seed=0).eval()
+    syncfree.patch(model, vision_every_step=True)
+    calls = _tower_calls(model)
+    with torch.no_grad():
+        model(**batch)
+    model.train()
+    with torch.no_grad():  # no gradients: nothing to keep in step
+        model(**batch)
+    assert calls == []
+
+
+def test_refused_where_it_cannot_apply():
+    with pytest.raises(ValueError, match="applies to a model instance"):
+        syncfree.patch(vision_every_step=True)
