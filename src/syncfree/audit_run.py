@@ -25,7 +25,7 @@ from .prepare import plan_of
 from .progress import layer_progress
 from .presets import PRESETS, build_model, build_vision_model, load_config
 
-__all__ = ["AuditSpec", "run_audit", "run_compare", "SCOPES", "VARIANTS"]
+__all__ = ["AuditSpec", "run_audit", "run_compare", "spec_batch", "SCOPES", "VARIANTS"]
 
 SCOPES = ("vision", "rope", "full")
 
@@ -74,6 +74,14 @@ def _forward(model, batch: dict, scope: str) -> None:
         model(**batch)
 
 
+def spec_batch(spec: AuditSpec, config) -> dict:
+    """The processor-style CPU batch a spec describes (its input kind at its image side), checked first."""
+    check_image_side(spec.image_side, config)
+    pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
+    unit = image_unit(config)
+    return build_inputs(config, named_layout(spec.inputs, spec.side(unit), unit), seed=spec.seed, pad_token_id=pad)
+
+
 def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
     """Audit one stock forward; returns the report and a description of what ran."""
     reports, about = run_compare(spec, engine, variants=("stock",))
@@ -115,10 +123,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
             raise ValueError(problem)
     attn = "sdpa" if varlen else spec.attn  # varlen is switched on after the build (see use_torch_varlen)
     config = load_config(spec.model, attn=attn)
-    check_image_side(spec.image_side, config)
-    pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
-    unit = image_unit(config)
-    batch = build_inputs(config, named_layout(spec.inputs, spec.side(unit), unit), seed=spec.seed, pad_token_id=pad)
+    batch = spec_batch(spec, config)
     started = time.perf_counter()
     say(f"building {spec.model}" + (" (random weights)" if spec.model in PRESETS else ""))
     if spec.scope == "vision":

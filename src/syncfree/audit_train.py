@@ -16,9 +16,7 @@ from typing import Callable
 import torch
 
 from .audit import Report, audit, emulate_cuda
-from .audit_run import VARIANTS, AuditSpec, _resolve_engine
-from .cli_checks import check_image_side, image_unit
-from .inputs import build_inputs, named_layout
+from .audit_run import VARIANTS, AuditSpec, _resolve_engine, spec_batch
 from .presets import PRESETS, build_model, load_config
 from .progress import layer_progress
 
@@ -86,10 +84,7 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
         raise ValueError(f"a training step runs the whole model: scope must be 'full', got {spec.scope!r}")
     use_gpu = _resolve_engine(engine)
     config = load_config(spec.model, attn=spec.attn)
-    check_image_side(spec.image_side, config)
-    pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
-    unit = image_unit(config)
-    batch = build_inputs(config, named_layout(spec.inputs, spec.side(unit), unit), seed=spec.seed, pad_token_id=pad)
+    batch = spec_batch(spec, config)
     labels = labels_for(batch)
     started = time.perf_counter()
     say(f"building {spec.model}" + (" (random weights)" if spec.model in PRESETS else ""))

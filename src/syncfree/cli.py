@@ -91,15 +91,24 @@ _LABELS = {
 }
 
 
+def _render(rows: list[tuple]) -> str:
+    """A plain table: the first column left-aligned, the rest right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _launches(summary: dict) -> str:
+    return "-" if summary["launches"] is None else str(summary["launches"])
+
+
 def _comparison(reports: dict) -> str:
     rows = [("", "syncs", "blocking copies", "h2d", "d2h", "source lines", "launches")]
     for variant, report in reports.items():
         t = report.summary()
         rows.append((_LABELS[variant], str(t["syncs"]), str(t["blocking_copies"]), str(t["h2d"]), str(t["d2h"]),
-                     str(t["lines"]), "-" if t["launches"] is None else str(t["launches"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+                     str(t["lines"]), _launches(t)))
+    return _render(rows)
 
 
 def _phase_comparison(reports: dict) -> str:
@@ -107,13 +116,10 @@ def _phase_comparison(reports: dict) -> str:
 
     rows = [("syncs by phase", *PHASES, "total", "blocking copies", "launches")]
     for variant, report in reports.items():
-        phases = report.by_phase()
-        t = report.summary()
+        phases, t = report.by_phase(), report.summary()
         rows.append((_LABELS[variant], *(str(phases[p]["syncs"]) for p in PHASES), str(t["syncs"]),
-                     str(t["blocking_copies"]), "-" if t["launches"] is None else str(t["launches"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+                     str(t["blocking_copies"]), _launches(t)))
+    return _render(rows)
 
 
 def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
