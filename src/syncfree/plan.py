@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .plan_audio import AudioPlan, audio_plan
 from .rope import rope_index
+from .rope_omni import mm_counts_per_row, rope_config_key, stock_rope_on_host
 
 __all__ = ["Plan", "VisionPlan", "ModelSpec", "build_plan", "vision_plan", "PLAN_INPUTS"]
 
@@ -39,6 +41,12 @@ class ModelSpec:
     split_video_frames: bool = True  # Qwen3-VL: one placeholder run per frame; Qwen2/2.5: one per video
     tokens_per_second: float | None = None  # Qwen2.5-VL video time scaling
     truncate_seconds: bool = False  # Transformers <= 5.17 truncated second_per_grid_ts to int before scaling
+    # Omni thinkers: audio placeholders, the audio encoder's windows, and the stock rope index run on the host.
+    audio_token_id: int | None = None
+    audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
+    rope_class: str | None = None  # the class whose stock get_rope_index the plan runs on the host
+    rope_key: tuple = ()  # the config values that index reads
+    config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config) -> "ModelSpec":
@@ -50,6 +58,11 @@ class ModelSpec:
             raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(FAMILIES)})")
         vc = config.vision_config
         module = family.modeling
+        omni = {}
+        if family.audio:
+            ac = config.audio_config
+            omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
+                        rope_class=family.rope_class, rope_key=rope_config_key(config), config=config)
         return cls(
             model_type, vc.spatial_merge_size,
             int(vc.num_position_embeddings**0.5) if family.learned_positions else None,
@@ -57,7 +70,7 @@ class ModelSpec:
             window_size=vc.window_size if family.windows else None, patch_size=vc.patch_size,
             split_video_frames=family.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if family.video_time_scale else None,
-            truncate_seconds=family.video_time_scale and _truncates_seconds(module),
+            truncate_seconds=family.video_time_scale and _truncates_seconds(module), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -189,7 +202,7 @@ def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
 
 
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-               "second_per_grid_ts")
+               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid")
 
 
 @dataclass
@@ -215,6 +228,11 @@ class Plan:
     images_per_row: tuple[int, ...] = ()
     videos_per_row: tuple[int, ...] = ()
     device: str = "cpu"
+    # Omni thinkers: the audio encoder's plan, the audio placeholders, and the flag the positions were made for.
+    audio: AudioPlan | None = None
+    n_audio_tokens: int = 0
+    use_audio_in_video: bool = False
+    rope_cache: dict = dataclasses.field(default_factory=dict)  # flag -> positions made on demand (the other flag)
 
     @property
     def n_visual_tokens(self) -> int:
@@ -226,6 +244,7 @@ class Plan:
         return dataclasses.replace(
             self, image=self.image.to(device) if self.image else None,
             video=self.video.to(device) if self.video else None, device=str(torch.device(device)), **moved,
+            audio=self.audio.to(device) if self.audio else None, rope_cache={},
         )
 
     def pin_memory(self) -> "Plan":
@@ -235,7 +254,18 @@ class Plan:
             return self
         pinned = {n: getattr(self, n).pin_memory() for n in ("position_ids", "rope_deltas") if getattr(self, n) is not None}
         return dataclasses.replace(self, image=self.image.pin_memory() if self.image else None,
-                                   video=self.video.pin_memory() if self.video else None, **pinned)
+                                   video=self.video.pin_memory() if self.video else None, **pinned,
+                                   audio=self.audio.pin_memory() if self.audio else None)
+
+    def omni_positions(self, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """An Omni thinker's 3D positions for this flag (the plan's own, or made on the host now: no wait)."""
+        flag = bool(use_audio_in_video)
+        if flag == self.use_audio_in_video:
+            return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
+        if flag not in self.rope_cache:
+            found = _omni_rope(self.spec, self.host, self.host_mask, flag)
+            self.rope_cache[flag] = tuple(_move(t, self.device) for t in found) if found is not None else None
+        return self.rope_cache[flag]
 
     def check_batch(self, batch) -> None:
         """Refuse a batch this plan was not built from (sliced, packed or edited after ``prepare()``).
@@ -261,6 +291,12 @@ class Plan:
         if rows % own:
             raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
         k, host = rows // own, self.host
+        if self.spec.rope_class is not None:
+            # An Omni thinker's generate() repeats every batch tensor row by row (GenerationMixin's default):
+            # the plan describes what the forward will then be given.
+            return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video, **{
+                n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()}
+            ).to(self.device)
         tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
                   for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
         grids = {}
@@ -305,13 +341,29 @@ def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> torch.Tensor |
     return None
 
 
+def _omni_rope(spec: ModelSpec, host: dict, mask, use_audio_in_video: bool):
+    """Stock's Omni index on the host; None where stock does not compute it (no 2D mask) or fails."""
+    ids = host["input_ids"]
+    if ids is None or mask is None:
+        return None
+    features = host.get("feature_attention_mask")
+    try:
+        return stock_rope_on_host(spec.vision_module, spec.rope_class, spec.config, ids, mask,
+                                  host["image_grid_thw"], host["video_grid_thw"], use_audio_in_video,
+                                  features.sum(dim=1) if features is not None else None, host.get("video_second_per_grid"))
+    except Exception:  # inconsistent inputs: stock's own index reports it when the forward runs it
+        return None
+
+
 def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
-               video_grid_thw=None, second_per_grid_ts=None) -> Plan:
+               video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
+               use_audio_in_video: bool = False) -> Plan:
     """Build the plan on the host from host tensors. Checks only what stock also needs (the grids);
     ``syncfree.prepare`` validates the rest before calling this."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
-            "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts)}
+            "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
+            "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid)}
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
         raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
@@ -323,6 +375,8 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
 
     position_ids = rope_deltas = None
     ids, mm_types = host["input_ids"], host["mm_token_type_ids"]
+    if spec.rope_class is not None:
+        return _omni_plan(spec, host, types, mask, image, video, bool(use_audio_in_video))
     if (ids is not None and mm_types is not None and ids.shape == mm_types.shape and (image or video)
             and (given_mask is None or mask is not None)):
         try:
@@ -345,4 +399,21 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
         n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
         position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask,
         host=host, images_per_row=images_per_row, videos_per_row=tuple(videos_per_row),
+    )
+
+
+def _omni_plan(spec: ModelSpec, host: dict, types, mask, image, video, use_audio_in_video: bool) -> Plan:
+    """An Omni thinker's plan: stock's rope index on the host, the audio encoder's plan, counts per row."""
+    ids, features = host["input_ids"], host["feature_attention_mask"]
+    found = _omni_rope(spec, host, mask, use_audio_in_video)
+    n, n_window_infer = spec.audio_window
+    audio = audio_plan(features, spec.vision_module, n, n_window_infer) if features is not None else None
+    images, videos, clips = mm_counts_per_row(ids, dict(spec.rope_key)) if ids is not None else ((), (), ())
+    return Plan(
+        spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
+        n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
+        position_ids=found[0] if found else None, rope_deltas=found[1] if found else None, host_mask=mask, host=host,
+        images_per_row=tuple(images), videos_per_row=tuple(videos), audio=audio,
+        n_audio_tokens=int((ids == spec.audio_token_id).sum()) if ids is not None else 0,
+        use_audio_in_video=use_audio_in_video,
     )

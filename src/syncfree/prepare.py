@@ -15,10 +15,10 @@ __all__ = ["prepare", "plan_of"]
 # Published Qwen3-VL checkpoints all use these; the forward checks them against the model.
 _QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.models.qwen3_vl.modeling_qwen3_vl")
 
-_CHECKED = PLAN_INPUTS + ("pixel_values", "pixel_values_videos")
+_CHECKED = PLAN_INPUTS + ("pixel_values", "pixel_values_videos", "input_features")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
 # looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device).
-_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")
 PLAN_KEY = "syncfree_plan"
 
 
@@ -79,7 +79,9 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
                                  "model: it reads the control tensors once)")
         spec = _spec(model, batch)
         check_batch(spec, **{k: batch.get(k) for k in _CHECKED})
-        plan = build_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS})
+        # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
+        flags = {"use_audio_in_video": bool(batch.get("use_audio_in_video"))} if spec.rope_class else {}
+        plan = build_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS}, **flags)
     else:
         if not isinstance(plan, Plan):
             raise ValueError(f"batch[{PLAN_KEY!r}] must be the plan syncfree.prepare() added, got {type(plan).__name__}")

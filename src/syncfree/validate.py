@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .plan import ModelSpec, placeholder_runs, vision_plan
+from .plan_audio import audio_plan
 
 __all__ = ["check_batch"]
 
@@ -48,9 +49,13 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask)
 
 
 def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
-                video_grid_thw=None, second_per_grid_ts=None, pixel_values=None, pixel_values_videos=None) -> None:
-    """Raise ``ValueError`` naming the first inconsistency between tokens, grids and pixels."""
+                video_grid_thw=None, second_per_grid_ts=None, pixel_values=None, pixel_values_videos=None,
+                feature_attention_mask=None, video_second_per_grid=None, input_features=None) -> None:
+    """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features."""
     types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask)
+    if spec.audio_token_id is not None:
+        _check_audio(spec, input_ids, feature_attention_mask, input_features)
+        second_per_grid_ts = video_second_per_grid
     merge2 = spec.spatial_merge_size ** 2
     for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
                                      (2, "video", video_grid_thw, pixel_values_videos)):
@@ -72,7 +77,8 @@ def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atte
             unit = "video frame"
         else:
             expected, unit = list(vp.split_sizes), name
-        if runs != expected:
+        if runs != expected and not (kind == 2 and spec.audio_token_id is not None):
+            # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
                              f"needs one run per {unit} of {expected} tokens (t*h*w / {merge2})")
         if pixels is not None and pixels.shape[0] != vp.num_patches:
@@ -80,5 +86,32 @@ def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atte
                              f"patches but {name}_grid_thw describes {vp.num_patches}")
     if second_per_grid_ts is not None and video_grid_thw is not None and \
             len(second_per_grid_ts) != len(video_grid_thw):
-        raise ValueError(f"second_per_grid_ts has {len(second_per_grid_ts)} entries but video_grid_thw describes "
+        name = "video_second_per_grid" if spec.audio_token_id is not None else "second_per_grid_ts"
+        raise ValueError(f"{name} has {len(second_per_grid_ts)} entries but video_grid_thw describes "
                          f"{len(video_grid_thw)} videos")
+
+
+def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_features) -> None:
+    """Omni thinkers: the audio placeholders against the audio features the batch carries."""
+    tokens = int((input_ids == spec.audio_token_id).sum()) if input_ids is not None else 0
+    if feature_attention_mask is None:
+        if input_features is not None:
+            raise ValueError("input_features given without feature_attention_mask (the model needs the mask to "
+                             "find each clip's frames)")
+        if tokens:
+            raise ValueError(f"input_ids hold {tokens} audio placeholders (token {spec.audio_token_id}) but the batch "
+                             "has no audio features (input_features and feature_attention_mask); a video's audio "
+                             "track needs its features too")
+        return
+    if input_features is None:
+        raise ValueError("feature_attention_mask given without input_features")
+    plan = audio_plan(feature_attention_mask, spec.vision_module, *spec.audio_window)
+    if input_features.dim() != 3 or input_features.shape[0] != feature_attention_mask.shape[0] \
+            or input_features.shape[2] != feature_attention_mask.shape[1]:
+        raise ValueError(f"input_features {tuple(input_features.shape)} must be (clips, mel bins, frames) matching "
+                         f"feature_attention_mask {tuple(feature_attention_mask.shape)}")
+    features = int(plan.valid_indices.numel())
+    if tokens != features:
+        raise ValueError(f"Audio features and audio tokens do not match, tokens: {tokens}, features: {features} "
+                         f"(feature_attention_mask describes {len(plan.feature_lens)} clips of "
+                         f"{plan.feature_lens.tolist()} frames)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rewrite import Edit
-from .edits import (DEEPSTACK_MERGE, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
+from .edits import (AUDIO_FEATURES, AUDIO_SCATTER, DEEPSTACK_MERGE, GENERIC_SPLIT, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
                     VISION_ATTENTION)
 
 __all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
@@ -39,6 +39,9 @@ class Family:
     frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between (Qwen3-VL)
     windows: bool = False  # window attention in the vision tower (Qwen2.5-VL)
     video_time_scale: bool = False  # video positions step by tokens_per_second * seconds (Qwen2.5-VL)
+    # Omni thinkers: an audio encoder, and a rope index the plan runs as stock on the host (defined on this class).
+    audio: bool = False
+    rope_class: str | None = None
 
 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
@@ -84,6 +87,38 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
     return Family(model_type, f"transformers.models.{model_type}.modeling_{model_type}", targets, **traits)
 
 
+_OMNI_MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
+                      "image_grid_thw", "video_grid_thw", "input_features", "feature_attention_mask",
+                      "use_audio_in_video", "video_second_per_grid")
+_OMNI_ROPE_PARAMS = ("input_ids", "image_grid_thw", "video_grid_thw", "attention_mask", "use_audio_in_video",
+                     "audio_seqlens", "second_per_grids")
+
+
+def _omni_thinker(prefix: str, modeling: str, vision: str, audio: str, deepstack: bool) -> Family:
+    """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes)."""
+    targets = (
+        Target(f"{prefix}VisionAttention", "forward", edits=VISION_ATTENTION),
+        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
+               needs=_VISION_NEEDS + (("get_vision_interpolation_indices_and_weights(",) if deepstack else ())),
+        Target(f"{prefix}AudioAttention", "forward", edits=GENERIC_SPLIT),
+        Target(audio, "forward", wrap="make_audio_forward", params=("input_features", "feature_lens"),
+               needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
+        Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES),
+        Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
+        Target(f"{prefix}ThinkerModel", "forward", edits=FEATURE_SCATTER + AUDIO_SCATTER + (DEEPSTACK_MERGE if deepstack else ()),
+               wrap="make_model_forward", params=_OMNI_MODEL_PARAMS,
+               needs=("self.get_placeholder_mask(", "self.compute_3d_position_ids(", "self.language_model(",
+                      "self.get_audio_features(")),
+        Target(f"{prefix}PreTrainedModelForConditionalGeneration", "get_rope_index", wrap="make_omni_rope_index",
+               params=_OMNI_ROPE_PARAMS, needs=("input_ids.tolist()", "audio_seqlens[audio_idx]")),
+        Target(f"{prefix}ThinkerForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    )
+    if deepstack:
+        targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
+    return Family(f"{modeling}_thinker", f"transformers.models.{modeling}.modeling_{modeling}", targets,
+                  learned_positions=deepstack, audio=True, rope_class=f"{prefix}PreTrainedModelForConditionalGeneration")
+
+
 _QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -97,6 +132,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                   vision_needs=("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'),
                                   rope_needs=("tokens_per_second * ",)),
             windows=True, video_time_scale=True),
+    _omni_thinker("Qwen3OmniMoe", "qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder", "Qwen3OmniMoeAudioEncoder", deepstack=True),
 )}
 
 # Module-level functions shared by every family: (module, function) -> target. Modules that imported

@@ -23,7 +23,7 @@ from .attention import segment_attention, split_segments  # noqa: F401  (called 
 
 __all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after"]
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "remember_lengths"]
 
 
 def _compiling() -> bool:
@@ -62,6 +62,14 @@ def all_ones(attention_mask: torch.Tensor):
 _read_lengths: dict[int, tuple] = {}  # id(cu_seqlens) -> (weakref, _version, sizes): one read per tensor
 
 
+def remember_lengths(cu_seqlens: torch.Tensor, sizes) -> None:
+    """Tell ``segment_lengths`` the host sizes of a planned ``cu_seqlens`` (an encoder whose layers are not
+    handed the plan's sizes, e.g. Omni's audio encoder): the split then reads nothing."""
+    key = id(cu_seqlens)
+    _read_lengths[key] = (weakref.ref(cu_seqlens, lambda _r, k=key, d=_read_lengths: d.pop(k, None)),
+                          cu_seqlens._version, tuple(sizes))
+
+
 def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) -> list[int]:
     """Vision attention's split sizes (stock: ``lengths.tolist()`` in every block, for q, k and v).
 
@@ -90,8 +98,12 @@ def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
     """``special_{kind}_mask.sum()``: a host int when the active plan was built from these input_ids."""
     entry = None if _compiling() else active.current()
     if entry is not None and entry.owns(input_ids):
-        return entry.plan.n_image_tokens if kind == "image" else entry.plan.n_video_tokens
+        return _placeholders(entry.plan, kind)
     return mask.sum()
+
+
+def _placeholders(plan, kind: str) -> int:
+    return {"image": plan.n_image_tokens, "video": plan.n_video_tokens, "audio": plan.n_audio_tokens}[kind]
 
 
 def scatter_features(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: torch.Tensor, input_ids,
@@ -108,7 +120,7 @@ def scatter_features(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: 
             and mask.shape[:2] == inputs_embeds.shape[:2] and mask.shape[2] in (1, inputs_embeds.shape[2])
             and features.dim() == 2 and features.dtype == inputs_embeds.dtype
             and features.shape[1] == inputs_embeds.shape[2]):
-        count = entry.plan.n_image_tokens if kind == "image" else entry.plan.n_video_tokens
+        count = _placeholders(entry.plan, kind)
     if count is None or features.shape[0] != count:
         return inputs_embeds.masked_scatter(mask, features)
     rows = inputs_embeds.reshape(-1, inputs_embeds.shape[-1])
@@ -176,3 +188,28 @@ def has_vision_tokens_after(mm_token_type_ids, past_length) -> bool:
     if host is not None and isinstance(past_length, int) and entry.given.get("mm_token_type_ids") is mm_token_type_ids:
         return bool(host[:, past_length:].any())
     return bool(mm_token_type_ids[:, past_length:].any())
+
+
+def _audio_entry(feature_attention_mask):
+    """The active plan's audio plan when ``feature_attention_mask`` is the very mask it was made from."""
+    entry = None if _compiling() else active.current()
+    if entry is None or entry.plan.audio is None or feature_attention_mask is None:
+        return None
+    return entry.plan.audio if entry.given.get("feature_attention_mask") is feature_attention_mask else None
+
+
+def audio_lengths(feature_attention_mask: torch.Tensor) -> torch.Tensor:
+    """``torch.sum(feature_attention_mask, dim=1)`` (mel frames per clip): the plan's host copy, which the
+    patched audio encoder recognises (so it lays the frames out without reading the device)."""
+    audio = _audio_entry(feature_attention_mask)
+    return torch.sum(feature_attention_mask, dim=1) if audio is None else audio.feature_lens
+
+
+def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) -> torch.Tensor:
+    """``features[feature_attention_mask.bool()]`` for (clips, frames, bins) features: the same rows in the
+    same order, taken by the plan's positions of the mask's ones (``index_select``: no read of the count)."""
+    audio = _audio_entry(feature_attention_mask)
+    if (audio is None or audio.frame_positions is None or features.dim() != 3
+            or features.shape[:2] != feature_attention_mask.shape):
+        return features[feature_attention_mask.bool()]
+    return features.reshape(-1, features.shape[-1]).index_select(0, audio.frame_positions)

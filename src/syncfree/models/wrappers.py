@@ -32,10 +32,11 @@ from .attention import AttentionChoice
 from .helpers import host_padding_mask
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_generate", "make_get_rope_index",
-           "make_ignore_causal_mask_sdpa", "same_device"]
+           "make_ignore_causal_mask_sdpa", "make_audio_forward", "make_omni_rope_index", "same_device"]
 
 PLAN_KEY = "syncfree_plan"
-_VISION_INPUTS = ("pixel_values", "pixel_values_videos")
+_VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # (and the Omni thinkers' audio)
+_FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video with its audio are laid out
 
 
 def _positional_names(fn) -> tuple[str, ...]:
@@ -140,7 +141,9 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
-    plan = build_plan(ModelSpec.from_config(model.config), **host)
+    spec = ModelSpec.from_config(model.config)
+    flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope_class else {}
+    plan = build_plan(spec, **host, **flags)
     return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
 
 
@@ -182,7 +185,7 @@ def make_generate(stock):
     @functools.wraps(stock)
     def generate(self, *args, **kwargs):
         explicit = kwargs.pop(PLAN_KEY, None)
-        given = {n: kwargs[n] for n in PLAN_INPUTS + _VISION_INPUTS + ("mm_encoder_outputs", "inputs_embeds")
+        given = {n: kwargs[n] for n in PLAN_INPUTS + _VISION_INPUTS + _FLAGS + ("mm_encoder_outputs", "inputs_embeds")
                  if n in kwargs}
         inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
         given["input_ids"] = inputs
@@ -283,3 +286,6 @@ def make_ignore_causal_mask_sdpa(stock):
         return stock(padding_mask, *args, **kwargs)
 
     return _ignore_causal_mask_sdpa
+
+
+from .wrappers_omni import make_audio_forward, make_omni_rope_index  # noqa: E402  (the Omni thinkers' own pieces)

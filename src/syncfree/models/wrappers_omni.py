@@ -1,0 +1,105 @@
+"""Wrappers for the Omni thinkers' own pieces (Qwen3-Omni-MoE, Qwen2.5-Omni): the audio encoder and the rope index.
+
+* ``make_audio_forward``: the audio encoder. Hands the stock forward the plan's chunking, valid
+  frames and attention windows (stock pops them from its kwargs), and tells the split in every
+  encoder layer the window sizes, so the device is never asked for them.
+* ``make_omni_rope_index``: the 3D rotary index, from the plan (made by stock's own index on the
+  host); without a plan, one read of the control tensors, then stock's index on the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+from .. import active
+from ..host_read import read_to_host_syncs_once
+from ..plan_audio import audio_plan_from_lengths
+from .helpers import remember_lengths
+
+__all__ = ["make_audio_forward", "make_omni_rope_index"]
+
+
+def _positional_names(fn) -> tuple[str, ...]:
+    import inspect
+
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds)[1:]
+
+
+def _audio_plan_for(feature_lens):
+    """The active plan's audio plan when ``feature_lens`` is its host lengths tensor (or equal host values)."""
+    entry = active.current()
+    audio = entry.plan.audio if entry is not None else None
+    if audio is None or not isinstance(feature_lens, torch.Tensor):
+        return None
+    if feature_lens is audio.feature_lens or (feature_lens.device.type == "cpu"
+                                              and feature_lens.shape == audio.feature_lens.shape
+                                              and torch.equal(feature_lens.to(torch.long), audio.feature_lens)):
+        return audio
+    return None
+
+
+def make_audio_forward(stock):
+    @functools.wraps(stock)
+    def forward(self, input_features=None, feature_lens=None, **kwargs):
+        if torch.compiler.is_compiling() or input_features is None or feature_lens is None \
+                or "padded_feature" in kwargs or "cu_seqlens" in kwargs:
+            return stock(self, input_features, feature_lens, **kwargs)
+        audio = _audio_plan_for(feature_lens)
+        if audio is None:  # no plan: one read of the lengths (none if they are on the host already)
+            host = read_to_host_syncs_once({"feature_lens": feature_lens})["feature_lens"]
+            audio = audio_plan_from_lengths(host, type(self).__module__, self.n_window, self.config.n_window_infer)
+        from .wrappers import same_device
+
+        if not same_device(audio.device, input_features.device):
+            audio = audio.to(input_features.device)
+        module = sys.modules[type(self).__module__]
+        flash = "flash" in str(getattr(self.config, "_attn_implementation", "") or "")
+        extra = audio.encoder_kwargs(input_features, module, self.n_window, flash)
+        remember_lengths(extra["cu_seqlens"], audio.seqlens)  # the encoder layers' splits: host sizes
+        return stock(self, input_features, feature_lens, **extra, **kwargs)
+
+    return forward
+
+
+def _fits_generation(entry, input_ids) -> bool:
+    plan = entry.plan
+    return (entry.in_generate and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2
+            and input_ids.shape[1] == plan.batch_shape[1] and input_ids.shape[0] % plan.batch_shape[0] == 0
+            and str(input_ids.device) == plan.device)
+
+
+def make_omni_rope_index(stock):
+    names = _positional_names(stock)
+
+    @functools.wraps(stock)
+    def get_rope_index(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return stock(self, *args, **kwargs)
+        given = dict(zip(names, args))
+        given.update(kwargs)
+        input_ids, mask = given.get("input_ids"), given.get("attention_mask")
+        flag = given.get("use_audio_in_video", False)
+        entry = active.current()
+        if entry is not None and entry.plan.spec.rope_class is not None:
+            plan = None
+            if entry.owns(input_ids) and mask is entry.attention_mask:
+                plan = entry.plan
+            elif _fits_generation(entry, input_ids):  # generate()'s copy of the prompt (maybe repeated)
+                plan = entry.plan.expanded(input_ids.shape[0])
+            found = plan.omni_positions(flag) if plan is not None else None
+            if found is not None:
+                return found
+        # No plan: one read of the control tensors, stock's index on the host, the result sent back.
+        device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
+        host = read_to_host_syncs_once(given)
+        positions, deltas = stock(self, **host)
+        if device is None or device.type == "cpu":
+            return positions, deltas
+        return (positions.pin_memory().to(device, non_blocking=True),
+                deltas.pin_memory().to(device, non_blocking=True))
+
+    return get_rope_index

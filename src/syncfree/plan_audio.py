@@ -1,0 +1,91 @@
+"""The audio side of a plan (Omni thinkers): what the audio encoder derives from ``feature_attention_mask``.
+
+Stock reads the device several times per audio-encoder call to lay the mel frames out: the frames
+kept by the mask (boolean indexing), the chunk sizes (``chunk_lengths.tolist()``), the longest chunk
+after the convolutions (``.max().item()``), the valid output frames (``nonzero``), the attention
+windows (a Python loop over device lengths) and, in every encoder layer, the window sizes
+(``lengths.tolist()``). All of it follows from the per-clip frame counts, which the processor returns
+on the host. Here it is computed once, on the host, with the installed Transformers' own helpers
+(so the numbers are stock's), and moved with the rest of the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AudioPlan", "audio_plan", "audio_plan_from_lengths"]
+
+
+def _move(t: torch.Tensor, device) -> torch.Tensor:
+    if device is None or torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class AudioPlan:
+    feature_lens: torch.Tensor  # (clips,) mel frames per clip, on the host (stock: feature_attention_mask.sum(1))
+    chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk, on the host
+    seqlens: tuple[int, ...]  # attention window sizes after the convolutions
+    max_seqlen: int
+    cu_seqlens: torch.Tensor  # (windows + 1,) int32
+    valid_indices: torch.Tensor  # output frames kept from the padded chunks
+    frame_positions: torch.Tensor | None  # flat positions of the mask's ones (None: planned from lengths alone)
+    n_frames: int  # ones in feature_attention_mask
+    device: str = "cpu"
+
+    _TENSORS = ("cu_seqlens", "valid_indices", "frame_positions")
+
+    def to(self, device) -> "AudioPlan":
+        moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
+        return dataclasses.replace(self, **moved, device=str(torch.device(device)))
+
+    def pin_memory(self) -> "AudioPlan":
+        return dataclasses.replace(self, **{f: getattr(self, f).pin_memory() for f in self._TENSORS
+                                            if getattr(self, f) is not None})
+
+    def encoder_kwargs(self, input_features: torch.Tensor, module, n_window: int, flash: bool) -> dict:
+        """What the stock audio encoder pops from its kwargs instead of deriving it from the device lengths."""
+        # Stock's own chunking, with host lengths: the split sizes are host ints, so nothing waits.
+        padded, chunk_lengths = module.chunk_and_pad_features(input_features, self.feature_lens, n_window)
+        kwargs = {"padded_feature": padded, "chunk_lengths": chunk_lengths, "valid_indices": self.valid_indices,
+                  "cu_seqlens": self.cu_seqlens}
+        if flash:  # stock computes max_seqlen only for flash attention (None otherwise)
+            kwargs["max_seqlen"] = self.max_seqlen
+        return kwargs
+
+
+def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_window: int, n_window_infer: int,
+                            mask: torch.Tensor | None = None) -> AudioPlan:
+    """Plan the audio encoder from host per-clip frame counts (and the host mask they came from, if any)."""
+    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    lens = feature_lens.to("cpu", torch.long)
+    if lens.dim() != 1 or bool((lens <= 0).any()):
+        raise ValueError(f"audio feature lengths must be positive, one per clip, got {lens.tolist()}")
+    # Stock's chunking on a shapeless stand-in for the features: only the lengths matter.
+    stand_in = torch.empty(1, int(lens.sum()), device="meta")
+    _, chunk_lengths = module.chunk_and_pad_features(stand_in, lens, n_window)
+    valid = module.get_valid_indices(chunk_lengths, n_window)
+    cu = module.get_audio_cu_seqlens(chunk_lengths, lens, n_window_infer, n_window)
+    seqlens = tuple((cu[1:] - cu[:-1]).tolist())  # host tensors: no device involved
+    positions = None
+    if mask is not None:
+        positions = mask.reshape(-1).nonzero().reshape(-1)
+    return AudioPlan(feature_lens=lens, chunk_lengths=chunk_lengths, seqlens=seqlens, max_seqlen=max(seqlens),
+                     cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()))
+
+
+def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int) -> AudioPlan:
+    """Plan the audio encoder from the processor's host ``feature_attention_mask`` (clips, frames)."""
+    mask = feature_attention_mask
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise ValueError("feature_attention_mask must be a tensor of shape (clips, frames), got "
+                         f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+    mask = mask.to("cpu")
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("feature_attention_mask must hold only 0 and 1")
+    return audio_plan_from_lengths(mask.sum(1), module_name, n_window, n_window_infer, mask=mask)

@@ -1,0 +1,73 @@
+"""The Omni thinkers' 3D rotary index, computed by stock's own ``get_rope_index`` on host tensors.
+
+Qwen3-Omni's and Qwen2.5-Omni's index interleaves audio and video positions by time (audio in
+video) and reads its inputs token by token (``input_ids.tolist()``, ``.item()``-style branches on
+device counts): on the device that is dozens of waits per forward. On host tensors the very same
+code waits for nothing, and its result is stock's by construction. The plan runs it once, on the
+host, and moves the positions with the rest of the plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+
+__all__ = ["stock_rope_on_host", "rope_config_key", "mm_counts_per_row"]
+
+# What the stock index reads from the config (compared between a plan and the model it runs on).
+_ROPE_FIELDS = ("image_token_id", "video_token_id", "audio_token_id", "vision_start_token_id", "audio_start_token_id",
+                "position_id_per_seconds", "seconds_per_chunk")
+
+
+def rope_config_key(config) -> tuple:
+    values = [(name, getattr(config, name, None)) for name in _ROPE_FIELDS]
+    audio = getattr(config, "audio_config", None)
+    values.append(("audio_config.n_window", getattr(audio, "n_window", None)))
+    values.append(("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
+    return tuple(values)
+
+
+class _HostSelf:
+    """Stands in for the model as ``self`` of the stock index: its config, and the class's own methods."""
+
+    def __init__(self, cls: type, config) -> None:
+        self._cls = cls
+        self.config = config
+        self.spatial_merge_size = config.vision_config.spatial_merge_size
+
+    def __getattr__(self, name: str):
+        member = inspect.getattr_static(self._cls, name)
+        if isinstance(member, staticmethod):
+            return member.__func__
+        if isinstance(member, classmethod):
+            return member.__get__(None, self._cls)
+        if callable(member):
+            return inspect.unwrap(member).__get__(self, type(self))  # stock, also where the class is patched
+        return member
+
+
+def stock_rope_on_host(modeling: str, cls_name: str, config, input_ids: torch.Tensor, attention_mask,
+                       image_grid_thw=None, video_grid_thw=None, use_audio_in_video: bool = False,
+                       audio_seqlens=None, second_per_grids=None):
+    """``get_rope_index`` exactly as stock computes it, from host tensors (no device involved)."""
+    cls = getattr(importlib.import_module(modeling), cls_name)
+    host = _HostSelf(cls, config)
+    return host.get_rope_index(input_ids, image_grid_thw, video_grid_thw, attention_mask, use_audio_in_video,
+                               audio_seqlens, second_per_grids)
+
+
+def mm_counts_per_row(input_ids: torch.Tensor, config_key: dict) -> tuple[list[int], list[int], list[int]]:
+    """Images, videos and audio clips per row, from the start tokens (an audio-in-video clip counts as both
+    a video and a clip): what a row takes from the batch's grids and audio features."""
+    vs, as_ = config_key["vision_start_token_id"], config_key["audio_start_token_id"]
+    image, video = config_key["image_token_id"], config_key["video_token_id"]
+    images, videos, clips = [], [], []
+    for row in input_ids:
+        after = torch.cat([row[1:], row.new_full((1,), -1)])
+        starts = row == vs
+        images.append(int((starts & (after == image)).sum()))
+        videos.append(int((starts & ((after == video) | (after == as_))).sum()))
+        clips.append(int((row == as_).sum()))
+    return images, videos, clips
