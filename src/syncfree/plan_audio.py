@@ -29,16 +29,18 @@ def _move(t: torch.Tensor, device) -> torch.Tensor:
 @dataclass
 class AudioPlan:
     feature_lens: torch.Tensor  # (clips,) mel frames per clip, on the host (stock: feature_attention_mask.sum(1))
-    chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk, on the host
+    chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk (Qwen2.5-Omni masks the padded chunks with it)
     seqlens: tuple[int, ...]  # attention window sizes after the convolutions
     max_seqlen: int
     cu_seqlens: torch.Tensor  # (windows + 1,) int32
     valid_indices: torch.Tensor  # output frames kept from the padded chunks
     frame_positions: torch.Tensor | None  # flat positions of the mask's ones (None: planned from lengths alone)
     n_frames: int  # ones in feature_attention_mask
+    n_outputs: int  # encoder output frames: what the audio placeholders must number
+    pool_indices: torch.Tensor | None = None  # Qwen2.5-Omni: the stride-2 average pooling after the layers
     device: str = "cpu"
 
-    _TENSORS = ("cu_seqlens", "valid_indices", "frame_positions")
+    _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
 
     def to(self, device) -> "AudioPlan":
         moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
@@ -51,9 +53,11 @@ class AudioPlan:
     def encoder_kwargs(self, input_features: torch.Tensor, module, n_window: int, flash: bool) -> dict:
         """What the stock audio encoder pops from its kwargs instead of deriving it from the device lengths."""
         # Stock's own chunking, with host lengths: the split sizes are host ints, so nothing waits.
-        padded, chunk_lengths = module.chunk_and_pad_features(input_features, self.feature_lens, n_window)
-        kwargs = {"padded_feature": padded, "chunk_lengths": chunk_lengths, "valid_indices": self.valid_indices,
+        padded, _ = module.chunk_and_pad_features(input_features, self.feature_lens, n_window)
+        kwargs = {"padded_feature": padded, "chunk_lengths": self.chunk_lengths, "valid_indices": self.valid_indices,
                   "cu_seqlens": self.cu_seqlens}
+        if self.pool_indices is not None:
+            kwargs["pool_indices"] = self.pool_indices
         if flash:  # stock computes max_seqlen only for flash attention (None otherwise)
             kwargs["max_seqlen"] = self.max_seqlen
         return kwargs
@@ -69,14 +73,21 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
     # Stock's chunking on a shapeless stand-in for the features: only the lengths matter.
     stand_in = torch.empty(1, int(lens.sum()), device="meta")
     _, chunk_lengths = module.chunk_and_pad_features(stand_in, lens, n_window)
-    valid = module.get_valid_indices(chunk_lengths, n_window)
-    cu = module.get_audio_cu_seqlens(chunk_lengths, lens, n_window_infer, n_window)
+    pool = None
+    if hasattr(module, "get_pool_indices"):  # Qwen2.5-Omni: attention per chunk after one conv, then pooling
+        valid = module.get_valid_indices(chunk_lengths)
+        cu = module.get_audio_cu_seqlens(chunk_lengths)
+        pool = module.get_pool_indices(lens)
+    else:  # Qwen3-Omni: three convs per chunk, attention in windows of n_window_infer frames
+        valid = module.get_valid_indices(chunk_lengths, n_window)
+        cu = module.get_audio_cu_seqlens(chunk_lengths, lens, n_window_infer, n_window)
     seqlens = tuple((cu[1:] - cu[:-1]).tolist())  # host tensors: no device involved
     positions = None
     if mask is not None:
         positions = mask.reshape(-1).nonzero().reshape(-1)
     return AudioPlan(feature_lens=lens, chunk_lengths=chunk_lengths, seqlens=seqlens, max_seqlen=max(seqlens),
-                     cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()))
+                     cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()),
+                     n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool)
 
 
 def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int) -> AudioPlan:

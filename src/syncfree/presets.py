@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .presets_omni import OMNI_PRESETS, THINKER_CLASSES, thinker_class
+
 __all__ = ["PRESETS", "Preset", "load_config", "build_model", "build_vision_model"]
 
 # Token ids shared by every published Qwen3-VL checkpoint.
@@ -210,6 +212,7 @@ PRESETS: dict[str, Preset] = {
     "qwen3.5-9b": Preset("qwen3.5-9b", _QWEN35_9B, 0, "Qwen3.5-9B shapes, random weights"),
     "qwen3.5-35b-a3b": Preset("qwen3.5-35b-a3b", _QWEN35_35B_A3B, 0, "Qwen3.5-35B-A3B shapes, random weights"),
 }
+PRESETS.update({name: Preset(name, values, pad, about) for name, (values, pad, about) in OMNI_PRESETS.items()})
 
 
 def _looks_like_a_path(model: str) -> bool:
@@ -274,8 +277,9 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
             raise ValueError(f"text_layers must be at least 1, got {text_layers}")
         config.text_config.num_hidden_layers = text_layers
     config._attn_implementation = attn
-    config.vision_config._attn_implementation = attn
-    config.text_config._attn_implementation = attn
+    for sub in ("vision_config", "text_config", "audio_config"):
+        if getattr(config, sub, None) is not None:
+            getattr(config, sub)._attn_implementation = attn
     return config
 
 
@@ -299,7 +303,10 @@ def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torc
     fork = {"devices": [device.index or 0], "device_type": "cuda"} if device.type == "cuda" else {"devices": []}
     with torch.random.fork_rng(**fork), device:
         torch.manual_seed(seed)
-        m = AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn)
+        if config.model_type in THINKER_CLASSES:  # an Omni thinker (no auto class builds one from its config)
+            m = thinker_class(config.model_type)._from_config(config, dtype=dtype, attn_implementation=attn)
+        else:
+            m = AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn)
     return m.eval()
 
 

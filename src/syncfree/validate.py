@@ -110,7 +110,7 @@ def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_featu
             or input_features.shape[2] != feature_attention_mask.shape[1]:
         raise ValueError(f"input_features {tuple(input_features.shape)} must be (clips, mel bins, frames) matching "
                          f"feature_attention_mask {tuple(feature_attention_mask.shape)}")
-    features = int(plan.valid_indices.numel())
+    features = plan.n_outputs
     if tokens != features:
         raise ValueError(f"Audio features and audio tokens do not match, tokens: {tokens}, features: {features} "
                          f"(feature_attention_mask describes {len(plan.feature_lens)} clips of "

@@ -95,11 +95,14 @@ _OMNI_ROPE_PARAMS = ("input_ids", "image_grid_thw", "video_grid_thw", "attention
 
 
 def _omni_thinker(prefix: str, modeling: str, vision: str, audio: str, deepstack: bool) -> Family:
-    """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes)."""
+    """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes).
+    Qwen3-Omni's tower is Qwen3-VL's (learned positions, deepstack); Qwen2.5-Omni's is Qwen2.5-VL's (windows)."""
+    vision_needs = (("get_vision_interpolation_indices_and_weights(",) if deepstack
+                    else ("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'))
     targets = (
         Target(f"{prefix}VisionAttention", "forward", edits=VISION_ATTENTION),
         Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
-               needs=_VISION_NEEDS + (("get_vision_interpolation_indices_and_weights(",) if deepstack else ())),
+               needs=_VISION_NEEDS + vision_needs),
         Target(f"{prefix}AudioAttention", "forward", edits=GENERIC_SPLIT),
         Target(audio, "forward", wrap="make_audio_forward", params=("input_features", "feature_lens"),
                needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
@@ -116,7 +119,7 @@ def _omni_thinker(prefix: str, modeling: str, vision: str, audio: str, deepstack
     if deepstack:
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     return Family(f"{modeling}_thinker", f"transformers.models.{modeling}.modeling_{modeling}", targets,
-                  learned_positions=deepstack, audio=True, rope_class=f"{prefix}PreTrainedModelForConditionalGeneration")
+                  learned_positions=deepstack, windows=not deepstack, audio=True, rope_class=f"{prefix}PreTrainedModelForConditionalGeneration")
 
 
 _QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
@@ -133,6 +136,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                   rope_needs=("tokens_per_second * ",)),
             windows=True, video_time_scale=True),
     _omni_thinker("Qwen3OmniMoe", "qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder", "Qwen3OmniMoeAudioEncoder", deepstack=True),
+    _omni_thinker("Qwen2_5Omni", "qwen2_5_omni", "Qwen2_5OmniVisionEncoder", "Qwen2_5OmniAudioEncoder", deepstack=False),
 )}
 
 # Module-level functions shared by every family: (module, function) -> target. Modules that imported

@@ -51,7 +51,8 @@ def make_audio_forward(stock):
         audio = _audio_plan_for(feature_lens)
         if audio is None:  # no plan: one read of the lengths (none if they are on the host already)
             host = read_to_host_syncs_once({"feature_lens": feature_lens})["feature_lens"]
-            audio = audio_plan_from_lengths(host, type(self).__module__, self.n_window, self.config.n_window_infer)
+            audio = audio_plan_from_lengths(host, type(self).__module__, self.n_window,
+                                            getattr(self.config, "n_window_infer", 0))
         from .wrappers import same_device
 
         if not same_device(audio.device, input_features.device):
