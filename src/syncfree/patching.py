@@ -103,12 +103,14 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
     found = []
     for target in family.targets:
         cls = getattr(module, target.cls, None)
+        if cls is None and target.fallback_cls:
+            cls = getattr(module, target.fallback_cls, None)
         if cls is None:
             raise UnsupportedTransformers(f"syncfree cannot patch {family.model_type}: Transformers {_version()} has "
                                           f"no {target.cls}. Nothing was patched.")
         stock = _stock(cls, target.attr, target.inherited)
         try:
-            found.append((cls, target, stock, _build(family.model_type, f"{target.cls}.{target.attr}", target,
+            found.append((cls, target, stock, _build(family.model_type, f"{cls.__name__}.{target.attr}", target,
                                                      stock)))
         except UnsupportedTransformers:
             if not target.optional:

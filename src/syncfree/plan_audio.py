@@ -17,7 +17,25 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AudioPlan", "audio_plan", "audio_plan_from_lengths"]
+__all__ = ["AudioPlan", "audio_plan", "audio_plan_from_lengths", "SegmentedMax"]
+
+
+class SegmentedMax(int):
+    """The longest attention window, as the int stock passes as ``max_seqlen``, carrying all the window sizes.
+
+    Omni's audio encoder hands its layers only ``cu_seqlens`` and ``max_seqlen`` (Qwen3-Omni passes no
+    other keyword), so this is how the planned sizes reach the split in every layer: an int wherever stock
+    uses the value, and ``.seqlens`` for the rewritten split."""
+
+    seqlens: tuple[int, ...]
+
+    def __new__(cls, value: int, seqlens: tuple[int, ...]):
+        obj = super().__new__(cls, value)
+        obj.seqlens = tuple(seqlens)
+        return obj
+
+    def __reduce__(self):  # (plans travel from DataLoader workers)
+        return SegmentedMax, (int(self), self.seqlens)
 
 
 def _move(t: torch.Tensor, device) -> torch.Tensor:
@@ -29,9 +47,10 @@ def _move(t: torch.Tensor, device) -> torch.Tensor:
 @dataclass
 class AudioPlan:
     feature_lens: torch.Tensor  # (clips,) mel frames per clip, on the host (stock: feature_attention_mask.sum(1))
+    chunk_sizes: tuple[int, ...]  # frames per encoder chunk, as host ints
     chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk (Qwen2.5-Omni masks the padded chunks with it)
     seqlens: tuple[int, ...]  # attention window sizes after the convolutions
-    max_seqlen: int
+    max_seqlen: SegmentedMax  # made with the plan, so a compiled encoder gets it as an input, not a new object
     cu_seqlens: torch.Tensor  # (windows + 1,) int32
     valid_indices: torch.Tensor  # output frames kept from the padded chunks
     frame_positions: torch.Tensor | None  # flat positions of the mask's ones (None: planned from lengths alone)
@@ -50,16 +69,16 @@ class AudioPlan:
         return dataclasses.replace(self, **{f: getattr(self, f).pin_memory() for f in self._TENSORS
                                             if getattr(self, f) is not None})
 
-    def encoder_kwargs(self, input_features: torch.Tensor, module, n_window: int, flash: bool) -> dict:
+    def encoder_kwargs(self, input_features: torch.Tensor) -> dict:
         """What the stock audio encoder pops from its kwargs instead of deriving it from the device lengths."""
-        # Stock's own chunking, with host lengths: the split sizes are host ints, so nothing waits.
-        padded, _ = module.chunk_and_pad_features(input_features, self.feature_lens, n_window)
+        # Stock's chunking (the end of chunk_and_pad_features) with the planned sizes: host ints, nothing waits.
+        chunks = input_features.T.split(list(self.chunk_sizes), dim=0)
+        padded = torch.nn.utils.rnn.pad_sequence(chunks, batch_first=True).transpose(1, 2)
+        # max_seqlen: stock computes it for flash attention only (None otherwise, unused by the split path).
         kwargs = {"padded_feature": padded, "chunk_lengths": self.chunk_lengths, "valid_indices": self.valid_indices,
-                  "cu_seqlens": self.cu_seqlens}
+                  "cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen}
         if self.pool_indices is not None:
             kwargs["pool_indices"] = self.pool_indices
-        if flash:  # stock computes max_seqlen only for flash attention (None otherwise)
-            kwargs["max_seqlen"] = self.max_seqlen
         return kwargs
 
 
@@ -85,7 +104,7 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
     positions = None
     if mask is not None:
         positions = mask.reshape(-1).nonzero().reshape(-1)
-    return AudioPlan(feature_lens=lens, chunk_lengths=chunk_lengths, seqlens=seqlens, max_seqlen=max(seqlens),
+    return AudioPlan(feature_lens=lens, chunk_sizes=tuple(chunk_lengths.tolist()), chunk_lengths=chunk_lengths, seqlens=seqlens, max_seqlen=SegmentedMax(max(seqlens), seqlens),
                      cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()),
                      n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool)
 

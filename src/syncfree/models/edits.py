@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..rewrite import Edit
 
-__all__ = ["AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
+__all__ = ["AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -108,4 +108,11 @@ AUDIO_FEATURES = (
 AUDIO_SCATTER = (
     Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_features)",
          '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_features, input_ids, "audio")'),
+)
+
+# Omni's audio attention: the same split as the vision attention's, by the window sizes the planned
+# max_seqlen carries (a plain int or None without a plan: then read once per cu_seqlens tensor).
+AUDIO_ATTENTION = (
+    Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
+    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, _syncfree.planned_sizes(max_seqlen))"),
 )

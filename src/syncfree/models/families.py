@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rewrite import Edit
-from .edits import (AUDIO_FEATURES, AUDIO_SCATTER, DEEPSTACK_MERGE, GENERIC_SPLIT, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
+from .edits import (AUDIO_ATTENTION, AUDIO_FEATURES, AUDIO_SCATTER, DEEPSTACK_MERGE, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
                     VISION_ATTENTION)
 
 __all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
@@ -27,6 +27,7 @@ class Target:
     needs: tuple[str, ...] = ()
     inherited: bool = False  # the stock function may come from a base class (GenerationMixin.generate)
     optional: bool = False  # skipped where the stock function or the edited code is absent (older releases)
+    fallback_cls: str | None = None  # the class holding the function in releases without ``cls``
 
 
 @dataclass(frozen=True)
@@ -99,19 +100,21 @@ def _omni_thinker(prefix: str, modeling: str, vision: str, audio: str, deepstack
     Qwen3-Omni's tower is Qwen3-VL's (learned positions, deepstack); Qwen2.5-Omni's is Qwen2.5-VL's (windows)."""
     vision_needs = (("get_vision_interpolation_indices_and_weights(",) if deepstack
                     else ("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'))
+    # Transformers < 5.2x has no *ThinkerModel: its *ThinkerForConditionalGeneration holds the towers itself.
+    thinker = dict(fallback_cls=f"{prefix}ThinkerForConditionalGeneration")
     targets = (
         Target(f"{prefix}VisionAttention", "forward", edits=VISION_ATTENTION),
         Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
                needs=_VISION_NEEDS + vision_needs),
-        Target(f"{prefix}AudioAttention", "forward", edits=GENERIC_SPLIT),
+        Target(f"{prefix}AudioAttention", "forward", edits=AUDIO_ATTENTION),
         Target(audio, "forward", wrap="make_audio_forward", params=("input_features", "feature_lens"),
                needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
-        Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES),
-        Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
+        Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES, **thinker),
+        Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK, **thinker),
         Target(f"{prefix}ThinkerModel", "forward", edits=FEATURE_SCATTER + AUDIO_SCATTER + (DEEPSTACK_MERGE if deepstack else ()),
                wrap="make_model_forward", params=_OMNI_MODEL_PARAMS,
-               needs=("self.get_placeholder_mask(", "self.compute_3d_position_ids(", "self.language_model(",
-                      "self.get_audio_features(")),
+               needs=("self.get_placeholder_mask(", "self.compute_3d_position_ids(", "self.get_audio_features("),
+               **thinker),
         Target(f"{prefix}PreTrainedModelForConditionalGeneration", "get_rope_index", wrap="make_omni_rope_index",
                params=_OMNI_ROPE_PARAMS, needs=("input_ids.tolist()", "audio_seqlens[audio_idx]")),
         Target(f"{prefix}ThinkerForConditionalGeneration", "generate", wrap="make_generate", inherited=True),

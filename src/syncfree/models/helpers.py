@@ -23,7 +23,7 @@ from .attention import segment_attention, split_segments  # noqa: F401  (called 
 
 __all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "remember_lengths"]
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes"]
 
 
 def _compiling() -> bool:
@@ -62,14 +62,6 @@ def all_ones(attention_mask: torch.Tensor):
 _read_lengths: dict[int, tuple] = {}  # id(cu_seqlens) -> (weakref, _version, sizes): one read per tensor
 
 
-def remember_lengths(cu_seqlens: torch.Tensor, sizes) -> None:
-    """Tell ``segment_lengths`` the host sizes of a planned ``cu_seqlens`` (an encoder whose layers are not
-    handed the plan's sizes, e.g. Omni's audio encoder): the split then reads nothing."""
-    key = id(cu_seqlens)
-    _read_lengths[key] = (weakref.ref(cu_seqlens, lambda _r, k=key, d=_read_lengths: d.pop(k, None)),
-                          cu_seqlens._version, tuple(sizes))
-
-
 def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) -> list[int]:
     """Vision attention's split sizes (stock: ``lengths.tolist()`` in every block, for q, k and v).
 
@@ -80,7 +72,7 @@ def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) ->
     """
     if seqlens is not None:
         sizes = seqlens.get(cu_seqlens.shape[0]) if isinstance(seqlens, dict) else seqlens
-        if sizes is not None:
+        if sizes is not None and len(sizes) + 1 == cu_seqlens.shape[0]:
             return list(sizes)
     if _compiling() or cu_seqlens.device.type == "cpu":
         return lengths.tolist()
@@ -213,3 +205,8 @@ def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) 
             or features.shape[:2] != feature_attention_mask.shape):
         return features[feature_attention_mask.bool()]
     return features.reshape(-1, features.shape[-1]).index_select(0, audio.frame_positions)
+
+
+def planned_sizes(max_seqlen):
+    """The window sizes a planned ``max_seqlen`` carries (``plan_audio.SegmentedMax``), or None."""
+    return getattr(max_seqlen, "seqlens", None)

@@ -191,7 +191,9 @@ def make_generate(stock):
         given["input_ids"] = inputs
         # Planned once for the whole call: generate() runs the vision encoder and the prefill on copies
         # of these tensors, which then find this plan (without prepare(): after one explicit read here).
-        entry = resolve(getattr(self, "model", self), given, explicit)
+        # The multimodal *Model (or, where a release has none, e.g. Omni thinkers before 5.2x, this model itself).
+        inner = getattr(self, "model", None)
+        entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit)
         if entry is None:
             return stock(self, *args, **kwargs)
         entry.in_generate = True

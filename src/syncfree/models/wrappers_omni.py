@@ -1,8 +1,9 @@
 """Wrappers for the Omni thinkers' own pieces (Qwen3-Omni-MoE, Qwen2.5-Omni): the audio encoder and the rope index.
 
 * ``make_audio_forward``: the audio encoder. Hands the stock forward the plan's chunking, valid
-  frames and attention windows (stock pops them from its kwargs), and tells the split in every
-  encoder layer the window sizes, so the device is never asked for them.
+  frames and attention windows (stock pops them from its kwargs); the window sizes ride along in
+  ``max_seqlen`` (``plan_audio.SegmentedMax``) to the split in every encoder layer, so the device is
+  never asked for them.
 * ``make_omni_rope_index``: the 3D rotary index, from the plan (made by stock's own index on the
   host); without a plan, one read of the control tensors, then stock's index on the host.
 """
@@ -10,14 +11,12 @@
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 
 from .. import active
 from ..host_read import read_to_host_syncs_once
 from ..plan_audio import audio_plan_from_lengths
-from .helpers import remember_lengths
 
 __all__ = ["make_audio_forward", "make_omni_rope_index"]
 
@@ -45,10 +44,11 @@ def _audio_plan_for(feature_lens):
 def make_audio_forward(stock):
     @functools.wraps(stock)
     def forward(self, input_features=None, feature_lens=None, **kwargs):
-        if torch.compiler.is_compiling() or input_features is None or feature_lens is None \
+        audio = kwargs.pop("syncfree_audio_plan", None)  # a plan handed in (compile_audio-style callers, tests)
+        if (audio is None and torch.compiler.is_compiling()) or input_features is None or feature_lens is None \
                 or "padded_feature" in kwargs or "cu_seqlens" in kwargs:
             return stock(self, input_features, feature_lens, **kwargs)
-        audio = _audio_plan_for(feature_lens)
+        audio = audio or _audio_plan_for(feature_lens)
         if audio is None:  # no plan: one read of the lengths (none if they are on the host already)
             host = read_to_host_syncs_once({"feature_lens": feature_lens})["feature_lens"]
             audio = audio_plan_from_lengths(host, type(self).__module__, self.n_window,
@@ -57,10 +57,8 @@ def make_audio_forward(stock):
 
         if not same_device(audio.device, input_features.device):
             audio = audio.to(input_features.device)
-        module = sys.modules[type(self).__module__]
-        flash = "flash" in str(getattr(self.config, "_attn_implementation", "") or "")
-        extra = audio.encoder_kwargs(input_features, module, self.n_window, flash)
-        remember_lengths(extra["cu_seqlens"], audio.seqlens)  # the encoder layers' splits: host sizes
+        # The chunking, valid frames and windows, planned; the layers' splits find their sizes in max_seqlen.
+        extra = audio.encoder_kwargs(input_features)
         return stock(self, input_features, feature_lens, **extra, **kwargs)
 
     return forward

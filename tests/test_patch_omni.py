@@ -1,0 +1,223 @@
+"""Qwen3-Omni-MoE and Qwen2.5-Omni thinkers: an audio encoder and a Qwen-VL vision tower before the text model.
+
+Parity with stock (fp32 on the CPU, bit for bit) over the processors' layouts (audio, images, video,
+image + video, a video with its audio track, a text-only row; left and right padding; eager and
+SDPA), the audio encoder and the rope index against stock, no syncs with prepare() and one without,
+generate and gradients, encoders that compile whole, and bad audio input refused by prepare().
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import syncfree
+from family_checks import check_generate_and_backward_equal_stock
+from syncfree.audit import assert_no_sync, emulate_cuda
+from syncfree.inputs import Image, Text, Video
+from syncfree.inputs_omni import Audio, VideoWithAudio, build_omni_inputs, omni_forward_kwargs
+from syncfree.presets import build_model
+
+pytest.importorskip("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe")
+
+PRESETS = ("qwen3-omni-tiny", "qwen2.5-omni-tiny")
+_pairs: dict = {}
+
+
+def _pair(name: str, attn: str = "sdpa", dtype=torch.float32):
+    key = (name, attn, dtype)
+    if key not in _pairs:
+        _pairs[key] = (build_model(name, attn=attn, dtype=dtype),
+                       syncfree.patch(build_model(name, attn=attn, dtype=dtype)))
+    return _pairs[key]
+
+
+def _inner(model):
+    """The module holding the towers: *ThinkerModel, or the thinker itself in releases without one (5.17)."""
+    return model.model if hasattr(model.model, "audio_tower") else model
+
+
+def _unit(model) -> int:
+    return model.config.vision_config.patch_size * 2  # pixels per merged patch side: 32 (Qwen3), 28 (Qwen2.5)
+
+
+def layouts(u: int) -> dict:
+    """Layouts in units of ``u`` pixels; audio in mel frames (100 a second)."""
+    return {
+        "audio": [[Text(3), Audio(250), Text(2)]],
+        "two clips": [[Text(2), Audio(90), Text(1), Audio(317), Text(2)]],
+        "images": [[Text(2), Image(2 * u, 3 * u), Text(1), Image(u, u), Text(2)]],
+        "video": [[Text(3), Video(4, 2 * u, 2 * u, fps=2.0), Text(2)]],
+        "image and video": [[Text(2), Image(2 * u, u), Text(1), Video(2, u, 2 * u), Text(2)]],
+        "video with its audio": [[Text(2), VideoWithAudio(Video(4, 2 * u, 2 * u, fps=1.0), Audio(380)), Text(2)]],
+        "everything, and a text-only row": [
+            [Text(2), Audio(120), Text(1), Image(u, 2 * u), Text(1), Video(2, u, u), Text(2)],
+            [Text(4)],
+            [Text(1), Audio(210), Text(3)],
+        ],
+    }
+
+
+LAYOUT_NAMES = list(layouts(32))
+
+
+def _batch(model, name: str, padding: str = "left"):
+    samples = layouts(_unit(model))[name]
+    return build_omni_inputs(model.config, samples, padding_side=padding), omni_forward_kwargs(samples)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_forward_equals_stock(name, attn, layout, padding):
+    stock, patched = _pair(name, attn)
+    batch, flags = _batch(stock, layout, padding)
+    with torch.no_grad():
+        expected = stock(**batch, **flags).logits
+        expected_deltas = _inner(stock).rope_deltas
+        assert not expected.isnan().any()
+        assert torch.equal(patched(**batch, **flags).logits, expected)
+        assert torch.equal(patched(**syncfree.prepare(batch, "cpu", patched), **flags).logits, expected)
+        assert torch.equal(_inner(patched).rope_deltas, expected_deltas)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_audio_encoder_output_equals_stock(name):
+    stock, patched = _pair(name)
+    batch, _ = _batch(stock, "two clips")
+    args = (batch["input_features"], batch["feature_attention_mask"])
+    with torch.no_grad():
+        expected = _inner(stock).get_audio_features(*args).last_hidden_state
+        assert torch.equal(_inner(patched).get_audio_features(*args).last_hidden_state, expected)
+        # The tower alone, from host lengths (no plan active): planned from them, no device involved.
+        frames = batch["input_features"].permute(0, 2, 1)[batch["feature_attention_mask"].bool()].permute(1, 0)
+        lengths = batch["feature_attention_mask"].sum(1)
+        assert torch.equal(_inner(patched).audio_tower(frames, feature_lens=lengths).last_hidden_state,
+                           _inner(stock).audio_tower(frames, feature_lens=lengths).last_hidden_state)
+
+
+# Random rows of text, images, videos, audio clips and videos with their audio track.
+items = st.one_of(st.tuples(st.just("text"), st.integers(1, 4)),
+                  st.tuples(st.just("image"), st.integers(1, 3), st.integers(1, 3)),
+                  st.tuples(st.just("video"), st.integers(1, 3), st.integers(1, 2)),
+                  st.tuples(st.just("audio"), st.integers(1, 320)),
+                  st.tuples(st.just("video+audio"), st.integers(1, 3), st.integers(1, 320), st.sampled_from([1.0, 2.0])))
+
+
+def _item(spec, u: int):
+    kind = spec[0]
+    if kind == "text":
+        return Text(spec[1])
+    if kind == "image":
+        return Image(u * spec[1], u * spec[2])
+    if kind == "video":
+        return Video(2 * spec[1], u * spec[2], u)
+    if kind == "audio":
+        return Audio(spec[1])
+    return VideoWithAudio(Video(2 * spec[1], u, u, fps=spec[3]), Audio(spec[2]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3),
+       padding=st.sampled_from(["left", "right"]), name=st.sampled_from(PRESETS))
+def test_planned_rope_index_equals_stock_on_random_layouts(rows, padding, name):
+    stock, patched = _pair(name)
+    samples = [[_item(spec, _unit(stock)) for spec in row] for row in rows]
+    batch = build_omni_inputs(stock.config, samples, padding_side=padding)
+    flag = bool(omni_forward_kwargs(samples))
+    plan = syncfree.prepare({**batch, "use_audio_in_video": flag}, None, patched)["syncfree_plan"]
+    mask = batch.get("feature_attention_mask")
+    args = (batch["input_ids"], batch.get("image_grid_thw"), batch.get("video_grid_thw"), batch["attention_mask"], flag,
+            mask.sum(1) if mask is not None else None, batch.get("video_second_per_grid"))
+    try:
+        want = _inner(stock).get_rope_index(*args)
+    except Exception as err:  # degenerate layouts (e.g. a clip too short for one audio token) fail in stock
+        assert plan.position_ids is None
+        with pytest.raises(type(err)):
+            _inner(patched).get_rope_index(*args)
+        return
+    for got, expected in ((plan.position_ids, want[0]), (plan.rope_deltas, want[1])):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    # The patched index called directly (no forward, no plan) gives stock's numbers too.
+    assert all(torch.equal(g, w) for g, w in zip(_inner(patched).get_rope_index(*args), want))
+
+
+@pytest.mark.parametrize("name, dtype", [("qwen2.5-omni-tiny", torch.float32), ("qwen3-omni-tiny", torch.bfloat16)])
+@pytest.mark.parametrize("layout", ["everything, and a text-only row", "video with its audio"])
+def test_prepared_prefill_has_no_sync_and_moved_inputs_one(name, dtype, layout):
+    # (Qwen3-Omni's experts in bfloat16: the fp32 grouped matmul falls back to a per-expert loop that syncs.)
+    stock, patched = _pair(name, dtype=dtype)
+    batch, flags = _batch(stock, layout)
+    with torch.no_grad():
+        expected = stock(**batch, **flags).logits
+        with emulate_cuda():
+            patched.to("cuda")
+            try:
+                # The flag in the batch: prepare() makes the positions for it.
+                kwargs = syncfree.prepare({**batch, **flags}, "cuda", patched)
+                with assert_no_sync():
+                    logits = patched(**kwargs).logits
+                moved = {k: v.to("cuda") for k, v in batch.items()}
+                with assert_no_sync(max_syncs=1):
+                    patched(**moved, **flags)
+                assert torch.equal(logits.cpu(), expected)
+            finally:
+                patched.to("cpu")
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_generate_and_backward_equal_stock(name):
+    stock, patched = _pair(name)
+    batch, flags = _batch(stock, "everything, and a text-only row")
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, "cpu", patched))
+    batch, flags = _batch(stock, "video with its audio")
+    with torch.no_grad():
+        assert torch.equal(patched.generate(**batch, **flags, **options), stock.generate(**batch, **flags, **options))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_patched_encoders_compile_without_graph_breaks(name):
+    # Own models: Dynamo keeps weak references to the parameters, after which model.to() cannot swap them.
+    stock, patched = build_model(name), syncfree.patch(build_model(name))
+    batch, _ = _batch(patched, "everything, and a text-only row")
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
+    frames = batch["input_features"].permute(0, 2, 1)[batch["feature_attention_mask"].bool()].permute(1, 0)
+    lengths = plan.audio.feature_lens
+    explained = torch._dynamo.explain(_inner(patched).audio_tower)(frames, feature_lens=lengths,
+                                                                 syncfree_audio_plan=plan.audio)
+    assert explained.graph_break_count == 0
+    assert torch._dynamo.explain(_inner(stock).audio_tower)(frames, feature_lens=lengths).graph_break_count > 0
+    vision = plan.image
+    explained = torch._dynamo.explain(_inner(patched).visual)(batch["pixel_values"], grid_thw=vision.grid_thw,
+                                                            syncfree_vision_plan=vision)
+    assert explained.graph_break_count == 0
+    with torch.no_grad():
+        compiled = torch.compile(_inner(patched).audio_tower, backend="eager", fullgraph=True)
+        assert torch.equal(compiled(frames, feature_lens=lengths, syncfree_audio_plan=plan.audio).last_hidden_state,
+                           _inner(stock).audio_tower(frames, feature_lens=lengths).last_hidden_state)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_bad_audio_input_is_refused_by_prepare(name):
+    stock, patched = _pair(name)
+    batch, _ = _batch(stock, "two clips")
+    short = dict(batch, feature_attention_mask=batch["feature_attention_mask"].clone())
+    short["feature_attention_mask"][1, 200:] = 0  # the second clip's features no longer fill its placeholders
+    with pytest.raises(ValueError, match="Audio features and audio tokens do not match"):
+        syncfree.prepare(short, "cpu", patched)
+    no_features = {k: v for k, v in batch.items() if k not in ("input_features", "feature_attention_mask")}
+    with pytest.raises(ValueError, match="audio placeholders .* no audio features"):
+        syncfree.prepare(no_features, "cpu", patched)
+    video, flags = _batch(stock, "video with its audio")
+    no_track = {k: v for k, v in video.items() if k not in ("input_features", "feature_attention_mask")}
+    with pytest.raises(ValueError, match="a video's audio track needs its features"):
+        syncfree.prepare(no_track, "cpu", patched)
+    with pytest.raises(ValueError, match="input_features given without feature_attention_mask"):
+        syncfree.prepare({k: v for k, v in batch.items() if k != "feature_attention_mask"}, "cpu", patched)
+    grid = dict(video, video_grid_thw=video["video_grid_thw"] * torch.tensor([[1, 2, 1]]))
+    with pytest.raises(ValueError, match="Video features and video tokens do not match"):
+        syncfree.prepare(grid, "cpu", patched)
