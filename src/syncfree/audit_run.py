@@ -21,6 +21,7 @@ import torch
 from .audit import Report, audit, emulate_cuda, real_cuda_available
 from .cli_checks import check_image_side, image_unit
 from .inputs import build_inputs, named_layout
+from .inputs_omni import build_omni_inputs, is_omni, omni_forward_kwargs, omni_layout
 from .prepare import plan_of
 from .progress import layer_progress
 from .presets import PRESETS, build_model, build_vision_model, load_config
@@ -62,6 +63,15 @@ def _forward(model, batch: dict, scope: str) -> None:
             if pixels in batch:
                 extra = {"syncfree_vision_plan": getattr(plan, kind)} if plan is not None else {}
                 model(batch[pixels].to(model.dtype), grid_thw=batch[grid], **extra)
+    elif scope == "rope" and "mm_token_type_ids" not in batch:  # an Omni thinker's index (audio lengths too)
+        inner = model.model if hasattr(model.model, "audio_tower") else model
+        mask = batch.get("feature_attention_mask")
+        lengths = mask.sum(1) if mask is not None else None
+        if plan is not None and plan.audio is not None:
+            lengths = plan.audio.feature_lens  # what a prepared caller has on the host already
+        inner.get_rope_index(batch["input_ids"], batch.get("image_grid_thw"), batch.get("video_grid_thw"),
+                             batch.get("attention_mask"), batch.get("use_audio_in_video", False), lengths,
+                             batch.get("video_second_per_grid"))
     elif scope == "rope":
         model.model.get_rope_index(
             input_ids=batch["input_ids"],
@@ -79,6 +89,13 @@ def spec_batch(spec: AuditSpec, config) -> dict:
     check_image_side(spec.image_side, config)
     pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
     unit = image_unit(config)
+    if is_omni(config):  # an Omni thinker: audio too; the forward's flag travels in the batch
+        samples = omni_layout(spec.inputs, spec.side(unit), unit)
+        return {**build_omni_inputs(config, samples, seed=spec.seed, pad_token_id=pad or 0),
+                **omni_forward_kwargs(samples)}
+    if spec.inputs in ("audio", "audio-in-video"):
+        raise ValueError(f"--inputs {spec.inputs} needs an Omni thinker (e.g. --model qwen3-omni-tiny); "
+                         f"{spec.model} takes no audio")
     return build_inputs(config, named_layout(spec.inputs, spec.side(unit), unit), seed=spec.seed, pad_token_id=pad)
 
 
@@ -150,7 +167,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
             if variant == "patched+prepare":
                 device_batch = prepare(batch, "cuda", config)
             else:
-                device_batch = {k: v.to("cuda") for k, v in batch.items()}
+                device_batch = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             if use_gpu:
                 with layer_progress(model, f"{label} warm-up", progress):
                     _forward(model, device_batch, spec.scope)  # warm-up: first calls initialize kernels and caches

@@ -49,11 +49,14 @@ def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_la
     from .cli_checks import ATTNS
     from .models.attention import BACKENDS
     from .inputs import LAYOUT_NAMES
+    from .inputs_omni import OMNI_LAYOUT_NAMES
     from .presets import PRESETS
 
     p.add_argument("--model", default=model,
                    help=f"a preset ({', '.join(PRESETS)}) or a local checkpoint folder (default: {model})")
-    p.add_argument("--inputs", default=inputs, choices=LAYOUT_NAMES, help=f"input kind (default: {inputs})")
+    kinds = tuple(dict.fromkeys(LAYOUT_NAMES + OMNI_LAYOUT_NAMES))
+    p.add_argument("--inputs", default=inputs, choices=kinds,
+                   help=f"input kind (default: {inputs}); audio and audio-in-video for Omni thinkers")
     p.add_argument("--attn", default="sdpa",
                    help=f"attention implementation: {', '.join(ATTNS)} (flash_attention_2 needs flash-attn; varlen, "
                         "PyTorch's flash kernel in the vision tower, a CUDA GPU and bf16/fp16) (default: sdpa)")

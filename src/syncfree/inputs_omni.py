@@ -23,7 +23,12 @@ import torch
 from .inputs import Image, Text, Video, _grid
 
 __all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
-           "END_TOKENS"]
+           "omni_forward_kwargs", "END_TOKENS", "is_omni"]
+
+
+def is_omni(config) -> bool:
+    """True for an Omni thinker's config (audio placeholders, ``build_omni_inputs``)."""
+    return getattr(config, "model_type", "") in END_TOKENS
 
 # The end tokens the tokenizers use (not in the thinker configs, which name only what the model reads).
 END_TOKENS = {"qwen3_omni_moe_thinker": dict(vision_end_token_id=151653, audio_end_token_id=151670),
@@ -169,7 +174,7 @@ def omni_forward_kwargs(samples: list[list]) -> dict:
     return {"use_audio_in_video": True} if with_audio else {}
 
 
-OMNI_LAYOUT_NAMES = ("audio", "image", "video", "mixed", "audio-in-video")
+OMNI_LAYOUT_NAMES = ("audio", "image", "images", "video", "mixed", "audio-in-video")
 
 
 def omni_layout(name: str, side: int = 64, unit: int = 32, seconds: float = 3.0) -> list[list]:
@@ -180,6 +185,9 @@ def omni_layout(name: str, side: int = 64, unit: int = 32, seconds: float = 3.0)
         return [[Text(10), Audio(frames), Text(12)]]
     if name == "image":
         return [[Text(10), Image(side, side), Text(12)]]
+    if name == "images":
+        half = max(side // 2 // unit * unit, unit)
+        return [[Text(10), Image(side, side), Text(3), Image(half, side), Text(3), Image(side, half), Text(12)]]
     if name == "video":
         return [[Text(10), Video(4, side, side), Text(12)]]
     if name == "mixed":

@@ -149,7 +149,9 @@ def _family_of(model: torch.nn.Module) -> Family | None:
         config = getattr(module, "config", None)
         model_type = getattr(config, "model_type", None) or ""
         # A vision tower or text model alone carries the sub-config's type ("qwen3_vl_vision").
-        for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text")):
+        # (An Omni thinker's towers: "qwen3_omni_moe_vision_encoder", "..._audio_encoder".)
+        for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text"),
+                     model_type.replace("_vision_encoder", "_thinker"), model_type.replace("_audio_encoder", "_thinker")):
             if name in FAMILIES:
                 return FAMILIES[name]
     return None

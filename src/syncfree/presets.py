@@ -316,9 +316,11 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
     import importlib
 
     if model not in PRESETS:
-        return build_model(model, attn=attn, dtype=dtype).model.visual
+        built = build_model(model, attn=attn, dtype=dtype)
+        return getattr(built.model, "visual", None) or built.visual
     config = load_config(model, attn=attn)
-    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    folder = THINKER_CLASSES[config.model_type][0] if config.model_type in THINKER_CLASSES else config.model_type
+    module = importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
     cls = getattr(module, _VISION_CLASSES[config.model_type])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -329,4 +331,5 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
 _VISION_CLASSES = {"qwen3_vl": "Qwen3VLVisionModel", "qwen3_vl_moe": "Qwen3VLMoeVisionModel",
                    "qwen3_5": "Qwen3_5VisionModel", "qwen3_5_moe": "Qwen3_5MoeVisionModel",
                    "qwen2_vl": "Qwen2VisionTransformerPretrainedModel",
-                   "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel"}
+                   "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel",
+                   "qwen3_omni_moe_thinker": "Qwen3OmniMoeVisionEncoder", "qwen2_5_omni_thinker": "Qwen2_5OmniVisionEncoder"}

@@ -71,6 +71,35 @@ def _fits_generation(entry, input_ids) -> bool:
             and str(input_ids.device) == plan.device)
 
 
+def _same_host(value, kept) -> bool:
+    """``value`` is None where ``kept`` is, or a host tensor equal to it (a device tensor cannot be compared
+    without a read)."""
+    if value is None or kept is None:
+        return value is None and kept is None
+    return (isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.shape == kept.shape
+            and torch.equal(value.to(kept.dtype), kept))
+
+
+def _registered_plan(given: dict):
+    """The plan prepare() registered for these input_ids, when the call's other inputs are the ones it describes."""
+    registration = active.registered(given.get("input_ids"))
+    if registration is None or registration.plan.spec.rope_class is None:
+        return None
+    plan = registration.plan
+    try:
+        active.check_unchanged(registration, {n: given.get(n) for n in ("input_ids", "attention_mask")})
+    except active.StalePlan:
+        return None
+    if given.get("attention_mask") is None:
+        return None
+    for name, kept in (("image_grid_thw", plan.host["image_grid_thw"]), ("video_grid_thw", plan.host["video_grid_thw"]),
+                       ("second_per_grids", plan.host["video_second_per_grid"]),
+                       ("audio_seqlens", plan.audio.feature_lens if plan.audio is not None else None)):
+        if not _same_host(given.get(name), kept):
+            return None
+    return plan
+
+
 def make_omni_rope_index(stock):
     names = _positional_names(stock)
 
@@ -89,6 +118,11 @@ def make_omni_rope_index(stock):
                 plan = entry.plan
             elif _fits_generation(entry, input_ids):  # generate()'s copy of the prompt (maybe repeated)
                 plan = entry.plan.expanded(input_ids.shape[0])
+            found = plan.omni_positions(flag) if plan is not None else None
+            if found is not None:
+                return found
+        elif entry is None:
+            plan = _registered_plan(given)
             found = plan.omni_positions(flag) if plan is not None else None
             if found is not None:
                 return found
