@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .plan_audio import AudioPlan, audio_plan
+from .plan_audio import AudioPlan
+from .plan_omni import omni_fields, omni_rope, rope_config_key
 from .rope import rope_index
-from .rope_omni import mm_counts_per_row, rope_config_key, stock_rope_on_host
 
 __all__ = ["Plan", "VisionPlan", "ModelSpec", "build_plan", "vision_plan", "PLAN_INPUTS"]
 
@@ -263,7 +263,7 @@ class Plan:
         if flag == self.use_audio_in_video:
             return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
         if flag not in self.rope_cache:
-            found = _omni_rope(self.spec, self.host, self.host_mask, flag)
+            found = omni_rope(self.spec, self.host, self.host_mask, flag)
             self.rope_cache[flag] = tuple(_move(t, self.device) for t in found) if found is not None else None
         return self.rope_cache[flag]
 
@@ -341,20 +341,6 @@ def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> torch.Tensor |
     return None
 
 
-def _omni_rope(spec: ModelSpec, host: dict, mask, use_audio_in_video: bool):
-    """Stock's Omni index on the host; None where stock does not compute it (no 2D mask) or fails."""
-    ids = host["input_ids"]
-    if ids is None or mask is None:
-        return None
-    features = host.get("feature_attention_mask")
-    try:
-        return stock_rope_on_host(spec.vision_module, spec.rope_class, spec.config, ids, mask,
-                                  host["image_grid_thw"], host["video_grid_thw"], use_audio_in_video,
-                                  features.sum(dim=1) if features is not None else None, host.get("video_second_per_grid"))
-    except Exception:  # inconsistent inputs: stock's own index reports it when the forward runs it
-        return None
-
-
 def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
                use_audio_in_video: bool = False) -> Plan:
@@ -375,8 +361,12 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
 
     position_ids = rope_deltas = None
     ids, mm_types = host["input_ids"], host["mm_token_type_ids"]
-    if spec.rope_class is not None:
-        return _omni_plan(spec, host, types, mask, image, video, bool(use_audio_in_video))
+    if spec.rope_class is not None:  # an Omni thinker: stock's index on the host, the audio encoder's plan
+        found = omni_rope(spec, host, mask, bool(use_audio_in_video))
+        return Plan(spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
+                    n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
+                    position_ids=found[0] if found else None, rope_deltas=found[1] if found else None,
+                    host_mask=mask, host=host, **omni_fields(spec, host, bool(use_audio_in_video)))
     if (ids is not None and mm_types is not None and ids.shape == mm_types.shape and (image or video)
             and (given_mask is None or mask is not None)):
         try:
@@ -401,19 +391,3 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
         host=host, images_per_row=images_per_row, videos_per_row=tuple(videos_per_row),
     )
 
-
-def _omni_plan(spec: ModelSpec, host: dict, types, mask, image, video, use_audio_in_video: bool) -> Plan:
-    """An Omni thinker's plan: stock's rope index on the host, the audio encoder's plan, counts per row."""
-    ids, features = host["input_ids"], host["feature_attention_mask"]
-    found = _omni_rope(spec, host, mask, use_audio_in_video)
-    n, n_window_infer = spec.audio_window
-    audio = audio_plan(features, spec.vision_module, n, n_window_infer) if features is not None else None
-    images, videos, clips = mm_counts_per_row(ids, dict(spec.rope_key)) if ids is not None else ((), (), ())
-    return Plan(
-        spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
-        n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
-        position_ids=found[0] if found else None, rope_deltas=found[1] if found else None, host_mask=mask, host=host,
-        images_per_row=tuple(images), videos_per_row=tuple(videos), audio=audio,
-        n_audio_tokens=int((ids == spec.audio_token_id).sum()) if ids is not None else 0,
-        use_audio_in_video=use_audio_in_video,
-    )

@@ -61,7 +61,7 @@ def support_level(family: str) -> str:
     from ..generic import has_split
     from ..models.families import FAMILIES
 
-    if family in FAMILIES:
+    if family in FAMILIES or f"{family}_thinker" in FAMILIES:  # (an Omni model: syncfree patches its thinker)
         return "full"
     try:
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
@@ -93,7 +93,8 @@ def _audited(model, batch: dict, prepared: bool = False):
     from ..audit import audit
     from ..prepare import prepare
 
-    inputs = prepare(batch, "cuda", model) if prepared else {k: v.to("cuda") for k, v in batch.items()}
+    inputs = prepare(batch, "cuda", model) if prepared else {k: v.to("cuda") if isinstance(v, torch.Tensor) else v
+                                                            for k, v in batch.items()}
     with audit() as report, torch.no_grad():
         out = _output(model(**inputs))
     return report, out.cpu()  # after the audit: reading the result back is not the forward's doing
@@ -102,6 +103,20 @@ def _audited(model, batch: dict, prepared: bool = False):
 def _reason(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return text[:240]
+
+
+# Omni families: no auto class builds them from a config, and their forward takes audio; the census
+# runs their thinker (what syncfree patches), as syncfree's tiny preset builds it, on an Omni batch.
+OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-tiny"}
+
+
+def _omni_thinker(family: str):
+    from ..inputs_omni import build_omni_inputs, omni_layout
+    from ..presets import build_model
+
+    model = build_model(OMNI_TINY[family])
+    unit = model.config.vision_config.patch_size * model.config.vision_config.spatial_merge_size
+    return model, build_omni_inputs(model.config, omni_layout("mixed", unit=unit))
 
 
 def census_family(family: str) -> CensusRow:
@@ -113,8 +128,8 @@ def census_family(family: str) -> CensusRow:
     start = time.perf_counter()
     row = CensusRow(family, "not built", support=support_level(family))
     try:
-        stock = build_tiny(family)
-        batch = qwen_vl_style_batch(stock)
+        stock, batch = _omni_thinker(family) if family in OMNI_TINY else (build_tiny(family), None)
+        batch = batch or qwen_vl_style_batch(stock)
     except Exception as exc:  # a family the generic shrinker or input builder does not fit
         row.reason, row.seconds = _reason(exc), time.perf_counter() - start
         return row
