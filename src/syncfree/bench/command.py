@@ -75,21 +75,33 @@ def _given(args: argparse.Namespace, name: str):
 def _config(args: argparse.Namespace, device: str, dtypes: dict):
     from . import MODELS, QUICK_MODELS, SCENARIOS, BenchConfig
 
-    common = dict(scenarios=tuple(args.scenarios or SCENARIOS), scopes=tuple(args.scopes), device=device,
+    models = tuple(args.models or (QUICK_MODELS if args.quick else MODELS))
+    # By default the audio scenarios run only where every model is an Omni thinker (nothing else takes audio).
+    omni = all(_is_omni_model(m) for m in models)
+    chosen = args.scenarios or [n for n, s in SCENARIOS.items() if omni or not s.audio]
+    common = dict(scenarios=tuple(chosen), scopes=tuple(args.scopes), device=device,
                   compile=(False, True) if args.compile else (False,), repeats=_given(args, "repeats"),
                   budget_s=_given(args, "budget"), text_layers=_given(args, "text_layers"),
                   dtype=dtypes[_given(args, "dtype")], graph_breaks=not args.no_graph_breaks,
                   deadline_s=args.deadline, keep_going=args.keep_going, vision_attention=args.vision_attention)
     if args.quick:
-        return BenchConfig(models=tuple(args.models or QUICK_MODELS), attns=tuple(args.attn or ("sdpa",)),
+        return BenchConfig(models=models, attns=tuple(args.attn or ("sdpa",)),
                            scale=0.08, max_frames=4, **common)
     attns = tuple(args.attn or (("sdpa", "eager") if device == "cuda" else ("sdpa",)))
-    return BenchConfig(models=tuple(args.models or MODELS), attns=attns, **common)
+    return BenchConfig(models=models, attns=attns, **common)
+
+
+def _is_omni_model(model: str) -> bool:
+    from ..inputs_omni import is_omni
+    from ..presets import PRESETS
+
+    return model in PRESETS and is_omni(type("C", (), {"model_type": PRESETS[model].values["model_type"]}))
 
 
 def _check(cfg, out: str) -> None:
     """Everything that can be wrong with the request, before the first model is built."""
     from ..cli_checks import check_attn, check_emulation, check_out_dir, check_vision_attention
+    from ..inputs_omni import is_omni
     from ..presets import load_config
     from . import SCENARIOS
 
@@ -100,7 +112,11 @@ def _check(cfg, out: str) -> None:
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
     for model in cfg.models:
-        load_config(model)  # an unknown name, a missing folder or an unsupported model type, said now
+        config = load_config(model)  # an unknown name, a missing folder or an unsupported model type, said now
+        audio = [s for s in cfg.scenarios if SCENARIOS[s].audio]
+        if audio and not is_omni(config):
+            raise ValueError(f"scenario(s) {audio} feed audio, which only an Omni thinker takes; {model} is not one "
+                             "(e.g. --models qwen3-omni-tiny qwen2.5-omni-tiny)")
     check_out_dir(out)
     if cfg.device == "cpu":
         check_emulation()  # the CPU run audits its syncs on the emulated device

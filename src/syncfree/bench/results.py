@@ -100,7 +100,7 @@ def footnotes(rows: list[dict], graph_breaks: bool = True) -> list[str]:
         elif plain:
             video = sorted({r["scenario"] for r in plain if _video_only(r["scenario"])})
             if video:
-                why.append(f"video-only scenarios ({', '.join(video)})")
+                why.append(f"scenarios without an image ({', '.join(video)})")
             if any(not _video_only(r["scenario"]) for r in plain):
                 why.append("scenarios where counting failed (see the errors)")
         notes.append("breaks '-': not counted -- graph breaks (torch._dynamo.explain) are counted for the uncompiled "

@@ -19,6 +19,7 @@ update syncs no more: see ``syncfree audit --train``). Its syncs are also counte
 from __future__ import annotations
 
 import contextlib
+import inspect
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import torch
 from ..audit import audit, emulate_cuda
 from ..audit_train import labels_for
 from ..inputs import build_inputs
+from ..inputs_omni import build_omni_inputs, is_omni, omni_forward_kwargs
 from ..patching import patch, unpatch
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model
@@ -98,9 +100,11 @@ def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = 
 
 def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
     """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
-    visual = model.model.visual
+    visual = getattr(model.model, "visual", None) or model.visual  # (an Omni thinker in 5.17 holds it itself)
     if compiled:
         visual = torch.compile(visual, fullgraph=variant == "patched", dynamic=False)
+
+    keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def move(kwargs):
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
@@ -127,8 +131,10 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
                 if pixels in kwargs:
                     extra = {"syncfree_vision_plan": getattr(plan, kind)} if plan is not None else {}
                     visual(kwargs[pixels].to(model.dtype), grid_thw=kwargs[grid], **extra)
-        else:
+        elif keep_last:
             model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
+        else:  # (Omni thinkers take no logits_to_keep)
+            model(**kwargs)
 
     return run
 
@@ -205,12 +211,20 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
     unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
     pad = PRESETS[model_name].pad_token_id if model_name in PRESETS else None
     scenario = SCENARIOS[scenario_name]
-    batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
-    small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
+    if is_omni(config):  # audio too; a video's audio track needs the forward's flag, which travels in the batch
+        samples = scenario.samples(unit, cfg.scale, cfg.max_frames)
+        batch = {**build_omni_inputs(config, samples, pad_token_id=pad or 0), **omni_forward_kwargs(samples)}
+        small = batch if cfg.device == "cuda" else {
+            **build_omni_inputs(config, scenario.smallest(unit), pad_token_id=pad or 0), **omni_forward_kwargs(samples)}
+    else:
+        batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
+        small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
     with torch.no_grad():
         audits = _audits(model, small, cfg.scopes, cfg.device, cfg.vision_attention)
     records = []
     for scope, compiled in _timed_cells(cfg):
+        if scope == "vision" and not scenario.pixels:
+            continue  # an audio-only scenario: no vision tower runs (the full scope times the audio encoder)
         model.train(scope == "train")
         for variant in ("stock", "patched"):
             _use(model, variant, cfg.vision_attention)
@@ -276,7 +290,8 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
     run = MatrixRun()
     # Attention outermost: if a deadline cuts the run, the first implementation has every model.
     cells = [(m, a) for a in cfg.attns for m in cfg.models]
-    counter = _Counter(len(cells) * len(cfg.scenarios) * 2 * len(_timed_cells(cfg)))
+    counter = _Counter(len(cells) * 2 * sum(1 for s in cfg.scenarios for scope, _ in _timed_cells(cfg)
+                                            if scope != "vision" or SCENARIOS[s].pixels))
     for model_name, attn in cells:
         if cfg.deadline_s is not None and _clock() - start > cfg.deadline_s:
             run.not_run += [{"model": model_name, "attn": attn, "scenario": s} for s in cfg.scenarios]

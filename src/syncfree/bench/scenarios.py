@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..inputs import Image, Item, Text, Video
+from ..inputs_omni import Audio, VideoWithAudio
 
 __all__ = ["Scenario", "SCENARIOS", "MODELS", "QUICK_MODELS"]
 
@@ -20,6 +21,17 @@ class Scenario:
     name: str
     about: str
     requests: tuple  # per request: a tuple of ("text", n) / ("image", side_h, side_w) / ("video", frames, h, w)
+    #                  / ("audio", mel frames) / ("video+audio", frames, h, w, mel frames): Omni thinkers only
+
+    @property
+    def audio(self) -> bool:
+        """True when the scenario feeds audio (only an Omni thinker takes it)."""
+        return any(item[0] in ("audio", "video+audio") for request in self.requests for item in request)
+
+    @property
+    def pixels(self) -> bool:
+        """True when the scenario has an image or a video (something for the vision tower)."""
+        return any(item[0] in ("image", "video", "video+audio") for request in self.requests for item in request)
 
     def samples(self, unit: int, scale: float = 1.0, max_frames: int | None = None) -> list[list[Item]]:
         def px(side: int) -> int:
@@ -33,6 +45,12 @@ class Scenario:
                     items.append(Text(args[0]))
                 elif kind == "image":
                     items.append(Image(px(args[0]), px(args[1])))
+                elif kind == "audio":  # 100 mel frames a second; scaled like a side, at least one second
+                    items.append(Audio(max(100, round(args[0] * scale))))
+                elif kind == "video+audio":  # one frame a second, so the clip spans the frames
+                    frames = args[0] if max_frames is None else min(args[0], max_frames)
+                    items.append(VideoWithAudio(Video(frames, px(args[1]), px(args[2]), fps=1.0),
+                                                Audio(max(100, round(args[3] * scale)))))
                 else:
                     frames = args[0] if max_frames is None else min(args[0], max_frames)
                     items.append(Video(frames, px(args[1]), px(args[2])))
@@ -65,6 +83,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         (_PROMPT, _image(672), ("text", 2), _image(224), ("text", 2), ("image", 224, 448), _QUESTION),
         (_PROMPT,) + tuple(x for _ in range(4) for x in (_image(224), ("text", 2))) + (_QUESTION,),
     )),
+    # Omni thinkers (audio): a 30-second clip, and an 8-second 448x448 video with its audio track.
+    Scenario("audio-30s", "one 30-second audio clip", ((_PROMPT, ("audio", 3000), _QUESTION),)),
+    Scenario("video+audio", "an 8-frame 448x448 video with its 8-second audio track",
+             ((_PROMPT, ("video+audio", 8, 448, 448, 800), _QUESTION),)),
 )}
 
 # Real vision shapes; the text model keeps its widths but is cut to a few layers for the full scope
