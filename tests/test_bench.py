@@ -23,7 +23,9 @@ def quick(tmp_path_factory):
 def test_quick_matrix_covers_every_scenario_model_and_scope(quick):
     data, rows = quick
     cells = {(p["model"], p["scenario"], p["scope"]) for p in data["pairs"]}
-    assert cells == {(m, s, scope) for m in QUICK_MODELS for s in SCENARIOS for scope in ("vision", "full")}
+    # (The audio scenarios run only for Omni thinkers: none of the default models takes audio.)
+    assert cells == {(m, s, scope) for m in QUICK_MODELS for s in SCENARIOS if not SCENARIOS[s].audio
+                     for scope in ("vision", "full")}
     assert len(data["records"]) == 2 * len(data["pairs"]) and len(rows) == len(data["pairs"])
     assert {"torch", "transformers", "cpus"} <= data["machine"].keys() and data["timestamp"].endswith("Z")
 
@@ -180,3 +182,18 @@ def test_a_training_cell_times_the_step_and_counts_its_syncs_by_phase(tmp_path):
     stock, patched = by_variant["stock"]["syncs_by_phase"], by_variant["patched"]["syncs_by_phase"]
     assert stock["backward"] > 0 and sum(stock.values()) == by_variant["stock"]["syncs"]
     assert patched == {"forward": 0, "recompute": 0, "backward": 0, "optimizer": 0}
+
+
+def test_omni_thinkers_bench_audio_scenarios_sync_free(tmp_path):
+    assert main(["bench", "--quick", "--device", "cpu", "--models", "qwen2.5-omni-tiny", "--scenarios", "audio-30s",
+                 "video+audio", "--out", str(tmp_path), "--name", "omni", "--no-plot", "--repeats", "1"]) == 0
+    pairs = json.loads((tmp_path / "omni.json").read_text())["pairs"]
+    # An audio-only scenario has no vision-tower cell; the full prefill runs the audio encoder.
+    assert {(p["scenario"], p["scope"]) for p in pairs} == {("audio-30s", "full"), ("video+audio", "vision"),
+                                                             ("video+audio", "full")}
+    assert all(p["patched_syncs"] == 0 and p["stock_syncs"] > 0 for p in pairs)
+
+
+def test_audio_scenarios_are_refused_for_models_without_audio(capsys):
+    assert main(["bench", "--quick", "--device", "cpu", "--models", "qwen3-vl-tiny", "--scenarios", "audio-30s"]) == 2
+    assert "feed audio, which only an Omni thinker takes; qwen3-vl-tiny is not one" in capsys.readouterr().err

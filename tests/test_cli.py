@@ -150,3 +150,17 @@ def test_audited_forwards_report_each_vision_block_and_text_layer_and_leave_no_h
     with layer_progress(model, "[x]", seen.append):
         model.blocks[0](torch.ones(2))
     assert seen[-1] == "[x] vision block 1/1" and not layer._forward_pre_hooks  # removed on exit
+
+
+def test_audit_compare_for_an_omni_thinker_with_a_videos_audio_track(tmp_path):
+    path = tmp_path / "omni.json"
+    assert main(["audit", "--compare", "--model", "qwen2.5-omni-tiny", "--inputs", "audio-in-video",
+                 "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["stock"]["summary"]["syncs"] > 20
+    assert data["patched"]["summary"]["syncs"] == 1 and data["patched+prepare"]["summary"]["syncs"] == 0
+
+
+def test_audio_inputs_for_a_model_without_audio_are_a_clear_error(capsys):
+    assert main(["audit", "--model", "qwen3-vl-tiny", "--inputs", "audio"]) == 2
+    assert "--inputs audio needs an Omni thinker" in capsys.readouterr().err

@@ -177,6 +177,28 @@ def test_generate_and_backward_equal_stock(name):
     batch, flags = _batch(stock, "video with its audio")
     with torch.no_grad():
         assert torch.equal(patched.generate(**batch, **flags, **options), stock.generate(**batch, **flags, **options))
+    # Beams: generate() repeats every batch tensor row by row; the plan follows (one clip per row here).
+    batch = build_omni_inputs(stock.config, [[Text(3), Audio(250), Text(2)], [Text(1), Audio(120), Text(4)]])
+    beams = dict(options, num_beams=2, num_return_sequences=2)
+    with torch.no_grad():
+        assert torch.equal(patched.generate(**syncfree.prepare(batch, "cpu", patched), **beams),
+                           stock.generate(**batch, **beams))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_generate_syncs_only_in_the_generation_loop(name):
+    _, patched = _pair(name, dtype=torch.bfloat16)
+    batch, flags = _batch(patched, "everything, and a text-only row")
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad(), emulate_cuda():
+        patched.to("cuda")
+        try:
+            kwargs = syncfree.prepare(batch, "cuda", patched)
+            with syncfree.audit() as report:
+                patched.generate(**kwargs, **flags, **options)
+        finally:
+            patched.to("cpu")
+    assert report.syncs and all("transformers/generation/" in e.line for e in report.syncs), report.table()
 
 
 @pytest.mark.parametrize("name", PRESETS)
