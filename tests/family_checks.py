@@ -6,6 +6,18 @@ import torch
 
 import syncfree
 from syncfree.audit import assert_no_sync, emulate_cuda
+from syncfree.presets import build_model
+
+_pairs: dict = {}
+
+
+def model_pair(name: str, attn: str = "sdpa", dtype=torch.float32):
+    """A stock model and a patched one with the same weights, built once per test session."""
+    key = (name, attn, dtype)
+    if key not in _pairs:
+        _pairs[key] = (build_model(name, attn=attn, dtype=dtype),
+                       syncfree.patch(build_model(name, attn=attn, dtype=dtype)))
+    return _pairs[key]
 
 
 def check_prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batch) -> None:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock
+from family_checks import check_generate_and_backward_equal_stock, model_pair
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video
 from syncfree.inputs_omni import Audio, VideoWithAudio, build_omni_inputs, omni_forward_kwargs
@@ -23,15 +23,7 @@ from syncfree.presets import build_model
 pytest.importorskip("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe")
 
 PRESETS = ("qwen3-omni-tiny", "qwen2.5-omni-tiny")
-_pairs: dict = {}
-
-
-def _pair(name: str, attn: str = "sdpa", dtype=torch.float32):
-    key = (name, attn, dtype)
-    if key not in _pairs:
-        _pairs[key] = (build_model(name, attn=attn, dtype=dtype),
-                       syncfree.patch(build_model(name, attn=attn, dtype=dtype)))
-    return _pairs[key]
+_pair = model_pair
 
 
 def _inner(model):

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock, check_prepared_prefill_has_no_sync_and_moved_inputs_one
+from family_checks import check_generate_and_backward_equal_stock, model_pair, check_prepared_prefill_has_no_sync_and_moved_inputs_one
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.presets import build_model
@@ -23,15 +23,7 @@ transformers_has = pytest.importorskip("transformers.models.qwen3_5.modeling_qwe
                                        reason="this Transformers release has no Qwen3.5")
 
 PRESETS = ("qwen3.5-tiny", "qwen3.5-moe-tiny")
-_pairs: dict = {}
-
-
-def _pair(name: str, attn: str = "sdpa", dtype=torch.float32):
-    key = (name, attn, dtype)
-    if key not in _pairs:
-        _pairs[key] = (build_model(name, attn=attn, dtype=dtype),
-                       syncfree.patch(build_model(name, attn=attn, dtype=dtype)))
-    return _pairs[key]
+_pair = model_pair
 
 
 # Pixel sizes are multiples of 32 (patch 16 x merge 2). Videos are one placeholder run per frame,

@@ -124,17 +124,23 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         mm_token_type_ids[b, span] = torch.tensor(kinds, dtype=torch.long)
 
     out = {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
-    features = vc.in_channels * tpatch * patch * patch
-    if image_grids:
-        grid = torch.tensor(image_grids, dtype=torch.long)
-        out["pixel_values"] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
-        out["image_grid_thw"] = grid
-    if video_grids:
-        grid = torch.tensor(video_grids, dtype=torch.long)
-        out["pixel_values_videos"] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
-        out["video_grid_thw"] = grid
-        if config.model_type == "qwen2_5_vl":
-            out["second_per_grid_ts"] = torch.tensor(seconds)
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    if video_grids and config.model_type == "qwen2_5_vl":
+        out["second_per_grid_ts"] = torch.tensor(seconds)
+    return out
+
+
+def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch.Generator) -> dict:
+    """Random flattened patches and their grids, as the image and video processors return them."""
+    vc = vision_config
+    features = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
+    out = {}
+    for grids, pixels, name in ((image_grids, "pixel_values", "image_grid_thw"),
+                                (video_grids, "pixel_values_videos", "video_grid_thw")):
+        if grids:
+            grid = torch.tensor(grids, dtype=torch.long)
+            out[pixels] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
+            out[name] = grid
     return out
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import Image, Text, Video, _grid
+from .inputs import Image, Text, Video, _grid, pixel_inputs
 
 __all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
            "omni_forward_kwargs", "END_TOKENS", "is_omni"]
@@ -147,15 +147,8 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
         input_ids[b, span] = torch.tensor(ids, dtype=torch.long)
         attention_mask[b, span] = 1
     out = {"input_ids": input_ids, "attention_mask": attention_mask}
-    features = vc.in_channels * tpatch * patch * patch
-    if image_grids:
-        grid = torch.tensor(image_grids, dtype=torch.long)
-        out["pixel_values"] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
-        out["image_grid_thw"] = grid
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
     if video_grids:
-        grid = torch.tensor(video_grids, dtype=torch.long)
-        out["pixel_values_videos"] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
-        out["video_grid_thw"] = grid
         out["video_second_per_grid"] = torch.tensor(seconds)
     if clips:
         bins = mel_bins or config.audio_config.num_mel_bins

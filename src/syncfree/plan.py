@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .plan_tensors import DeviceFields, move
 from .plan_audio import AudioPlan
 from .plan_omni import omni_fields, omni_rope, rope_config_key
 from .rope import rope_index
@@ -102,15 +103,8 @@ def _truncates_seconds(module_name: str) -> bool:
     return "int(next(second_per_grid_ts))" in inspect.getsource(module.Qwen2_5_VLModel.get_rope_index)
 
 
-def _move(t: torch.Tensor, device) -> torch.Tensor:
-    # Pinned + non_blocking: the copy is queued and the host goes on (no wait, no sync).
-    if device is None or torch.device(device).type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 @dataclass
-class VisionPlan:
+class VisionPlan(DeviceFields):
     """What the vision tower derives from one modality's ``grid_thw``."""
 
     grid_thw: torch.Tensor  # (N, 3), on the host
@@ -132,14 +126,6 @@ class VisionPlan:
     @property
     def num_patches(self) -> int:
         return sum(self.seqlens)
-
-    def to(self, device) -> "VisionPlan":
-        moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
-        return dataclasses.replace(self, **moved, device=str(torch.device(device)))
-
-    def pin_memory(self) -> "VisionPlan":
-        return dataclasses.replace(self, **{f: getattr(self, f).pin_memory() for f in self._TENSORS
-                                            if getattr(self, f) is not None})
 
     def vision_kwargs(self) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
@@ -239,7 +225,7 @@ class Plan:
         return self.n_image_tokens + self.n_video_tokens
 
     def to(self, device) -> "Plan":
-        moved = {name: _move(getattr(self, name), device) if getattr(self, name) is not None else None
+        moved = {name: move(getattr(self, name), device) if getattr(self, name) is not None else None
                  for name in ("position_ids", "rope_deltas")}
         return dataclasses.replace(
             self, image=self.image.to(device) if self.image else None,
@@ -264,7 +250,7 @@ class Plan:
             return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
         if flag not in self.rope_cache:
             found = omni_rope(self.spec, self.host, self.host_mask, flag)
-            self.rope_cache[flag] = tuple(_move(t, self.device) for t in found) if found is not None else None
+            self.rope_cache[flag] = tuple(move(t, self.device) for t in found) if found is not None else None
         return self.rope_cache[flag]
 
     def check_batch(self, batch) -> None:

@@ -11,12 +11,12 @@ on the host. Here it is computed once, on the host, with the installed Transform
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass
 
 import torch
 
+from .plan_tensors import DeviceFields
 __all__ = ["AudioPlan", "audio_plan", "audio_plan_from_lengths", "SegmentedMax"]
 
 
@@ -38,14 +38,8 @@ class SegmentedMax(int):
         return SegmentedMax, (int(self), self.seqlens)
 
 
-def _move(t: torch.Tensor, device) -> torch.Tensor:
-    if device is None or torch.device(device).type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 @dataclass
-class AudioPlan:
+class AudioPlan(DeviceFields):
     feature_lens: torch.Tensor  # (clips,) mel frames per clip, on the host (stock: feature_attention_mask.sum(1))
     chunk_sizes: tuple[int, ...]  # frames per encoder chunk, as host ints
     chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk (Qwen2.5-Omni masks the padded chunks with it)
@@ -60,14 +54,6 @@ class AudioPlan:
     device: str = "cpu"
 
     _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
-
-    def to(self, device) -> "AudioPlan":
-        moved = {f: _move(getattr(self, f), device) for f in self._TENSORS if getattr(self, f) is not None}
-        return dataclasses.replace(self, **moved, device=str(torch.device(device)))
-
-    def pin_memory(self) -> "AudioPlan":
-        return dataclasses.replace(self, **{f: getattr(self, f).pin_memory() for f in self._TENSORS
-                                            if getattr(self, f) is not None})
 
     def encoder_kwargs(self, input_features: torch.Tensor) -> dict:
         """What the stock audio encoder pops from its kwargs instead of deriving it from the device lengths."""
