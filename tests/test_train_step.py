@@ -28,6 +28,17 @@ def test_patched_step_with_prepare_has_no_sync_in_any_phase(preset):
     assert len(set(about["losses"].values())) == 1  # the three steps computed the same loss
 
 
+@pytest.mark.parametrize("preset, dtype", [("qwen2.5-omni-tiny", torch.float32), ("qwen3-omni-tiny", torch.bfloat16)])
+def test_omni_thinker_step_with_a_videos_audio_track_has_no_sync_in_any_phase(preset, dtype):
+    # The batch carries the forward's use_audio_in_video flag (a bool beside the tensors).
+    reports, about = run_train_compare(AuditSpec(model=preset, inputs="audio-in-video", dtype=dtype),
+                                       grad_ckpt="reentrant")
+    assert reports["patched+prepare"].syncs == [] and reports["patched+prepare"].blocking_copies == []
+    assert reports["patched"].summary()["syncs"] == 1
+    assert reports["stock"].by_phase()["recompute"]["syncs"] > 0
+    assert len(set(about["losses"].values())) == 1
+
+
 def test_assert_no_sync_holds_for_a_reentrant_checkpointed_step():
     preset = "qwen3-vl-tiny"
     config = load_config(preset)

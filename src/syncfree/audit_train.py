@@ -109,7 +109,8 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
                 device_batch = prepare(batch, "cuda", config)
                 device_batch["labels"] = labels.to("cuda", non_blocking=True)
             else:
-                device_batch = {k: v.to("cuda") for k, v in {**batch, "labels": labels}.items()}
+                device_batch = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v
+                                for k, v in {**batch, "labels": labels}.items()}
             if use_gpu:  # warm-up: first calls initialize kernels and caches
                 with layer_progress(model, f"{label} warm-up", progress):
                     train_step(model, device_batch, step_optimizer)
