@@ -188,7 +188,7 @@ def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
 
 
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid")
+               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids")
 
 
 @dataclass
@@ -281,8 +281,8 @@ class Plan:
             # An Omni thinker's generate() repeats every batch tensor row by row (GenerationMixin's default):
             # the plan describes what the forward will then be given.
             return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video, **{
-                n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()}
-            ).to(self.device)
+                n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()
+                if n != "position_ids"}).to(self.device)
         tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
                   for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
         grids = {}
@@ -329,13 +329,15 @@ def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> torch.Tensor |
 
 def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
-               use_audio_in_video: bool = False) -> Plan:
+               position_ids=None, use_audio_in_video: bool = False) -> Plan:
     """Build the plan on the host from host tensors. Checks only what stock also needs (the grids);
     ``syncfree.prepare`` validates the rest before calling this."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
             "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
-            "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid)}
+            "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid),
+            # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
+            "position_ids": _host(position_ids)}
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
         raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")

@@ -50,7 +50,7 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask)
 
 def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                 video_grid_thw=None, second_per_grid_ts=None, pixel_values=None, pixel_values_videos=None,
-                feature_attention_mask=None, video_second_per_grid=None, input_features=None) -> None:
+                feature_attention_mask=None, video_second_per_grid=None, input_features=None, position_ids=None) -> None:
     """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features."""
     types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask)
     if spec.audio_token_id is not None:

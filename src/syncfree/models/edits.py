@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..rewrite import Edit
 
-__all__ = ["AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
+__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT", "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS", "GENERATION_POSITIONS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -115,4 +115,10 @@ AUDIO_SCATTER = (
 AUDIO_ATTENTION = (
     Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
     Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, _syncfree.planned_sizes(max_seqlen))"),
+)
+
+# Transformers' mask code asks, for a batch without a padding mask (training), whether its position ids
+# restart inside a row (a padding-free packed batch): answered from the plan's host copy of those ids.
+PACKED_CHECK = (
+    Edit("expr", "(packed_sequence_mask[:, -1] == 0).all()", "_syncfree.none_packed(packed_sequence_mask, position_ids)"),
 )

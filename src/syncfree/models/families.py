@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rewrite import Edit
-from .edits import (AUDIO_ATTENTION, AUDIO_FEATURES, AUDIO_SCATTER, DEEPSTACK_MERGE, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
+from .edits import (AUDIO_ATTENTION, AUDIO_FEATURES, AUDIO_SCATTER, DEEPSTACK_MERGE, PACKED_CHECK, DEEPSTACK_PROCESS, FEATURE_SCATTER, GENERATION_POSITIONS, PLACEHOLDER_MASK, RECURRENT_MASK,
                     VISION_ATTENTION)
 
 __all__ = ["Target", "Family", "FAMILIES", "MODULE_TARGETS"]
@@ -150,4 +150,6 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
         needs=("fast_all(padding_mask", "is_tracing(")),
     ("transformers.masking_utils", "create_recurrent_attention_mask"): Target(
         "create_recurrent_attention_mask", "", edits=RECURRENT_MASK, optional=True),
+    ("transformers.masking_utils", "find_packed_sequence_indices"): Target(
+        "find_packed_sequence_indices", "", edits=PACKED_CHECK, optional=True),
 }

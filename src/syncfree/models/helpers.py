@@ -23,7 +23,7 @@ from .attention import segment_attention, split_segments  # noqa: F401  (called 
 
 __all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes"]
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed"]
 
 
 def _compiling() -> bool:
@@ -210,3 +210,17 @@ def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) 
 def planned_sizes(max_seqlen):
     """The window sizes a planned ``max_seqlen`` carries (``plan_audio.SegmentedMax``), or None."""
     return getattr(max_seqlen, "seqlens", None)
+
+
+def none_packed(packed_sequence_mask: torch.Tensor, position_ids: torch.Tensor):
+    """``(packed_sequence_mask[:, -1] == 0).all()``: no row of the batch restarts its positions. Answered from
+    the plan's host copy of the position ids the forward was given (its text rows, as the text model hands
+    them to the mask code), when they have the shape of the ones asked about."""
+    entry = None if _compiling() else active.current()
+    host = entry.plan.host.get("position_ids") if entry is not None and position_ids.device.type != "cpu" else None
+    if isinstance(host, torch.Tensor) and host.dim() == 3:
+        host = host[0]  # (4, B, S) text + 3D rows, or (3, B, S): the text model's text row is the first
+    if not isinstance(host, torch.Tensor) or host.dim() != 2 or tuple(host.shape) != tuple(position_ids.shape):
+        return (packed_sequence_mask[:, -1] == 0).all()
+    restarts = torch.diff(host, prepend=host[:, :1] - 1, dim=-1) != 1  # stock's computation, on the host
+    return bool((restarts.cumsum(-1)[:, -1] == 0).all())
