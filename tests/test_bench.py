@@ -156,7 +156,7 @@ def test_uncounted_graph_breaks_show_a_dash_and_a_footnote_says_why():
     video = next(line for line in lines if "video-16x448" in line)
     assert video.split()[-3:-1] == ["19/0", "-"]  # syncs, graph breaks (then launches)
     [note] = footnotes(rows)
-    assert note.startswith("breaks '-': not counted") and "video-only scenarios (video-16x448)" in note
+    assert note.startswith("breaks '-': not counted") and "scenarios without an image (video-16x448)" in note
     assert "--no-graph-breaks" in footnotes(rows, graph_breaks=False)[0]
     assert footnotes([{**r, "stock_graph_breaks": 16, "patched_graph_breaks": 0} for r in rows]) == []
 

@@ -80,7 +80,7 @@ def footnotes(rows: list[dict], graph_breaks: bool = True) -> list[str]:
 
     Host syncs are audited for uncompiled forwards. Graph breaks are counted (``torch._dynamo.explain``)
     for the uncompiled vision tower on a scenario's image input, so not for the full prefill, compiled
-    rows, video-only scenarios or runs with ``--no-graph-breaks``, nor where counting failed.
+    rows, scenarios without an image or runs with ``--no-graph-breaks``, nor where counting failed.
     """
     notes = []
     if any(r["compiled"] and r.get("stock_syncs") is None for r in rows):
