@@ -24,6 +24,12 @@ processing = {
     "qwen2.5-omni-tiny": pytest.importorskip("transformers.models.qwen2_5_omni.processing_qwen2_5_omni"),
 }
 PROCESSORS = {"qwen3-omni-tiny": "Qwen3OmniMoeProcessor", "qwen2.5-omni-tiny": "Qwen2_5OmniProcessor"}
+# Releases before 5.2x write the same layout inside one method (replace_multimodal_special_tokens), which
+# needs a tokenizer; where the pieces are not separate functions, these checks run on newer releases only.
+SEPARATE = {n for n in PROCESSORS if hasattr(getattr(processing[n], PROCESSORS[n]), "replace_video_with_audio_token")
+            and hasattr(processing[n], "_get_feat_extract_output_lengths")}
+needs_separate = pytest.mark.skipif(len(SEPARATE) < len(PROCESSORS),
+                                    reason="this release's Omni processors lay placeholders out in one method")
 
 
 def _processor_count(name: str, frames: int) -> int:
@@ -33,6 +39,7 @@ def _processor_count(name: str, frames: int) -> int:
     return int(module._get_feat_extract_output_lengths(torch.tensor(frames)))
 
 
+@needs_separate
 @settings(max_examples=60, deadline=None)
 @given(frames=st.integers(1, 6000), name=st.sampled_from(sorted(PROCESSORS)))
 def test_audio_placeholder_count_is_the_processors(frames, name):
@@ -49,6 +56,7 @@ def _processor_interleaving(name: str, grid: list[int], seconds: float, n_audio:
                                               {"num_audio_tokens": np.array([n_audio])}, 0, **kwargs)
 
 
+@needs_separate
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(sorted(PROCESSORS)), temporal=st.integers(1, 6), side=st.integers(1, 3),
        fps=st.sampled_from([0.5, 1.0, 2.0]), frames=st.integers(100, 1200))
