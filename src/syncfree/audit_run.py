@@ -20,8 +20,8 @@ import torch
 
 from .audit import Report, audit, emulate_cuda, real_cuda_available
 from .cli_checks import check_image_side, image_unit
-from .inputs import build_inputs, named_layout
-from .inputs_omni import build_omni_inputs, is_omni, omni_forward_kwargs, omni_layout
+from .inputs import batch_to, named_layout
+from .inputs_omni import is_omni, omni_layout, processor_batch
 from .prepare import plan_of
 from .progress import layer_progress
 from .presets import PRESETS, build_model, build_vision_model, load_config
@@ -89,14 +89,14 @@ def spec_batch(spec: AuditSpec, config) -> dict:
     check_image_side(spec.image_side, config)
     pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
     unit = image_unit(config)
-    if is_omni(config):  # an Omni thinker: audio too; the forward's flag travels in the batch
+    if is_omni(config):  # an Omni thinker: audio too
         samples = omni_layout(spec.inputs, spec.side(unit), unit)
-        return {**build_omni_inputs(config, samples, seed=spec.seed, pad_token_id=pad or 0),
-                **omni_forward_kwargs(samples)}
-    if spec.inputs in ("audio", "audio-in-video"):
+    elif spec.inputs in ("audio", "audio-in-video"):
         raise ValueError(f"--inputs {spec.inputs} needs an Omni thinker (e.g. --model qwen3-omni-tiny); "
                          f"{spec.model} takes no audio")
-    return build_inputs(config, named_layout(spec.inputs, spec.side(unit), unit), seed=spec.seed, pad_token_id=pad)
+    else:
+        samples = named_layout(spec.inputs, spec.side(unit), unit)
+    return processor_batch(config, samples, seed=spec.seed, pad_token_id=pad)
 
 
 def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
@@ -167,7 +167,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
             if variant == "patched+prepare":
                 device_batch = prepare(batch, "cuda", config)
             else:
-                device_batch = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                device_batch = batch_to(batch, "cuda")
             if use_gpu:
                 with layer_progress(model, f"{label} warm-up", progress):
                     _forward(model, device_batch, spec.scope)  # warm-up: first calls initialize kernels and caches

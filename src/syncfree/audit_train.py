@@ -17,6 +17,7 @@ import torch
 
 from .audit import Report, audit, emulate_cuda
 from .audit_run import VARIANTS, AuditSpec, _resolve_engine, spec_batch
+from .inputs import batch_to
 from .presets import PRESETS, build_model, load_config
 from .progress import layer_progress
 
@@ -109,8 +110,7 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
                 device_batch = prepare(batch, "cuda", config)
                 device_batch["labels"] = labels.to("cuda", non_blocking=True)
             else:
-                device_batch = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v
-                                for k, v in {**batch, "labels": labels}.items()}
+                device_batch = batch_to({**batch, "labels": labels}, "cuda")
             if use_gpu:  # warm-up: first calls initialize kernels and caches
                 with layer_progress(model, f"{label} warm-up", progress):
                     train_step(model, device_batch, step_optimizer)

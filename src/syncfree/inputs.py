@@ -20,7 +20,7 @@ from typing import Union
 
 import torch
 
-__all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES"]
+__all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES", "batch_to"]
 
 
 @dataclass(frozen=True)
@@ -165,3 +165,9 @@ def named_layout(name: str, side: int = 448, unit: int = 32) -> list[list[Item]]
             [Text(8), Image(half, half), Text(10)],
         ]
     raise ValueError(f"unknown input kind {name!r}; choose one of {', '.join(LAYOUT_NAMES)}")
+
+
+def batch_to(batch: dict, device) -> dict:
+    """The batch with its tensors on ``device``, as ``processor(...).to(device)`` moves them; other entries
+    (an Omni batch's ``use_audio_in_video`` flag) stay as they are."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -20,15 +20,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import Image, Text, Video, _grid, pixel_inputs
+from .inputs import Image, Text, Video, _grid, build_inputs, pixel_inputs
 
 __all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
-           "omni_forward_kwargs", "END_TOKENS", "is_omni"]
+           "omni_forward_kwargs", "END_TOKENS", "is_omni", "processor_batch"]
 
 
 def is_omni(config) -> bool:
-    """True for an Omni thinker's config (audio placeholders, ``build_omni_inputs``)."""
-    return getattr(config, "model_type", "") in END_TOKENS
+    """True for an Omni thinker's config, or its model type (audio placeholders, ``build_omni_inputs``)."""
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return model_type in END_TOKENS
 
 # The end tokens the tokenizers use (not in the thinker configs, which name only what the model reads).
 END_TOKENS = {"qwen3_omni_moe_thinker": dict(vision_end_token_id=151653, audio_end_token_id=151670),
@@ -189,3 +190,12 @@ def omni_layout(name: str, side: int = 64, unit: int = 32, seconds: float = 3.0)
     if name == "audio-in-video":
         return [[Text(6), VideoWithAudio(Video(4, side, side, fps=1.0), Audio(frames)), Text(8)]]
     raise ValueError(f"unknown Omni input kind {name!r}; choose one of {', '.join(OMNI_LAYOUT_NAMES)}")
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """The processor-style CPU batch for ``samples`` under any supported config: an Omni thinker's (audio
+    too, with the forward's ``use_audio_in_video`` flag beside the tensors) or a Qwen-VL model's."""
+    if is_omni(config):
+        return {**build_omni_inputs(config, samples, seed=seed, pad_token_id=pad_token_id or 0),
+                **omni_forward_kwargs(samples)}
+    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)

@@ -53,9 +53,11 @@ def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atte
                 feature_attention_mask=None, video_second_per_grid=None, input_features=None, position_ids=None) -> None:
     """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features."""
     types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask)
+    # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
+    seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
     if spec.audio_token_id is not None:
         _check_audio(spec, input_ids, feature_attention_mask, input_features)
-        second_per_grid_ts = video_second_per_grid
+        seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
     merge2 = spec.spatial_merge_size ** 2
     for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
                                      (2, "video", video_grid_thw, pixel_values_videos)):
@@ -84,10 +86,8 @@ def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atte
         if pixels is not None and pixels.shape[0] != vp.num_patches:
             raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {pixels.shape[0]} "
                              f"patches but {name}_grid_thw describes {vp.num_patches}")
-    if second_per_grid_ts is not None and video_grid_thw is not None and \
-            len(second_per_grid_ts) != len(video_grid_thw):
-        name = "video_second_per_grid" if spec.audio_token_id is not None else "second_per_grid_ts"
-        raise ValueError(f"{name} has {len(second_per_grid_ts)} entries but video_grid_thw describes "
+    if seconds is not None and video_grid_thw is not None and len(seconds) != len(video_grid_thw):
+        raise ValueError(f"{seconds_name} has {len(seconds)} entries but video_grid_thw describes "
                          f"{len(video_grid_thw)} videos")
 
 

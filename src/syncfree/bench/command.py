@@ -95,7 +95,7 @@ def _is_omni_model(model: str) -> bool:
     from ..inputs_omni import is_omni
     from ..presets import PRESETS
 
-    return model in PRESETS and is_omni(type("C", (), {"model_type": PRESETS[model].values["model_type"]}))
+    return model in PRESETS and is_omni(PRESETS[model].values["model_type"])
 
 
 def _check(cfg, out: str) -> None:

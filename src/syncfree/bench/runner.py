@@ -28,8 +28,8 @@ import torch
 
 from ..audit import audit, emulate_cuda
 from ..audit_train import labels_for
-from ..inputs import build_inputs
-from ..inputs_omni import build_omni_inputs, is_omni, omni_forward_kwargs
+from ..inputs import batch_to
+from ..inputs_omni import processor_batch
 from ..patching import patch, unpatch
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model
@@ -106,9 +106,6 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
 
     keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
 
-    def move(kwargs):
-        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-
     if scope == "train":
         labels = labels_for(batch)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -117,7 +114,7 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
         if variant == "patched":
             kwargs = prepare(batch, device, model)
         else:
-            kwargs = move(batch)
+            kwargs = batch_to(batch, device)
         if scope == "train":
             kwargs["labels"] = labels.to(device, non_blocking=variant == "patched")  # (prepare's copies are pinned)
             with torch.enable_grad():
@@ -178,7 +175,7 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
     if variant == "patched":
         kwargs = prepare(batch, device, model)
     else:
-        kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        kwargs = batch_to(batch, device)
     plan = plan_of(kwargs)
     if "pixel_values" not in kwargs:
         return None
@@ -211,14 +208,8 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
     unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
     pad = PRESETS[model_name].pad_token_id if model_name in PRESETS else None
     scenario = SCENARIOS[scenario_name]
-    if is_omni(config):  # audio too; a video's audio track needs the forward's flag, which travels in the batch
-        samples = scenario.samples(unit, cfg.scale, cfg.max_frames)
-        batch = {**build_omni_inputs(config, samples, pad_token_id=pad or 0), **omni_forward_kwargs(samples)}
-        small = batch if cfg.device == "cuda" else {
-            **build_omni_inputs(config, scenario.smallest(unit), pad_token_id=pad or 0), **omni_forward_kwargs(samples)}
-    else:
-        batch = build_inputs(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
-        small = batch if cfg.device == "cuda" else build_inputs(config, scenario.smallest(unit), pad_token_id=pad)
+    batch = processor_batch(config, scenario.samples(unit, cfg.scale, cfg.max_frames), pad_token_id=pad)
+    small = batch if cfg.device == "cuda" else processor_batch(config, scenario.smallest(unit), pad_token_id=pad)
     with torch.no_grad():
         audits = _audits(model, small, cfg.scopes, cfg.device, cfg.vision_attention)
     records = []

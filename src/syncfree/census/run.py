@@ -91,10 +91,10 @@ def _output(out) -> torch.Tensor:
 
 def _audited(model, batch: dict, prepared: bool = False):
     from ..audit import audit
+    from ..inputs import batch_to
     from ..prepare import prepare
 
-    inputs = prepare(batch, "cuda", model) if prepared else {k: v.to("cuda") if isinstance(v, torch.Tensor) else v
-                                                            for k, v in batch.items()}
+    inputs = prepare(batch, "cuda", model) if prepared else batch_to(batch, "cuda")
     with audit() as report, torch.no_grad():
         out = _output(model(**inputs))
     return report, out.cpu()  # after the audit: reading the result back is not the forward's doing
@@ -111,12 +111,12 @@ OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-
 
 
 def _omni_thinker(family: str):
-    from ..inputs_omni import build_omni_inputs, omni_layout
+    from ..inputs_omni import omni_layout, processor_batch
     from ..presets import build_model
 
     model = build_model(OMNI_TINY[family])
     unit = model.config.vision_config.patch_size * model.config.vision_config.spatial_merge_size
-    return model, build_omni_inputs(model.config, omni_layout("mixed", unit=unit))
+    return model, processor_batch(model.config, omni_layout("mixed", unit=unit))
 
 
 def census_family(family: str) -> CensusRow:

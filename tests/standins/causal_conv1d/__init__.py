@@ -1,5 +1,4 @@
 """A stand-in for the causal-conv1d kernels (no CPU build exists): records its arguments."""
-import torch
 SEEN = []
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
