@@ -27,7 +27,7 @@ import torch
 import transformers
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from syncfree.models.attention import AttentionChoice, segment_attention, split_segments
+from syncfree.rewrite.attention import AttentionChoice, segment_attention, split_segments
 
 SHAPES = {"qwen3-vl-2b": (16, 64), "qwen3-vl-8b": (16, 72)}  # vision (heads, head_dim); 24 and 27 layers
 BACKENDS = ("split", "grouped", "block_diagonal")
@@ -175,7 +175,7 @@ def time_backend(backend, qkv, sizes, cu_seqlens, call, max_repeats, budget_s):
 
 def active_backends() -> tuple[str, ...]:
     """split, grouped, block_diagonal; and varlen where it runs (CUDA, PyTorch >= 2.10, bf16/fp16)."""
-    from syncfree.models.attention import varlen_available
+    from syncfree.rewrite.attention import varlen_available
 
     half = DEVICE["dtype"] in (torch.bfloat16, torch.float16)
     return BACKENDS + (("varlen",) if DEVICE["device"] == "cuda" and half and varlen_available() else ())

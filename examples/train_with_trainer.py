@@ -17,7 +17,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import syncfree
-from syncfree.audit_train import labels_for
+from syncfree.compare.train import labels_for
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.presets import PRESETS, build_model
 

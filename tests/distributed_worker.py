@@ -28,7 +28,7 @@ def layouts():
 
 
 def batch_for(layout: str) -> dict:
-    from syncfree.audit_train import labels_for
+    from syncfree.compare.train import labels_for
     from syncfree.inputs import build_inputs
     from syncfree.presets import PRESETS, load_config
 

@@ -109,7 +109,7 @@ def test_unknown_backends_and_varlen_without_cuda_are_refused():
     with pytest.raises(ValueError, match="vision_attention must be one of split, grouped, block_diagonal, varlen, "
                                          "auto, got 'packed'"):
         syncfree.patch(model, vision_attention="packed")
-    from syncfree.models.attention import varlen_available
+    from syncfree.rewrite.attention import varlen_available
 
     if not varlen_available():
         with pytest.raises(ValueError, match="needs PyTorch 2.10 or newer"):
@@ -122,7 +122,7 @@ def test_unknown_backends_and_varlen_without_cuda_are_refused():
 
 
 def test_varlen_on_an_older_pytorch_is_refused_with_the_fix(monkeypatch):
-    from syncfree.models import attention
+    from syncfree.rewrite import attention
 
     monkeypatch.setattr(attention, "varlen_available", lambda: False)
     with pytest.raises(ValueError, match="vision_attention='varlen' needs PyTorch 2.10 or newer.*use 'grouped'"):

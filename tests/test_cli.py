@@ -114,7 +114,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_line_rewrites_one_line_on_a_terminal_and_is_silent_elsewhere():
-    from syncfree.progress import ProgressLine
+    from syncfree.compare.progress import ProgressLine
 
     pipe, tty = io.StringIO(), _Terminal()
     for stream in (pipe, tty):
@@ -128,8 +128,8 @@ def test_progress_line_rewrites_one_line_on_a_terminal_and_is_silent_elsewhere()
 
 
 def test_audited_forwards_report_each_vision_block_and_text_layer_and_leave_no_hooks():
-    from syncfree.audit_run import AuditSpec, run_compare
-    from syncfree.progress import layer_progress
+    from syncfree.compare.forward import AuditSpec, run_compare
+    from syncfree.compare.progress import layer_progress
 
     seen: list[str] = []
     reports, about = run_compare(AuditSpec(inputs="image", scope="full", text_layers=2), progress=seen.append)

@@ -189,7 +189,7 @@ def test_bad_numbers_and_choices_are_one_line(args, words):
 
 # ---- in-process: the checks and the error policy ------------------------------------------------------
 def test_range_types():
-    from syncfree.cli_checks import at_least_one, positive_seconds
+    from syncfree.compare.checks import at_least_one, positive_seconds
 
     assert at_least_one("3") == 3 and positive_seconds("0.5") == 0.5
     for bad in ("0", "-1", "x", "1.5"):
@@ -201,7 +201,7 @@ def test_range_types():
 
 
 def test_image_side_check_uses_the_model_unit():
-    from syncfree.cli_checks import check_image_side
+    from syncfree.compare.checks import check_image_side
     from syncfree.presets import load_config
 
     qwen3, qwen25 = load_config("qwen3-vl-tiny"), load_config("qwen2.5-vl-tiny")
@@ -215,7 +215,7 @@ def test_image_side_check_uses_the_model_unit():
 
 
 def test_output_path_checks_try_a_write(tmp_path):
-    from syncfree.cli_checks import check_json_path, check_out_dir
+    from syncfree.compare.checks import check_json_path, check_out_dir
 
     check_json_path(str(tmp_path / "r.json"))
     check_out_dir(str(tmp_path / "new" / "results"))
@@ -243,10 +243,10 @@ def _raising(exc: BaseException):
     (FileNotFoundError(2, "No such file or directory", "/elsewhere/weights.safetensors"), 1),
 ])
 def test_errors_become_one_line_user_errors_exit_2_and_internal_ones_exit_1(monkeypatch, capsys, exc, status):
-    import syncfree.audit_run
+    import syncfree.compare.forward
 
     monkeypatch.delenv("SYNCFREE_DEBUG", raising=False)
-    monkeypatch.setattr(syncfree.audit_run, "run_compare", _raising(exc))
+    monkeypatch.setattr(syncfree.compare.forward, "run_compare", _raising(exc))
     assert main(["audit", *FAST]) == status
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("syncfree audit: error: ")
@@ -257,19 +257,19 @@ def test_errors_become_one_line_user_errors_exit_2_and_internal_ones_exit_1(monk
 
 
 def test_an_os_error_about_the_users_own_path_is_theirs(monkeypatch, capsys, tmp_path):
-    import syncfree.audit_run
+    import syncfree.compare.forward
 
     monkeypatch.delenv("SYNCFREE_DEBUG", raising=False)
-    monkeypatch.setattr(syncfree.audit_run, "run_compare",
+    monkeypatch.setattr(syncfree.compare.forward, "run_compare",
                         _raising(PermissionError(13, "Permission denied", str(tmp_path / "r.json"))))
     assert main(["audit", *FAST, "--json", str(tmp_path / "r.json")]) == 2
     assert "Permission denied" in capsys.readouterr().err
 
 
 def test_debug_re_raises(monkeypatch):
-    import syncfree.audit_run
+    import syncfree.compare.forward
 
-    monkeypatch.setattr(syncfree.audit_run, "run_compare", _raising(RuntimeError("boom")))
+    monkeypatch.setattr(syncfree.compare.forward, "run_compare", _raising(RuntimeError("boom")))
     monkeypatch.delenv("SYNCFREE_DEBUG", raising=False)
     with pytest.raises(RuntimeError, match="boom"):
         main(["--debug", "audit", *FAST])
@@ -290,7 +290,7 @@ def test_help_lists_every_command_on_one_line_each_with_examples(capsys, monkeyp
 
 
 def test_one_line_joins_lines():
-    from syncfree.cli_errors import one_line
+    from syncfree.cli.errors import one_line
 
     assert one_line(ValueError("a\n  b\n\nc ")) == "a b c"
     assert one_line(KeyboardInterrupt()) == "KeyboardInterrupt"

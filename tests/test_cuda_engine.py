@@ -35,7 +35,7 @@ def test_real_and_emulated_engines_agree_on_syncs_by_line():
     # emulate_cuda() refuses to run beside a real GPU, so the emulated half runs in a process
     # that cannot see it.
     code = (
-        "import json, torch; from syncfree.audit_run import AuditSpec, run_audit\n"
+        "import json, torch; from syncfree.compare.forward import AuditSpec, run_audit\n"
         "r, _ = run_audit(AuditSpec(inputs='mixed'), engine='emulated')\n"
         "print(json.dumps([e.line for e in r.syncs]))\n"
     )

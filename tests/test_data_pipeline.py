@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 
 import syncfree
 from syncfree.audit import emulate_cuda
-from syncfree.audit_train import labels_for
+from syncfree.compare.train import labels_for
 from syncfree.inputs import Image, Text, Video, build_inputs
-from syncfree.plan import Plan
+from syncfree.plan.batch import Plan
 from syncfree.presets import PRESETS, build_model, load_config
 
 PRESET = "qwen3-vl-tiny"

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import syncfree
-from syncfree.audit import DeviceTensor, EmulationUnavailable, audit, emulate_cuda
-from syncfree.audit import guard_shim
+from syncfree.audit import DeviceTensor, EmulationUnavailable, audit, emulate_cuda, guard_shim
 
 
 def test_tensors_on_cuda_report_the_cuda_device_and_hold_cpu_data():
@@ -223,7 +222,7 @@ def test_torch_cuda_answers_as_one_available_sm90_device_inside_and_is_restored_
 
 
 def test_inside_emulation_the_real_engine_is_refused_and_auto_picks_the_emulated_one():
-    from syncfree.audit_run import AuditSpec, run_audit
+    from syncfree.compare.forward import AuditSpec, run_audit
 
     with emulate_cuda():
         with pytest.raises(syncfree.CudaUnavailable, match="inside syncfree.emulate_cuda"):

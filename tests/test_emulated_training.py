@@ -11,7 +11,7 @@ import torch
 
 import syncfree
 from syncfree.audit import emulate_cuda
-from syncfree.audit_train import labels_for
+from syncfree.compare.train import labels_for
 from syncfree.inputs import build_inputs, named_layout
 from syncfree.presets import PRESETS, build_model, load_config
 

@@ -15,8 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncfree.inputs import Text, Video
-from syncfree.inputs_omni import Audio, VideoWithAudio, audio_tokens, build_omni_inputs
+from syncfree.inputs import Audio, Text, Video, VideoWithAudio, audio_tokens, build_omni_inputs
 from syncfree.presets import load_config
 
 processing = {
@@ -67,7 +66,7 @@ def test_a_videos_audio_track_is_interleaved_as_the_processor_does(name, tempora
     batch = build_omni_inputs(config, [[Text(2), VideoWithAudio(video, Audio(frames)), Text(1)]])
     ids = batch["input_ids"][0].tolist()
     start = ids.index(config.audio_start_token_id)
-    run = ids[start + 1:ids.index(getattr(config, "audio_end_token_id"), start)]
+    run = ids[start + 1:ids.index(config.audio_end_token_id, start)]
     ours = "".join("V" if t == config.video_token_id else "A" for t in run)
     grid = batch["video_grid_thw"][0].tolist()
     theirs = _processor_interleaving(name, grid, float(batch["video_second_per_grid"][0]), audio_tokens(config, frames),

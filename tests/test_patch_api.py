@@ -165,7 +165,7 @@ def test_prepared_batch_pickles_for_dataloader_workers(patched):
 def test_plan_built_for_other_config_values_is_refused(patched):
     import dataclasses
 
-    from syncfree.plan import ModelSpec
+    from syncfree.plan.spec import ModelSpec
 
     batch = build_inputs(patched.config, named_layout("image", 64))
     other = dataclasses.replace(ModelSpec.from_config(patched.config), num_grid_per_side=48)

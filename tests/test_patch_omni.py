@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 import syncfree
 from family_checks import check_generate_and_backward_equal_stock, model_pair
 from syncfree.audit import assert_no_sync, emulate_cuda
-from syncfree.inputs import Image, Text, Video
-from syncfree.inputs_omni import Audio, VideoWithAudio, build_omni_inputs, omni_forward_kwargs
+from syncfree.inputs import Audio, Image, Text, Video, VideoWithAudio, build_omni_inputs, omni_forward_kwargs
 from syncfree.presets import build_model
 
 pytest.importorskip("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe")

@@ -8,10 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
+from family_checks import (
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_has_no_sync_and_moved_inputs_one,
+)
 from syncfree.inputs import Image, Text, Video, build_inputs
-from syncfree.plan import ModelSpec, vision_plan
+from syncfree.plan.spec import ModelSpec
+from syncfree.plan.vision import vision_plan
 from syncfree.presets import build_model
-from family_checks import check_generate_and_backward_equal_stock, check_prepared_prefill_has_no_sync_and_moved_inputs_one
 
 PRESETS = ("qwen2-vl-tiny", "qwen2.5-vl-tiny")
 _pairs: dict = {}

@@ -13,11 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock, model_pair, check_prepared_prefill_has_no_sync_and_moved_inputs_one
+from family_checks import (
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_has_no_sync_and_moved_inputs_one,
+    model_pair,
+)
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
+from syncfree.plan.rope import rope_index
 from syncfree.presets import build_model
-from syncfree.rope import rope_index
 
 transformers_has = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5",
                                        reason="this Transformers release has no Qwen3.5")

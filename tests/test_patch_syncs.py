@@ -60,7 +60,7 @@ def test_inputs_moved_by_the_user_cost_exactly_one_explicit_read(pair):
 
     report = _on_device(patched, run)
     (sync,) = report.syncs
-    assert sync.where.filename.endswith("syncfree/host_read.py") and sync.api == "torch.cuda.synchronize"
+    assert sync.where.filename.endswith("syncfree/rewrite/host_read.py") and sync.api == "torch.cuda.synchronize"
     # Every read of the control tensors is a non-blocking copy waited for by that one sync.
     assert {(e.kind, e.blocking) for e in report.copies if e.kind == "d2h"} == {("d2h", False)}
 

@@ -1,4 +1,4 @@
-"""``syncfree.rope.rope_index`` against stock ``Qwen3VLModel.get_rope_index``: same numbers, dtypes,
+"""``syncfree.plan.rope.rope_index`` against stock ``Qwen3VLModel.get_rope_index``: same numbers, dtypes,
 shapes and devices for every layout, a loud failure on too few grids, and no host sync."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
+from syncfree.plan.rope import rope_index
 from syncfree.presets import build_model
-from syncfree.rope import rope_index
 
 KEYS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
 

@@ -1,4 +1,4 @@
-"""``syncfree.rope.rope_index`` against stock ``get_rope_index`` of Qwen2-VL and Qwen2.5-VL (whole-video
+"""``syncfree.plan.rope.rope_index`` against stock ``get_rope_index`` of Qwen2-VL and Qwen2.5-VL (whole-video
 runs, video time scaling, both the newer and the Transformers 5.17 rounding): same numbers, dtypes,
 shapes and devices, loud failures on too few grids or durations, no host sync, no graph break."""
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from syncfree.audit import assert_no_sync, emulate_cuda
-from syncfree.rope import rope_index
+from syncfree.plan.rope import rope_index
 
 IMAGE, VIDEO, START, END = 1000, 1001, 1002, 1003
 MERGE = 2

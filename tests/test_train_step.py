@@ -7,8 +7,8 @@ import torch
 
 import syncfree
 from syncfree.audit import emulate_cuda
-from syncfree.audit_run import AuditSpec
-from syncfree.audit_train import labels_for, run_train_compare, train_step
+from syncfree.compare.forward import AuditSpec
+from syncfree.compare.train import labels_for, run_train_compare, train_step
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.presets import PRESETS, build_model, load_config
 

@@ -16,8 +16,8 @@ from transformers import AttentionInterface
 from transformers.utils.generic import is_flash_attention_requested
 
 import syncfree
-from syncfree.prepare import plan_of
 from syncfree.inputs import build_inputs, named_layout
+from syncfree.prepare import plan_of
 from syncfree.presets import build_vision_model, load_config
 
 NAME = "syncfree_test_flash_varlen"
@@ -134,7 +134,7 @@ def _kernel_stand_in(calls):
 def test_bench_varlen_variant_switches_the_vision_tower_only_and_matches_sdpa(model_name, monkeypatch):
     varlen_module = pytest.importorskip("torch.nn.attention.varlen", reason="PyTorch < 2.10 has no varlen kernel")
 
-    from syncfree.bench.varlen import VARLEN_ATTN, use_torch_varlen
+    from syncfree.compare.varlen import VARLEN_ATTN, use_torch_varlen
     from syncfree.presets import build_model
 
     calls = []
@@ -156,9 +156,9 @@ def test_bench_varlen_variant_switches_the_vision_tower_only_and_matches_sdpa(mo
 
 
 def test_bench_refuses_varlen_where_the_kernel_cannot_run(capsys):
-    from syncfree.cli import main
-
     import importlib.util
+
+    from syncfree.cli import main
 
     assert main(["bench", "--device", "cpu", "--attn", "varlen", "--models", "qwen3-vl-tiny"]) == 2
     why = ("runs PyTorch's flash kernel, which needs a CUDA device"
@@ -169,7 +169,7 @@ def test_bench_refuses_varlen_where_the_kernel_cannot_run(capsys):
 def test_varlen_needs_a_half_precision_dtype_on_cuda():
     import importlib.util
 
-    from syncfree.bench.varlen import varlen_problem
+    from syncfree.compare.varlen import varlen_problem
 
     if importlib.util.find_spec("torch.nn.attention.varlen") is None:
         assert "needs PyTorch 2.10" in varlen_problem("cuda", "float32")

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import syncfree
+from syncfree.compile_vision import BucketError
 from syncfree.presets import build_model
-from syncfree.vision_buckets import BucketError
 
 ATOL = 1e-6
 BUCKETS = (64, 256, 1024)

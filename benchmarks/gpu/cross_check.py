@@ -28,7 +28,7 @@ VARIANTS = ("stock", "patched", "patched+prepare")
 # One child per engine: every (model, inputs) pair, one JSON line each, a failure reported in its line.
 CHILD = """
 import json, sys, traceback
-from syncfree.audit_run import AuditSpec, run_compare
+from syncfree.compare.forward import AuditSpec, run_compare
 engine, models, inputs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
 for model in models:
     for kind in inputs:

@@ -66,7 +66,7 @@ def main() -> int:
     parser.add_argument("--out", default="vision_backends.json")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    from syncfree.models.attention import varlen_available
+    from syncfree.rewrite.attention import varlen_available
 
     stock = build_vision_model(args.model, dtype=dtype).to(args.device)
     unit = stock.config.patch_size * stock.config.spatial_merge_size
@@ -95,7 +95,7 @@ def main() -> int:
                 tower = tower or _tower(stock, variant, args.device, args.quick)
                 host_grid = grid if variant != "stock" else grid.to(args.device)  # stock needs it on the device
 
-                def run():
+                def run(tower=tower, pixels=pixels, host_grid=host_grid):
                     with torch.no_grad():
                         tower(pixels, grid_thw=host_grid)
 

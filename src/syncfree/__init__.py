@@ -20,10 +20,10 @@ from .audit import (
     audit,
     emulate_cuda,
 )
-from .patching import UnsupportedTransformers, is_patched, patch, unpatch
 from .collate import planning_collator
+from .compile_vision import compile_vision
+from .patching import UnsupportedTransformers, is_patched, patch, unpatch
 from .prepare import prepare
-from .vision_buckets import compile_vision
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .plan import ModelSpec
+from .plan.spec import ModelSpec
 from .prepare import _spec, prepare
 
 __all__ = ["PlanningCollator", "planning_collator"]

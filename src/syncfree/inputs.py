@@ -1,173 +1,26 @@
-"""Model inputs laid out exactly as the Qwen-VL processors lay them out, without a tokenizer.
+"""Processor-style batches for every fully supported family, without a tokenizer or a download.
 
-The processors turn each image into ``<|vision_start|>`` + one ``<|image_pad|>``
-per merged patch + ``<|vision_end|>``. Qwen3-VL turns each video into, per
-temporal patch, a timestamp in text (``<1.2 seconds>``) followed by start,
-``<|video_pad|>`` per merged patch of that frame, and end; Qwen2-VL and
-Qwen2.5-VL put the whole video between one start and end, and Qwen2.5-VL adds
-``second_per_grid_ts`` (temporal patch size / fps per video). ``mm_token_type_ids`` marks image pads 1
-and video pads 2; everything else, the start/end tokens included, is text (0).
-A batch is padded (left by default, as for generation) and the grids are listed
-in order of appearance across the batch. Pixel values are random (the processor
-would normalize real pixels to about this range). All tensors are on the CPU,
-as the processor returns them.
+What a family's processor would return for a list of samples (text, images, videos, audio), laid out
+as that processor lays it out; the builders live with their families (``syncfree.families``).
+
+    batch = processor_batch(model.config, [[Text(10), Image(448, 448), Text(12)]])
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+from .families import batch_to, processor_batch
+from .families.omni.inputs import (
+                                   OMNI_LAYOUT_NAMES,
+                                   Audio,
+                                   VideoWithAudio,
+                                   audio_tokens,
+                                   build_omni_inputs,
+                                   is_omni,
+                                   omni_forward_kwargs,
+                                   omni_layout,
+)
+from .families.qwen_vl.inputs import LAYOUT_NAMES, Image, Item, Text, Video, build_inputs, named_layout, pixel_inputs
 
-import torch
-
-__all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES", "batch_to"]
-
-
-@dataclass(frozen=True)
-class Image:
-    height: int  # pixels, after the processor's resize (a multiple of patch_size * merge_size)
-    width: int
-
-
-@dataclass(frozen=True)
-class Video:
-    frames: int  # sampled frames, a multiple of the temporal patch size
-    height: int
-    width: int
-    fps: float = 2.0  # sampling rate of those frames, for the timestamps
-
-
-@dataclass(frozen=True)
-class Text:
-    tokens: int
-
-
-Item = Union[Image, Video, Text]
-
-
-def _timestamps(frames: int, fps: float, temporal_patch: int) -> list[float]:
-    # The processor averages the times of the frames merged into one temporal patch.
-    times = [i / fps for i in range(frames)]
-    return [(times[i] + times[i + temporal_patch - 1]) / 2 for i in range(0, frames, temporal_patch)]
-
-
-def _grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) -> tuple[int, int, int]:
-    unit = patch * merge
-    if item.height % unit or item.width % unit or item.height <= 0 or item.width <= 0:
-        raise ValueError(f"{item}: height and width must be positive multiples of {unit} pixels")
-    t = 1
-    if isinstance(item, Video):
-        if item.frames <= 0 or item.frames % temporal_patch:
-            raise ValueError(f"{item}: frames must be a positive multiple of {temporal_patch}")
-        t = item.frames // temporal_patch
-    return t, item.height // patch, item.width // patch
-
-
-def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left", seed: int = 0,
-                 pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
-    """Processor-style inputs for ``samples`` (one list of items per request) under ``config``."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    vc, tc = config.vision_config, config.text_config
-    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
-    specials = {config.image_token_id, config.video_token_id, config.vision_start_token_id,
-                config.vision_end_token_id}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-    text_hi = min(specials | {tc.vocab_size}) if max(specials) < tc.vocab_size else tc.vocab_size
-
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, text_hi, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
-
-    timestamps = config.model_type.startswith("qwen3")  # Qwen3-VL: one run per frame, timestamps between
-    rows, types, image_grids, video_grids, seconds = [], [], [], [], []
-    for sample in samples:
-        ids: list[int] = []
-        kinds: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                kinds += [0] * item.tokens
-                continue
-            t, h, w = _grid(item, patch, merge, tpatch)
-            per_frame = h * w // (merge * merge)
-            if isinstance(item, Image):
-                image_grids.append((t, h, w))
-                ids += [config.vision_start_token_id] + [config.image_token_id] * per_frame
-                ids += [config.vision_end_token_id]
-                kinds += [0] + [1] * per_frame + [0]
-            elif not timestamps:
-                video_grids.append((t, h, w))
-                seconds.append(tpatch / item.fps)
-                ids += [config.vision_start_token_id] + [config.video_token_id] * (t * per_frame)
-                ids += [config.vision_end_token_id]
-                kinds += [0] + [2] * (t * per_frame) + [0]
-            else:
-                video_grids.append((t, h, w))
-                for stamp in _timestamps(item.frames, item.fps, tpatch):
-                    n_stamp = len(f"<{stamp:.1f} seconds>") // 3  # about as many tokens as a tokenizer makes
-                    ids += text(n_stamp) + [config.vision_start_token_id] + [config.video_token_id] * per_frame
-                    ids += [config.vision_end_token_id]
-                    kinds += [0] * n_stamp + [0] + [2] * per_frame + [0]
-        rows.append(ids)
-        types.append(kinds)
-
-    length = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-    mm_token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
-    for b, (ids, kinds) in enumerate(zip(rows, types)):
-        span = slice(length - len(ids), length) if padding_side == "left" else slice(0, len(ids))
-        input_ids[b, span] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[b, span] = 1
-        mm_token_type_ids[b, span] = torch.tensor(kinds, dtype=torch.long)
-
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
-    if video_grids and config.model_type == "qwen2_5_vl":
-        out["second_per_grid_ts"] = torch.tensor(seconds)
-    return out
-
-
-def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch.Generator) -> dict:
-    """Random flattened patches and their grids, as the image and video processors return them."""
-    vc = vision_config
-    features = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
-    out = {}
-    for grids, pixels, name in ((image_grids, "pixel_values", "image_grid_thw"),
-                                (video_grids, "pixel_values_videos", "video_grid_thw")):
-        if grids:
-            grid = torch.tensor(grids, dtype=torch.long)
-            out[pixels] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
-            out[name] = grid
-    return out
-
-
-LAYOUT_NAMES = ("image", "images", "video", "mixed")
-
-
-def named_layout(name: str, side: int = 448, unit: int = 32) -> list[list[Item]]:
-    """The CLI's input kinds. ``side`` is the image side in pixels (448 for real presets, 64 for tiny);
-    ``unit`` is patch size x merge size (32 for Qwen3-VL, 28 for Qwen2/2.5-VL)."""
-    side = max(side // unit * unit, unit)
-    half = max(side // 2 // unit * unit, unit)
-    if name == "image":
-        return [[Text(12), Image(side, side), Text(20)]]
-    if name == "images":
-        return [[Text(12), Image(side, side), Text(3), Image(half, side), Text(3), Image(side, half), Text(20)]]
-    if name == "video":
-        return [[Text(12), Video(8, side, side), Text(20)]]
-    if name == "mixed":
-        # Two requests, left-padded: an image and a video in the first, one smaller image in the second.
-        return [
-            [Text(12), Image(side, side), Text(4), Video(4, half, half), Text(20)],
-            [Text(8), Image(half, half), Text(10)],
-        ]
-    raise ValueError(f"unknown input kind {name!r}; choose one of {', '.join(LAYOUT_NAMES)}")
-
-
-def batch_to(batch: dict, device) -> dict:
-    """The batch with its tensors on ``device``, as ``processor(...).to(device)`` moves them; other entries
-    (an Omni batch's ``use_audio_in_video`` flag) stay as they are."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+__all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "VideoWithAudio", "build_inputs",
+           "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs", "audio_tokens", "is_omni",
+           "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES"]

@@ -20,13 +20,15 @@ import types
 
 import torch
 
-from .models import helpers, wrappers
-from .models.attention import check_backend
-from .models.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
-from .models.families import FAMILIES, MODULE_TARGETS, Family, Target
-from .generic import GENERIC_NOTE, has_split, split_attention_targets
-from .models.edits import GENERIC_SPLIT
-from .rewrite import RewriteError, rewrite
+from .families import FAMILIES, MODULE_TARGETS
+from .rewrite import helpers
+from .rewrite.attention import check_backend
+from .rewrite.edits import GENERIC_SPLIT
+from .rewrite.generic import GENERIC_NOTE, has_split, split_attention_targets
+from .rewrite.rewriter import RewriteError, rewrite
+from .rewrite.targets import Family, Target
+from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
+from .rewrite.wrapper_table import WRAPPERS
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FAMILIES"]
 
@@ -55,7 +57,7 @@ def _refuse(family: str, where: str, problem: str) -> UnsupportedTransformers:
         "through the releases it was tested with; please report the version.")
 
 
-def _stock(owner, attr: str, inherited: bool):
+def stock_function(owner, attr: str, inherited: bool):
     """The stock function: also when the class is already patched; inherited ones through the MRO."""
     if (owner, attr) in _class_patches:
         saved = _class_patches[(owner, attr)]
@@ -92,7 +94,7 @@ def _build(family: str, where: str, target: Target, stock):
             raise _refuse(family, where, str(err)) from None
     if target.wrap:
         _check_wrap(family, where, target, stock)
-        fn = getattr(wrappers, target.wrap)(fn)
+        fn = WRAPPERS[target.wrap](fn)
     _built[stock] = fn
     return fn
 
@@ -108,14 +110,14 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
         if cls is None:
             raise UnsupportedTransformers(f"syncfree cannot patch {family.model_type}: Transformers {_version()} has "
                                           f"no {target.cls}. Nothing was patched.")
-        stock = _stock(cls, target.attr, target.inherited)
+        stock = stock_function(cls, target.attr, target.inherited)
         try:
             found.append((cls, target, stock, _build(family.model_type, f"{cls.__name__}.{target.attr}", target,
                                                      stock)))
         except UnsupportedTransformers:
             if not target.optional:
                 raise
-    for cls, target, _, replacement in found:
+    for _cls, target, _, replacement in found:
         _origin[replacement] = (family.modeling, target.cls, target.attr)
     return found
 
@@ -183,10 +185,10 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     Transformers has), so every model of them, built before or after, is patched.
     ``vision_attention`` picks how the vision attention runs its segments (fully supported families):
     ``"split"`` (one call per segment, as stock), ``"grouped"``, ``"block_diagonal"``, ``"varlen"`` or
-    ``"auto"`` (see ``syncfree.models.attention``). ``vision_every_step=True`` (a model instance of a fully
+    ``"auto"`` (see ``syncfree.rewrite.attention``). ``vision_every_step=True`` (a model instance of a fully
     supported family) makes every training forward run the vision tower for images and for videos, on a
     one-unit dummy where the micro-batch has none, so FSDP2/DDP ranks stay in step with text-only or
-    image-only micro-batches (``syncfree.models.vision_in_step``; outputs unchanged). ``verbose=True`` prints
+    image-only micro-batches (``syncfree.rewrite.vision_in_step``; outputs unchanged). ``verbose=True`` prints
     what was patched and what was not.
     """
     check_backend(vision_attention)
@@ -201,7 +203,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
                              f"{', '.join(FAMILIES)}); patch a model instance to get the generic fix")
         planned = [r for name in families for r in _replacements(FAMILIES[name])]
         _patch_module_functions()
-        for cls, target, stock, replacement in planned:
+        for cls, target, _stock, replacement in planned:
             if (cls, target.attr) not in _class_patches:
                 _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
             setattr(cls, target.attr, replacement)
@@ -308,7 +310,7 @@ def _reduce_method(method):
 def _rebind(obj, modeling: str, cls_name: str, attr: str):
     family = next((f for f in FAMILIES.values() if f.modeling == modeling), None)
     if family is not None:
-        for cls, target, _, replacement in _replacements(family):
+        for _cls, target, _, replacement in _replacements(family):
             if target.cls == cls_name and target.attr == attr:
                 _patch_module_functions()
                 return types.MethodType(replacement, obj)

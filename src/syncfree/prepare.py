@@ -6,9 +6,10 @@ from collections.abc import Mapping
 
 import torch
 
-from . import active
-from .plan import PLAN_INPUTS, ModelSpec, Plan, build_plan
-from .validate import check_batch
+from .plan import active
+from .plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, build_plan
+from .plan.spec import ModelSpec
+from .plan.validate import check_batch
 
 __all__ = ["prepare", "plan_of"]
 
@@ -19,7 +20,6 @@ _CHECKED = PLAN_INPUTS + ("pixel_values", "pixel_values_videos", "input_features
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
 # looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device).
 _HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")
-PLAN_KEY = "syncfree_plan"
 
 
 def _ids_from_types(spec: ModelSpec, batch: Mapping) -> ModelSpec:

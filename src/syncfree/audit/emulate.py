@@ -38,8 +38,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rules
-from .cpu_kernel_gaps import CPU_KERNEL_GAPS
 from .api_mode import ApiMode, hook_engine_start, unhook_engine_start
+from .cpu_kernel_gaps import CPU_KERNEL_GAPS
 from .cuda_standins import CUDA_STANDINS
 from .device_tensor import DeviceTensor, current_api, record
 from .emulated_copies import COPY_HANDLERS as _SPECIAL

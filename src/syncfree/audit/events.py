@@ -58,7 +58,7 @@ class Frame:
 
 
 # syncfree's one deliberate sync (the read when prepare() was skipped) is shown where it happens.
-_KEEP = os.path.join(_SYNCFREE_DIR, "host_read.py")
+_KEEP = os.path.join(_SYNCFREE_DIR, "rewrite", "host_read.py")
 
 
 def _tail(*parts: str) -> str:

@@ -13,8 +13,8 @@ import os
 import sys
 import tempfile
 
-from ..cli_checks import at_least_one, positive_seconds
-from ..models.attention import BACKENDS
+from ..compare.checks import at_least_one, positive_seconds
+from ..rewrite.attention import BACKENDS
 
 __all__ = ["add_bench_args", "run_bench", "quick_out", "FULL_OUT"]
 
@@ -92,7 +92,7 @@ def _config(args: argparse.Namespace, device: str, dtypes: dict):
 
 
 def _is_omni_model(model: str) -> bool:
-    from ..inputs_omni import is_omni
+    from ..inputs import is_omni
     from ..presets import PRESETS
 
     return model in PRESETS and is_omni(PRESETS[model].values["model_type"])
@@ -100,8 +100,8 @@ def _is_omni_model(model: str) -> bool:
 
 def _check(cfg, out: str) -> None:
     """Everything that can be wrong with the request, before the first model is built."""
-    from ..cli_checks import check_attn, check_emulation, check_out_dir, check_vision_attention
-    from ..inputs_omni import is_omni
+    from ..compare.checks import check_attn, check_emulation, check_out_dir, check_vision_attention
+    from ..inputs import is_omni
     from ..presets import load_config
     from . import SCENARIOS
 

@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..audit import audit, emulate_cuda
-from ..audit_train import labels_for
-from ..inputs import batch_to
-from ..inputs_omni import processor_batch
+from ..compare.train import labels_for
+from ..compare.varlen import VARLEN, use_torch_varlen
+from ..inputs import batch_to, processor_batch
 from ..patching import patch, unpatch
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model
 from .scenarios import SCENARIOS
-from .varlen import VARLEN, use_torch_varlen
 
 __all__ = ["BenchConfig", "MatrixRun", "run_matrix"]
 
@@ -56,7 +55,7 @@ class BenchConfig:
     graph_breaks: bool = True
     deadline_s: float | None = None  # start no new scenario after this many seconds
     keep_going: bool = False  # record a failing scenario and go on, instead of stopping
-    vision_attention: str = "split"  # the patched model's vision attention backend (models/attention.py)
+    vision_attention: str = "split"  # the patched model's vision attention backend (rewrite/attention.py)
     extra: dict = field(default_factory=dict)
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..inputs import Image, Item, Text, Video
-from ..inputs_omni import Audio, VideoWithAudio
+from ..inputs import Audio, Image, Item, Text, Video, VideoWithAudio
 
 __all__ = ["Scenario", "SCENARIOS", "MODELS", "QUICK_MODELS"]
 

@@ -56,7 +56,7 @@ def summary(rows: list[CensusRow]) -> str:
 
 
 def run_census_command(args: argparse.Namespace) -> int:
-    from ..cli_checks import check_out_dir
+    from ..compare.checks import check_out_dir
 
     out = args.out or default_out()
     check_out_dir(out)

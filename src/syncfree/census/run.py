@@ -58,8 +58,8 @@ def support_level(family: str) -> str:
     split as syncfree fixes it) or "none" -- read from the installed source, whether or not a model builds."""
     import importlib
 
-    from ..generic import has_split
-    from ..models.families import FAMILIES
+    from ..families import FAMILIES
+    from ..rewrite.generic import has_split
 
     if family in FAMILIES or f"{family}_thinker" in FAMILIES:  # (an Omni model: syncfree patches its thinker)
         return "full"
@@ -111,7 +111,7 @@ OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-
 
 
 def _omni_thinker(family: str):
-    from ..inputs_omni import omni_layout, processor_batch
+    from ..inputs import omni_layout, processor_batch
     from ..presets import build_model
 
     model = build_model(OMNI_TINY[family])

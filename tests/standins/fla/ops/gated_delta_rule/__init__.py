@@ -1,5 +1,6 @@
 """A stand-in for flash-linear-attention's gated delta rule kernels (no CPU build exists): records its arguments."""
 import torch
+
 SEEN = []
 
 def _record(name, kwargs):

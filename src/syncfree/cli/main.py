@@ -1,0 +1,264 @@
+"""The ``syncfree`` command: ``demo``, ``audit``, ``bench`` and ``census``.
+
+Every option is checked before the work starts (``syncfree.compare.checks``), and every failure is one
+line on stderr with a nonzero exit status (``syncfree.cli.errors``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..compare.checks import at_least_one
+from .errors import debug_from_env, one_line, run_command
+
+__all__ = ["main"]
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+_DESCRIPTION = """\
+Qwen-VL models in Hugging Face Transformers without host-device syncs, and the
+auditor that proves it: on a GPU, or on a CPU-only machine through an emulated
+CUDA device."""
+
+_EPILOG = """\
+examples:
+  syncfree demo               # stock vs patched, Qwen3-VL-2B shapes (70 s)
+  syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
+  syncfree bench --quick      # a smoke run of the benchmark on tiny models
+  syncfree census             # every family with the vision split: syncs
+
+Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line too (with where to read the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(Exception(message))} (see {self.prog} --help)\n")
+
+
+def _add_debug(p: argparse.ArgumentParser, default) -> None:
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show the traceback of an error instead of one line (also: SYNCFREE_DEBUG=1)")
+
+
+def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_layers: int | None) -> None:
+    from ..compare.checks import ATTNS
+    from ..inputs import LAYOUT_NAMES, OMNI_LAYOUT_NAMES
+    from ..presets import PRESETS
+    from ..rewrite.attention import BACKENDS
+
+    p.add_argument("--model", default=model,
+                   help=f"a preset ({', '.join(PRESETS)}) or a local checkpoint folder (default: {model})")
+    kinds = tuple(dict.fromkeys(LAYOUT_NAMES + OMNI_LAYOUT_NAMES))
+    p.add_argument("--inputs", default=inputs, choices=kinds,
+                   help=f"input kind (default: {inputs}); audio and audio-in-video for Omni thinkers")
+    p.add_argument("--attn", default="sdpa",
+                   help=f"attention implementation: {', '.join(ATTNS)} (flash_attention_2 needs flash-attn; varlen, "
+                        "PyTorch's flash kernel in the vision tower, a CUDA GPU and bf16/fp16) (default: sdpa)")
+    p.add_argument("--scope", default="full", choices=("vision", "rope", "full"),
+                   help="what to run: the vision tower, the rope index, or the whole prefill (default: full)")
+    p.add_argument("--text-layers", type=at_least_one, default=text_layers,
+                   help="shorten the text model to N layers (widths stay real); default: "
+                   + ("all" if text_layers is None else str(text_layers)))
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="model dtype (default: float32)")
+    p.add_argument("--image-side", type=int, default=None,
+                   help="image side in pixels, a multiple of patch x merge size (32 for Qwen3-VL, 28 for "
+                        "Qwen2/2.5-VL); default: 448, or two of those units for a tiny preset")
+    p.add_argument("--engine", default="auto", choices=("auto", "emulated", "cuda"),
+                   help="auto: the real GPU if there is one, else the emulated device")
+    p.add_argument("--vision-attention", default="split", choices=BACKENDS,
+                   help="how the patched vision attention runs its segments: split (as stock), grouped, "
+                        "block_diagonal, varlen (a real GPU, bf16/fp16) or auto (default: split)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    if p.prog.endswith("audit"):
+        p.add_argument("--compare", action="store_true",
+                       help="audit stock and syncfree-patched forwards side by side")
+        p.add_argument("--train", action="store_true",
+                       help="audit one training step instead of a forward (forward with labels, backward, AdamW "
+                            "step, zero_grad), stock and patched side by side, by phase")
+        p.add_argument("--grad-ckpt", choices=("reentrant", "non-reentrant"), default=None,
+                       help="with --train: gradient checkpointing, as Transformers enables it")
+        p.add_argument("--optimizer", choices=("adamw", "sgd"), default=None,
+                       help="with --train: adamw (default) or sgd (no optimizer state: for large shapes)")
+
+
+_LABELS = {
+    "stock": "stock Transformers, inputs moved with .to('cuda')",
+    "patched": "syncfree.patch, same inputs (one explicit read)",
+    "patched+prepare": "syncfree.patch, inputs from syncfree.prepare",
+}
+
+
+def _render(rows: list[tuple]) -> str:
+    """A plain table: the first column left-aligned, the rest right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _launches(summary: dict) -> str:
+    return "-" if summary["launches"] is None else str(summary["launches"])
+
+
+def _comparison(reports: dict) -> str:
+    rows = [("", "syncs", "blocking copies", "h2d", "d2h", "source lines", "launches")]
+    for variant, report in reports.items():
+        t = report.summary()
+        rows.append((_LABELS[variant], str(t["syncs"]), str(t["blocking_copies"]), str(t["h2d"]), str(t["d2h"]),
+                     str(t["lines"]), _launches(t)))
+    return _render(rows)
+
+
+def _phase_comparison(reports: dict) -> str:
+    from ..audit.phases import PHASES
+
+    rows = [("syncs by phase", *PHASES, "total", "blocking copies", "launches")]
+    for variant, report in reports.items():
+        phases, t = report.by_phase(), report.summary()
+        rows.append((_LABELS[variant], *(str(phases[p]["syncs"]) for p in PHASES), str(t["syncs"]),
+                     str(t["blocking_copies"]), _launches(t)))
+    return _render(rows)
+
+
+def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
+    import torch
+
+    from ..compare.checks import (
+        check_attn,
+        check_emulation,
+        check_engine,
+        check_image_side,
+        check_json_path,
+        check_vision_attention,
+    )
+    from ..compare.forward import VARIANTS, AuditSpec, run_compare
+    from ..compare.progress import ProgressLine
+    from ..presets import load_config
+
+    # Everything that can be wrong with the request is said now, not after minutes of work.
+    use_gpu = check_engine(args.engine)
+    check_attn(args.attn, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
+    check_vision_attention(args.vision_attention, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
+    check_json_path(args.json)
+    check_image_side(args.image_side, load_config(args.model))  # (also: unknown model, folder, model type)
+    if not use_gpu:
+        check_emulation()
+
+    train = getattr(args, "train", False)
+    for option in ("grad_ckpt", "optimizer"):
+        if getattr(args, option, None) and not train:
+            raise ValueError(f"--{option.replace('_', '-')} applies to a training step: add --train")
+    if train and args.scope != "full":
+        raise ValueError(f"--train runs a whole training step: --scope {args.scope} cannot be combined with it")
+    compare = compare or train  # a training step is always audited stock vs patched
+    spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
+                     text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
+                     image_side=args.image_side, vision_attention=args.vision_attention)
+    what = (f"training step ({args.optimizer or 'adamw'}; gradient checkpointing: {args.grad_ckpt or 'off'})"
+            if train else f"scope={spec.scope}")
+    print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, {what}", flush=True)
+    line = ProgressLine(sys.stderr)  # which forward is running, on a terminal only
+    try:
+        if train:
+            from ..compare.train import run_train_compare
+
+            reports, about = run_train_compare(spec, grad_ckpt=args.grad_ckpt, engine="cuda" if use_gpu else "emulated",
+                                               optimizer=args.optimizer or "adamw",
+                                               progress=line.show if line.enabled else None)
+        else:
+            reports, about = run_compare(spec, engine="cuda" if use_gpu else "emulated",
+                                         variants=VARIANTS if compare else ("stock",),
+                                         progress=line.show if line.enabled else None)
+    finally:
+        line.clear()
+    n = len(reports)
+    print(f"engine: {about['engine']}; vision depth {about['vision_depth']}, text layers {about['text_layers']}; "
+          f"grids {about['grids']}; sequence {about['sequence']}")
+    if train:
+        print(f"{n} audited training steps in {about['steps_s']:.1f} s (model built and moved in "
+              f"{about['build_s']:.1f} s); losses {about['losses']}\n")
+        print(_phase_comparison(reports) + "\n")
+    else:
+        print(f"{n} audited forward{'s' if n > 1 else ''} in {about['forwards_s']:.1f} s "
+              f"(model built and moved in {about['build_s']:.1f} s)\n")
+    if compare and not train:
+        print(_comparison(reports) + "\n")
+    for variant, report in reports.items():
+        if compare:
+            print(f"-- {_LABELS[variant]} --")
+        launches = report.summary()["launches"]
+        print((report.table() if report.events else "(no syncs, no copies" +
+               (f"; {launches} kernel launches)" if launches is not None else ")")) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"run": about, **{v: r.to_dict() for v, r in reports.items()}} if compare
+                      else {"run": about, **reports["stock"].to_dict()}, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..bench.command import add_bench_args
+    from ..census.command import add_census_args
+
+    parser = _Parser(prog="syncfree", description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_debug(parser, default=False)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
+    demo = sub.add_parser("demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
+                          description="Audit three forwards of a Qwen3-VL-2B-shaped model with random weights "
+                                      "(stock, patched, patched with prepare) and list every sync by source line.")
+    _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
+    _add_debug(demo, default=argparse.SUPPRESS)
+    aud = sub.add_parser("audit", help="every host sync and copy of one forward, by source line",
+                         description="List every host sync and host/device copy of one forward, by source line.")
+    _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
+    _add_debug(aud, default=argparse.SUPPRESS)
+    bench = sub.add_parser("bench", help="stock vs patched latency, syncs, graph breaks per scenario",
+                           description="Stock vs patched, side by side in one run: latency, host syncs, graph "
+                                       "breaks (and on a GPU kernel time, busy fraction, memcpys, peak memory).")
+    add_bench_args(bench, _DTYPES)
+    _add_debug(bench, default=argparse.SUPPRESS)
+    census = sub.add_parser("census", help="every family with the vision split: stock vs patched",
+                            description="Find every model family of the installed Transformers whose vision "
+                                        "attention splits by lengths.tolist(), build a tiny one, and audit a "
+                                        "forward stock and patched on the emulated device.")
+    add_census_args(census)
+    _add_debug(census, default=argparse.SUPPRESS)
+    return parser
+
+
+def _user_paths(args: argparse.Namespace) -> list[str]:
+    """The paths the user gave: an OS error about one of them is the user's to fix (exit 2), not a bug."""
+    paths = [getattr(args, "model", None), getattr(args, "json", None), getattr(args, "out", None)]
+    paths += list(getattr(args, "models", None) or [])
+    return [p for p in paths if p]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    debug = args.debug or debug_from_env()
+    if args.command == "bench":
+        from ..bench.command import run_bench
+
+        def work() -> int:
+            return run_bench(args, _DTYPES)
+    elif args.command == "census":
+        from ..census.command import run_census_command
+
+        def work() -> int:
+            return run_census_command(args)
+    else:
+        def work() -> int:
+            compare = args.command == "demo" or args.compare
+            return _run(args, f"syncfree {args.command}", compare=compare)
+    return run_command(args.command, work, debug=debug, user_paths=_user_paths(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

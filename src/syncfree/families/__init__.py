@@ -1,0 +1,43 @@
+"""The fully supported families, one module (or folder) per family group, and the registry that lists them.
+
+A family group module says everything syncfree knows of its families: ``FAMILIES`` (what is patched in
+each, and how it lays out its inputs), ``PRESETS``, ``VISION_CLASSES`` and ``MODEL_CLASSES`` (how a preset
+is built), and ``handles`` / ``processor_batch`` (a processor-style batch). Adding a family group is adding
+its module and one line in ``GROUPS``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import register_layout
+from ..rewrite.targets import Family
+from . import omni, qwen_vl
+from .preset import Preset
+from .shared import MODULE_TARGETS
+
+__all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
+           "processor_batch", "batch_to"]
+
+GROUPS = (qwen_vl, omni)  # the registry: one line per family group
+
+FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
+PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}
+VISION_CLASSES: dict[str, str] = {t: name for group in GROUPS for t, name in group.VISION_CLASSES.items()}
+MODEL_CLASSES: dict = {t: get for group in GROUPS for t, get in group.MODEL_CLASSES.items()}
+
+for _family in FAMILIES.values():  # the plan knows a family's input layout only through this table
+    register_layout(_family.model_type, _family.layout)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """The processor-style CPU batch for ``samples`` under ``config``, laid out as that family's processor
+    lays it out (a Qwen-VL processor's layout for a config no group claims)."""
+    group = next((g for g in reversed(GROUPS) if g.handles(config)), qwen_vl)
+    return group.processor_batch(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def batch_to(batch: dict, device) -> dict:
+    """The batch with its tensors on ``device``, as ``processor(...).to(device)`` moves them; other entries
+    (an Omni batch's ``use_audio_in_video`` flag) stay as they are."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -1,0 +1,91 @@
+"""The Omni thinkers: Qwen3-Omni-MoE and Qwen2.5-Omni (the thinker: audio encoder, vision tower, text model).
+
+What syncfree patches in each (``FAMILIES``), how their processors lay a batch out, audio included
+(``inputs``), and their presets (``presets``). The vision tower is Qwen3-VL's (learned positions,
+deepstack) or Qwen2.5-VL's (windows); the rope index is stock's own, run on the host by the plan.
+"""
+
+from __future__ import annotations
+
+from ...plan.spec import Layout
+from ...rewrite.edits import (
+    AUDIO_ATTENTION,
+    AUDIO_FEATURES,
+    AUDIO_SCATTER,
+    DEEPSTACK_MERGE,
+    DEEPSTACK_PROCESS,
+    FEATURE_SCATTER,
+    PLACEHOLDER_MASK,
+    VISION_ATTENTION,
+)
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..shared import VISION_NEEDS, family_module
+from .inputs import build_omni_inputs, is_omni, omni_forward_kwargs
+from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+_MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
+                 "image_grid_thw", "video_grid_thw", "input_features", "feature_attention_mask",
+                 "use_audio_in_video", "video_second_per_grid")
+_ROPE_PARAMS = ("input_ids", "image_grid_thw", "video_grid_thw", "attention_mask", "use_audio_in_video",
+                "audio_seqlens", "second_per_grids")
+
+
+def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: bool) -> Family:
+    """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes).
+    Qwen3-Omni's tower is Qwen3-VL's (learned positions, deepstack); Qwen2.5-Omni's is Qwen2.5-VL's (windows)."""
+    vision_needs = (("get_vision_interpolation_indices_and_weights(",) if deepstack
+                    else ("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'))
+    # Transformers < 5.2x has no *ThinkerModel: its *ThinkerForConditionalGeneration holds the towers itself.
+    thinker = dict(fallback_cls=f"{prefix}ThinkerForConditionalGeneration")
+    targets = (
+        Target(f"{prefix}VisionAttention", "forward", edits=VISION_ATTENTION),
+        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
+               needs=VISION_NEEDS + vision_needs),
+        Target(f"{prefix}AudioAttention", "forward", edits=AUDIO_ATTENTION),
+        Target(audio, "forward", wrap="make_audio_forward", params=("input_features", "feature_lens"),
+               needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
+        Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES, **thinker),
+        Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK, **thinker),
+        Target(f"{prefix}ThinkerModel", "forward",
+               edits=FEATURE_SCATTER + AUDIO_SCATTER + (DEEPSTACK_MERGE if deepstack else ()),
+               wrap="make_model_forward", params=_MODEL_PARAMS,
+               needs=("self.get_placeholder_mask(", "self.compute_3d_position_ids(", "self.get_audio_features("),
+               **thinker),
+        Target(f"{prefix}PreTrainedModelForConditionalGeneration", "get_rope_index", wrap="make_omni_rope_index",
+               params=_ROPE_PARAMS, needs=("input_ids.tolist()", "audio_seqlens[audio_idx]")),
+        Target(f"{prefix}ThinkerForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    )
+    if deepstack:
+        targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
+    layout = Layout(family_module(folder), learned_positions=deepstack, windows=not deepstack, audio=True,
+                    rope_class=f"{prefix}PreTrainedModelForConditionalGeneration")
+    return Family(f"{folder}_thinker", targets, layout)
+
+
+FAMILIES: tuple[Family, ...] = (
+    _omni_thinker("Qwen3OmniMoe", "qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder", "Qwen3OmniMoeAudioEncoder",
+                  deepstack=True),
+    _omni_thinker("Qwen2_5Omni", "qwen2_5_omni", "Qwen2_5OmniVisionEncoder", "Qwen2_5OmniAudioEncoder",
+                  deepstack=False),
+)
+PRESETS = {name: Preset(name, values, pad, about) for name, (values, pad, about) in OMNI_PRESETS.items()}
+# model_type -> the vision tower's class (``build_vision_model`` builds it alone).
+VISION_CLASSES = {"qwen3_omni_moe_thinker": "Qwen3OmniMoeVisionEncoder",
+                  "qwen2_5_omni_thinker": "Qwen2_5OmniVisionEncoder"}
+# model_type -> how to get the class a preset builds (no auto class builds a thinker from its config).
+MODEL_CLASSES = {model_type: thinker_class for model_type in THINKER_CLASSES}
+
+
+def handles(config) -> bool:
+    """True for an Omni thinker's config (or model type): audio placeholders, ``build_omni_inputs``."""
+    return is_omni(config)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """The processor-style CPU batch for ``samples``, audio too, with the forward's ``use_audio_in_video`` flag
+    beside the tensors."""
+    return {**build_omni_inputs(config, samples, seed=seed, pad_token_id=pad_token_id or 0),
+            **omni_forward_kwargs(samples)}

@@ -1,0 +1,88 @@
+"""The Qwen-VL families: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE.
+
+Everything syncfree knows of them: what it patches in each (``FAMILIES``: the targets and the input
+layout), how their processors lay a batch out (``inputs``), and their presets (``presets``). They differ
+only in class names and in which of the shared pieces they have (Qwen3-VL's deepstack and learned
+positions; Qwen2.5-VL's windows and video time scale).
+"""
+
+from __future__ import annotations
+
+from ...plan.spec import Layout
+from ...rewrite.edits import (
+    DEEPSTACK_MERGE,
+    DEEPSTACK_PROCESS,
+    FEATURE_SCATTER,
+    GENERATION_POSITIONS,
+    PLACEHOLDER_MASK,
+    VISION_ATTENTION,
+)
+from ...rewrite.targets import Family, Target
+from ..shared import MODEL_NEEDS, MODEL_PARAMS, VISION_NEEDS, family_module
+from .inputs import build_inputs
+from .presets import PRESETS, VISION_CLASSES
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+_ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
+_ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positions.max() + 1 - len(current_input_ids)",
+               "mm_token_type_ids[batch_idx]")
+MODEL_CLASSES: dict = {}  # model_type -> class to build from a config: none needed (the auto class builds them)
+
+
+def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_needs: tuple,
+            model_edits: tuple = ()) -> tuple[Target, ...]:
+    return (
+        Target(attention, "forward", edits=VISION_ATTENTION),
+        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
+               needs=VISION_NEEDS + vision_needs),
+        Target(f"{prefix}Model", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
+        Target(f"{prefix}Model", "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward",
+               params=MODEL_PARAMS, needs=MODEL_NEEDS),
+        Target(f"{prefix}Model", "get_rope_index", wrap="make_get_rope_index", params=_ROPE_PARAMS,
+               needs=_ROPE_NEEDS + rope_needs),
+        Target(f"{prefix}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+        Target(f"{prefix}ForConditionalGeneration", "_prepare_position_ids_for_generation",
+               edits=GENERATION_POSITIONS, optional=True),
+    )
+
+
+def _qwen3_vl(prefix: str, deepstack: bool = True) -> tuple[Target, ...]:
+    """Qwen3-VL's vision tower and layout; Qwen3.5 has the same without the deepstack features."""
+    targets = _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
+                      vision_needs=("get_vision_interpolation_indices_and_weights(",),
+                      rope_needs=("video_grid_thw[:, 0] = 1",), model_edits=DEEPSTACK_MERGE if deepstack else ())
+    if deepstack:
+        targets += (Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
+    return targets
+
+
+def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
+    return Family(model_type, targets, Layout(family_module(model_type), **traits))
+
+
+_QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
+
+FAMILIES: tuple[Family, ...] = (
+    _family("qwen3_vl", _qwen3_vl("Qwen3VL"), **_QWEN3_LAYOUT),
+    _family("qwen3_vl_moe", _qwen3_vl("Qwen3VLMoe"), **_QWEN3_LAYOUT),
+    _family("qwen3_5", _qwen3_vl("Qwen3_5", deepstack=False), **_QWEN3_LAYOUT),
+    _family("qwen3_5_moe", _qwen3_vl("Qwen3_5Moe", deepstack=False), **_QWEN3_LAYOUT),
+    _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
+                                vision_needs=(), rope_needs=())),
+    _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
+                                  vision_needs=("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'),
+                                  rope_needs=("tokens_per_second * ",)),
+            windows=True, video_time_scale=True),
+)
+
+
+def handles(config) -> bool:
+    """True for a config (or model type) whose batches this group's processors lay out."""
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return any(f.model_type == model_type for f in FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """The processor-style CPU batch for ``samples`` (``inputs.build_inputs``)."""
+    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)

@@ -1,0 +1,153 @@
+"""Which plan describes the forward that is running: the registry of prepared batches and the active plan.
+
+``prepare(batch, device)`` hands back the stock keyword arguments, nothing more (so the stock
+signatures, ``generate()``'s argument checks and an unpatched model all keep working). The plan
+travels beside them: it is registered under the very tensor objects ``prepare`` returned, with
+their version counters. The patched forward finds it by the identity of the ``input_ids`` it is
+given and checks, without reading the device, that the other control tensors are the ones the
+plan was built from, unchanged (object identity and ``_version``). A batch edited after
+``prepare()`` is refused, never silently planned for the old values.
+
+While a patched forward (or ``generate``) runs, its plan is *active* on this thread: the small
+patched pieces deep inside the stock forward (placeholder counts, the deepstack merge, the SDPA
+mask decision) look it up here instead of reading the device. Each piece checks that the
+tensors it is handed are the ones the plan describes (identity or shape) before using it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from .batch import PLAN_INPUTS, Plan
+
+__all__ = ["register", "registered", "Entry", "activate", "current", "StalePlan"]
+
+
+class StalePlan(ValueError):
+    """The batch was changed after ``syncfree.prepare()``: the plan no longer describes it."""
+
+
+@dataclass
+class _Registration:
+    plan: Plan
+    tensors: dict  # name -> (weakref to the tensor handed out, its _version then) or None when absent
+
+
+_registry: dict[int, tuple[weakref.ref, _Registration]] = {}
+_lock = threading.Lock()
+
+
+def _forget(key: int):
+    # The dict and lock are bound here: at interpreter exit the module's globals may already be gone.
+    def drop(_ref, registry=_registry, lock=_lock):
+        with lock:
+            registry.pop(key, None)
+    return drop
+
+
+def register(plan: Plan, kwargs: dict) -> None:
+    """Remember ``plan`` for the control tensors in ``kwargs`` (the dict ``prepare`` returns)."""
+    anchor = kwargs.get("input_ids")
+    if anchor is None:
+        anchor = kwargs.get("mm_token_type_ids")
+    if not isinstance(anchor, torch.Tensor):
+        return
+    tensors = {}
+    for name in PLAN_INPUTS:
+        value = kwargs.get(name)
+        tensors[name] = (weakref.ref(value), value._version) if isinstance(value, torch.Tensor) else None
+    key = id(anchor)
+    with _lock:
+        _registry[key] = (weakref.ref(anchor, _forget(key)), _Registration(plan, tensors))
+
+
+def registered(anchor) -> _Registration | None:
+    """The registration whose anchor tensor (``input_ids``, else ``mm_token_type_ids``) is ``anchor``."""
+    if not isinstance(anchor, torch.Tensor):
+        return None
+    found = _registry.get(id(anchor))
+    if found is None or found[0]() is not anchor:
+        return None
+    return found[1]
+
+
+def check_unchanged(registration: _Registration, given: dict) -> None:
+    """Raise ``StalePlan`` when a control tensor in ``given`` is not the one prepare() returned, unchanged."""
+    for name, kept in registration.tensors.items():
+        if name not in given:  # not passed to this call at all (e.g. generate() dropped it): nothing to compare
+            continue
+        value = given[name]
+        if kept is None:
+            if value is not None:
+                raise StalePlan(_stale(name, "was added"))
+            continue
+        ref, version = kept
+        if value is None:
+            raise StalePlan(_stale(name, "was removed"))
+        if value is not ref():
+            raise StalePlan(_stale(name, "was replaced by another tensor"))
+        if value._version != version:
+            raise StalePlan(_stale(name, "was modified in place"))
+
+
+def _stale(name: str, what: str) -> str:
+    return (f"{name} {what} after syncfree.prepare(), so its plan no longer describes the batch; call "
+            "syncfree.prepare() again on the changed batch")
+
+
+@dataclass
+class Entry:
+    """An active plan and the exact objects it was matched to in this call."""
+
+    plan: Plan
+    input_ids: torch.Tensor | None
+    attention_mask: object = None
+    in_generate: bool = False
+    given: dict = field(default_factory=dict)  # the control tensors of the call, by name
+
+    def owns(self, input_ids) -> bool:
+        """True when ``input_ids`` is the tensor this plan was matched to (so its counts apply)."""
+        return input_ids is not None and input_ids is self.input_ids
+
+    def covers(self, mask: torch.Tensor) -> bool:
+        """True when a (B, S) tensor has the plan's batch shape."""
+        return tuple(mask.shape[:2]) == tuple(self.plan.batch_shape)
+
+
+_local = threading.local()
+
+
+def _stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+@contextlib.contextmanager
+def activate(entry: Entry):
+    stack = _stack()
+    stack.append(entry)
+    try:
+        yield entry
+    finally:
+        stack.pop()
+
+
+def current() -> Entry | None:
+    """The innermost active plan on this thread, or None."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+def generating() -> Entry | None:
+    """The innermost active plan of a ``generate()`` call, or None."""
+    for entry in reversed(getattr(_local, "stack", None) or ()):
+        if entry.in_generate:
+            return entry
+    return None

@@ -1,0 +1,226 @@
+"""The host-side plan: everything a Qwen-VL forward derives from its small control tensors, computed once.
+
+``grid_thw``, ``input_ids``, ``mm_token_type_ids`` and ``attention_mask`` come
+out of the processor on the CPU. Everything the forward needs from them for
+control flow (segment lengths and split sizes as Python ints, the maximum
+segment length) or for indexing (cumulative lengths, rotary and interpolation
+indices, placeholder positions, 3D rotary positions) is computed here, on the
+host, and validated. ``Plan.to(device)`` then moves the tensors with pinned,
+non-blocking copies; the Python ints stay on the host, where the patched
+forward reads them without ever asking the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from .audio import AudioPlan
+from .omni import omni_fields, omni_rope
+from .rope import rope_index
+from .spec import ModelSpec
+from .tensors import DeviceFields, move
+from .vision import VisionPlan, vision_plan
+
+__all__ = ["Plan", "build_plan", "PLAN_INPUTS", "PLAN_KEY", "placeholder_runs", "token_types"]
+
+# Where a plan travels in a batch (``prepare(batch)`` without a device, ``planning_collator``) and in a call.
+PLAN_KEY = "syncfree_plan"
+
+
+PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
+               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids")
+
+
+@dataclass
+class Plan(DeviceFields):
+    """What the forward derives from its control tensors, for one batch. Tensors live where ``device``
+    says; counts and sizes are Python ints on the host.
+
+    The plan follows stock semantics: placeholders are counted in ``input_ids`` over every position,
+    masked or not (stock places features into all of them), while the 3D rotary positions skip
+    masked tokens, as stock ``get_rope_index`` does.
+    """
+
+    spec: ModelSpec
+    batch_shape: tuple[int, int]
+    image: VisionPlan | None
+    video: VisionPlan | None
+    n_image_tokens: int  # placeholders in the tokens, as stock get_placeholder_mask counts them
+    n_video_tokens: int
+    position_ids: torch.Tensor | None  # (3, B, S), as get_rope_index returns them; None if not computable
+    rope_deltas: torch.Tensor | None  # (B, 1)
+    host_mask: torch.Tensor | None  # the 2D attention mask (its values as given), on the host; None without one
+    host: dict  # the host inputs the plan was built from (kept to rebuild it for an expanded batch)
+    images_per_row: tuple[int, ...] = ()
+    videos_per_row: tuple[int, ...] = ()
+    device: str = "cpu"
+    # Omni thinkers: the audio encoder's plan, the audio placeholders, and the flag the positions were made for.
+    audio: AudioPlan | None = None
+    n_audio_tokens: int = 0
+    use_audio_in_video: bool = False
+    rope_cache: dict = dataclasses.field(default_factory=dict)  # flag -> positions made on demand (the other flag)
+
+    _TENSORS = ("position_ids", "rope_deltas")
+    _PARTS = ("image", "video", "audio")
+
+    @property
+    def n_visual_tokens(self) -> int:
+        return self.n_image_tokens + self.n_video_tokens
+
+    def to(self, device) -> "Plan":
+        # (Positions made later for the other Omni flag are made again on the new device.)
+        return dataclasses.replace(super().to(device), rope_cache={})
+
+    def pin_memory(self) -> "Plan":
+        """The plan with its host tensors in pinned memory. A ``DataLoader`` with ``pin_memory=True`` calls
+        this for a plan in a batch (``prepare(batch)`` in a worker), so moving it later does not block."""
+        if self.device != "cpu":
+            return self
+        return super().pin_memory()
+
+    def omni_positions(self, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """An Omni thinker's 3D positions for this flag (the plan's own, or made on the host now: no wait)."""
+        flag = bool(use_audio_in_video)
+        if flag == self.use_audio_in_video:
+            return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
+        if flag not in self.rope_cache:
+            found = omni_rope(self.spec, self.host, self.host_mask, flag)
+            self.rope_cache[flag] = tuple(move(t, self.device) for t in found) if found is not None else None
+        return self.rope_cache[flag]
+
+    def check_batch(self, batch) -> None:
+        """Refuse a batch this plan was not built from (sliced, packed or edited after ``prepare()``).
+
+        Compares the host inputs the plan keeps with the batch's (host tensors: no sync)."""
+        for name in PLAN_INPUTS:
+            value, kept = batch.get(name), self.host.get(name)
+            if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+                continue
+            kept = torch.as_tensor(kept) if kept is not None else None
+            if kept is None or value.shape != kept.shape or not torch.equal(value, kept.to(value.dtype)):
+                raise ValueError(
+                    f"the batch's {name} is not the one its syncfree plan was built from (was the batch sliced, "
+                    "packed or edited after syncfree.prepare()?); call syncfree.prepare() on the final batch"
+                )
+
+    def expanded(self, rows: int) -> "Plan":
+        """The plan for each row repeated ``rows // batch rows`` times, as generate() expands inputs for
+        beams and ``num_return_sequences``. Rebuilt on the host from the kept host inputs: no sync."""
+        own = self.batch_shape[0]
+        if rows == own:
+            return self
+        if rows % own:
+            raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
+        k, host = rows // own, self.host
+        if self.spec.rope_class is not None:
+            # An Omni thinker's generate() repeats every batch tensor row by row (GenerationMixin's default):
+            # the plan describes what the forward will then be given.
+            return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video, **{
+                n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()
+                if n != "position_ids"}).to(self.device)
+        tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
+                  for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
+        grids = {}
+        for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
+                              ("second_per_grid_ts", self.videos_per_row)):
+            grid = host.get(name)
+            if grid is None:
+                grids[name] = None
+                continue
+            chunks = torch.split(torch.as_tensor(grid), list(per_row))
+            grids[name] = torch.cat([c for c in chunks for _ in range(k)])
+        return build_plan(self.spec, **tokens, **grids).to(self.device)
+
+    def check_model(self, spec: ModelSpec) -> None:
+        if spec != self.spec:
+            differ = [f"{f.name}={getattr(self.spec, f.name)!r} (model: {getattr(spec, f.name)!r})"
+                      for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(self.spec, f.name)]
+            raise ValueError(
+                f"this syncfree plan was built for other model values: {', '.join(differ)}; pass the model "
+                "(or its config) to syncfree.prepare()"
+            )
+
+
+def _host(value):
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu")  # only host tensors reach here; .to("cpu") is then the tensor itself
+    return value
+
+
+def placeholder_runs(row: torch.Tensor, kind: int) -> list[int]:
+    """Lengths of the runs of ``kind`` in one row of token types (host tensor)."""
+    values, counts = torch.unique_consecutive(row, return_counts=True)
+    return counts[values == kind].tolist()
+
+
+def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> torch.Tensor | None:
+    """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given."""
+    if input_ids is not None and input_ids.dim() == 2:
+        return (input_ids == spec.image_token_id).long() + 2 * (input_ids == spec.video_token_id).long()
+    if mm_token_type_ids is not None and mm_token_type_ids.dim() == 2:
+        return mm_token_type_ids.to(torch.long)
+    return None
+
+
+def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
+               video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
+               position_ids=None, use_audio_in_video: bool = False) -> Plan:
+    """Build the plan on the host from host tensors. Checks only what stock also needs (the grids);
+    ``syncfree.prepare`` validates the rest before calling this."""
+    host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
+            "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
+            "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
+            "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid),
+            # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
+            "position_ids": _host(position_ids)}
+    types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
+    if types is None:
+        raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
+    given_mask = host["attention_mask"]
+    # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
+    mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
+    image = vision_plan(host["image_grid_thw"], spec, "image_grid_thw") if image_grid_thw is not None else None
+    video = vision_plan(host["video_grid_thw"], spec, "video_grid_thw") if video_grid_thw is not None else None
+
+    if spec.rope_class is not None:  # an Omni thinker: stock's index on the host, the audio encoder's plan
+        found = omni_rope(spec, host, mask, bool(use_audio_in_video))
+        position_ids, rope_deltas = found if found else (None, None)
+        extra = omni_fields(spec, host, bool(use_audio_in_video))
+    else:
+        position_ids, rope_deltas = _qwen_vl_rope(spec, host, types, mask, image or video)
+        extra = _per_row(spec, types, video)
+    return Plan(
+        spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
+        n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
+        position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask, host=host, **extra,
+    )
+
+
+def _qwen_vl_rope(spec: ModelSpec, host: dict, types: torch.Tensor, mask, has_vision) -> tuple:
+    """syncfree's vectorized Qwen2-VL-style index, where stock's would compute one: (positions, deltas) or Nones."""
+    ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
+    if (ids is not None and mm_types is not None and ids.shape == mm_types.shape and has_vision
+            and (given_mask is None or mask is not None)):
+        try:
+            return rope_index(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,
+                              **spec.rope_options(host["second_per_grid_ts"]))
+        except RuntimeError:  # inconsistent grids: stock's own rope index reports it when it runs
+            pass
+    return None, None
+
+
+def _per_row(spec: ModelSpec, types: torch.Tensor, video: VisionPlan | None) -> dict:
+    """Images and videos per row, kept to rebuild the plan for an expanded batch (generate with beams)."""
+    images_per_row = tuple(len(placeholder_runs(r, 1)) for r in types)
+    frames_per_row = [len(placeholder_runs(r, 2)) for r in types]
+    videos_per_row = list(frames_per_row)
+    if video is not None and spec.split_video_frames:  # Qwen3-VL: one run per frame
+        frames = video.grid_thw[:, 0].cumsum(0).tolist()
+        done, videos_per_row = 0, []
+        for n in frames_per_row:
+            done += n
+            videos_per_row.append(sum(1 for f in frames if f <= done) - sum(videos_per_row))
+    return dict(images_per_row=images_per_row, videos_per_row=tuple(videos_per_row))

@@ -1,0 +1,35 @@
+"""The Omni thinkers' part of a plan: stock's rope index run on the host, the audio encoder's plan, counts per row.
+
+Kept apart from ``plan.py`` (which builds the ``Plan``): what an Omni batch adds to it.
+"""
+
+from __future__ import annotations
+
+from .audio import audio_plan
+from .rope_stock import mm_counts_per_row, rope_config_key, stock_rope_on_host
+
+__all__ = ["omni_rope", "omni_fields", "rope_config_key"]
+
+
+def omni_rope(spec, host: dict, mask, use_audio_in_video: bool):
+    """Stock's Omni index on the host; None where stock does not compute it (no 2D mask) or fails."""
+    ids = host["input_ids"]
+    if ids is None or mask is None:  # (stock's compute_3d_position_ids needs both too)
+        return None
+    features = host.get("feature_attention_mask")
+    try:
+        return stock_rope_on_host(spec.vision_module, spec.rope_class, spec.config, ids, mask,
+                                  host["image_grid_thw"], host["video_grid_thw"], use_audio_in_video,
+                                  features.sum(dim=1) if features is not None else None, host.get("video_second_per_grid"))
+    except Exception:  # inconsistent inputs: stock's own index reports it when the forward runs it
+        return None
+
+
+def omni_fields(spec, host: dict, use_audio_in_video: bool) -> dict:
+    """The Plan fields an Omni batch adds: the audio encoder's plan, audio placeholders, counts per row."""
+    ids, features = host["input_ids"], host["feature_attention_mask"]
+    n_window, n_window_infer = spec.audio_window
+    audio = audio_plan(features, spec.vision_module, n_window, n_window_infer) if features is not None else None
+    images, videos, _ = mm_counts_per_row(ids, dict(spec.rope_key)) if ids is not None else ((), (), ())
+    return dict(audio=audio, n_audio_tokens=int((ids == spec.audio_token_id).sum()) if ids is not None else 0,
+                use_audio_in_video=use_audio_in_video, images_per_row=tuple(images), videos_per_row=tuple(videos))

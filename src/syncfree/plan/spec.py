@@ -1,0 +1,114 @@
+"""What a plan depends on: a family's input layout (``Layout``, registered by ``syncfree.families``) and
+the model's values that the plan is made from (``ModelSpec``, checked against the model at forward time)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from dataclasses import dataclass
+
+from .rope_stock import rope_config_key
+
+__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a family lays out its inputs: what the plan and the rope index need to know about it."""
+
+    modeling: str  # the Transformers modeling module holding the family's classes and vision helpers
+    learned_positions: bool = False  # a learned position table, resampled to each grid (Qwen3-VL's vision tower)
+    frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between (Qwen3-VL)
+    windows: bool = False  # window attention in the vision tower (Qwen2.5-VL)
+    video_time_scale: bool = False  # video positions step by tokens_per_second * seconds (Qwen2.5-VL)
+    # Omni thinkers: an audio encoder, and a rope index the plan runs as stock on the host (defined on this class).
+    audio: bool = False
+    rope_class: str | None = None
+
+
+# model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
+# is imported: the plan knows families only through this table, so it never imports the layer above it.
+_LAYOUTS: dict[str, Layout] = {}
+
+
+def register_layout(model_type: str, layout: Layout) -> None:
+    _LAYOUTS[model_type] = layout
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(_LAYOUTS)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The config values a plan depends on (checked against the model at forward time)."""
+
+    model_type: str
+    spatial_merge_size: int
+    num_grid_per_side: int | None  # learned position table side (Qwen3-VL); None: no interpolation
+    image_token_id: int
+    video_token_id: int
+    vision_module: str  # where the stock vision helpers live (a transformers modeling module)
+    window_size: int | None = None  # window attention (Qwen2.5-VL)
+    patch_size: int = 16
+    split_video_frames: bool = True  # Qwen3-VL: one placeholder run per frame; Qwen2/2.5: one per video
+    tokens_per_second: float | None = None  # Qwen2.5-VL video time scaling
+    truncate_seconds: bool = False  # Transformers <= 5.17 truncated second_per_grid_ts to int before scaling
+    # Omni thinkers: audio placeholders, the audio encoder's windows, and the stock rope index run on the host.
+    audio_token_id: int | None = None
+    audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
+    rope_class: str | None = None  # the class whose stock get_rope_index the plan runs on the host
+    rope_key: tuple = ()  # the config values that index reads
+    config: object = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_config(cls, config) -> "ModelSpec":
+        model_type = config.model_type
+        layout = _LAYOUTS.get(model_type)
+        if layout is None:
+            raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
+        vc = config.vision_config
+        module = layout.modeling
+        omni = {}
+        if layout.audio:
+            ac = config.audio_config
+            omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
+                        rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
+        return cls(
+            model_type, vc.spatial_merge_size,
+            int(vc.num_position_embeddings**0.5) if layout.learned_positions else None,
+            config.image_token_id, config.video_token_id, module,
+            window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
+            split_video_frames=layout.frames_as_runs,
+            tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
+            truncate_seconds=layout.video_time_scale and _truncates_seconds(module), **omni,
+        )
+
+    def rope_options(self, second_per_grid_ts=None) -> dict:
+        """The keyword arguments of ``rope_index`` for this model family."""
+        options = {"spatial_merge_size": self.spatial_merge_size, "split_video_frames": self.split_video_frames}
+        if self.tokens_per_second is not None:
+            options.update(tokens_per_second=self.tokens_per_second, second_per_grid_ts=second_per_grid_ts,
+                           truncate_seconds=self.truncate_seconds)
+        return options
+
+    @classmethod
+    def for_vision_model(cls, visual) -> "ModelSpec":
+        """The vision-side values, from a vision tower alone (token ids unknown: -1)."""
+        vc = visual.config
+        module = type(visual).__module__
+        return cls(
+            module.rsplit(".", 1)[-1].removeprefix("modeling_"), vc.spatial_merge_size,
+            getattr(visual, "num_grid_per_side", None), -1, -1, module,
+            window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _truncates_seconds(module_name: str) -> bool:
+    # Older Transformers computed Qwen2.5-VL's video time step as tokens_per_second * int(seconds).
+    import inspect
+
+    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    return "int(next(second_per_grid_ts))" in inspect.getsource(module.Qwen2_5_VLModel.get_rope_index)

@@ -1,0 +1,47 @@
+"""Moving a plan's tensors to the device without a wait: one helper for every part of a plan."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+__all__ = ["move", "DeviceFields", "same_host_values"]
+
+
+def move(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device``: pinned + non_blocking, so the copy is queued and the host goes on (no wait, no sync)."""
+    if device is None or torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def same_host_values(value, kept) -> bool:
+    """True when ``value`` is ``kept`` itself, or a host tensor with its shape and values (``kept`` a tensor).
+    A device tensor is never compared: reading it would wait for the device."""
+    if value is kept:
+        return True
+    return (isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and value.device.type == "cpu"
+            and value.shape == kept.shape and torch.equal(value, kept))
+
+
+class DeviceFields:
+    """For a plan dataclass whose tensors are named in ``_TENSORS`` and whose sub-plans (themselves
+    ``DeviceFields``) are named in ``_PARTS``; the rest stays on the host."""
+
+    _TENSORS: tuple[str, ...] = ()
+    _PARTS: tuple[str, ...] = ()
+
+    def _present(self, names: tuple[str, ...]) -> dict:
+        return {f: getattr(self, f) for f in names if getattr(self, f) is not None}
+
+    def to(self, device):
+        moved = {f: move(t, device) for f, t in self._present(self._TENSORS).items()}
+        moved.update({f: part.to(device) for f, part in self._present(self._PARTS).items()})
+        return dataclasses.replace(self, **moved, device=str(torch.device(device)))
+
+    def pin_memory(self):
+        """The same plan with its host tensors pinned (what a ``DataLoader`` with ``pin_memory=True`` calls)."""
+        pinned = {f: t.pin_memory() for f, t in self._present(self._TENSORS).items()}
+        pinned.update({f: part.pin_memory() for f, part in self._present(self._PARTS).items()})
+        return dataclasses.replace(self, **pinned)

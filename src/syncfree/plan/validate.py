@@ -1,0 +1,119 @@
+"""The checks ``syncfree.prepare`` runs on a processor batch before planning it (all on the host).
+
+The patched forward itself checks only what stock checks, with stock's words, so that code and
+tests written against stock behave the same. ``prepare()`` is syncfree's own API and can afford
+to look closer, because everything is still on the host: where stock would raise, it raises with
+stock's message (and detail after it); where stock would silently build wrong 3D positions
+(placeholder runs that do not match the grids), it says so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .audio import audio_plan
+from .batch import placeholder_runs
+from .spec import ModelSpec
+from .vision import vision_plan
+
+__all__ = ["check_batch"]
+
+_KIND = {1: "image", 2: "video"}
+
+
+def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask) -> torch.Tensor:
+    ids, types = input_ids, mm_token_type_ids
+    for name, t in (("input_ids", ids), ("mm_token_type_ids", types)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 2):
+            raise ValueError(f"{name} must be a tensor of shape (batch, sequence), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if ids is None and types is None:
+        raise ValueError("syncfree.prepare needs input_ids (or mm_token_type_ids) to plan the forward")
+    if ids is not None and types is not None:
+        if ids.shape != types.shape:
+            raise ValueError(f"input_ids {tuple(ids.shape)} and mm_token_type_ids {tuple(types.shape)} must have the "
+                             "same shape")
+        for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
+            marked, found = int((types == kind).sum()), int((ids == token).sum())
+            if not torch.equal(types == kind, ids == token):
+                raise ValueError(
+                    f"mm_token_type_ids marks {marked} tokens as {_KIND[kind]} placeholders but input_ids holds "
+                    f"{found} token {token} (the {_KIND[kind]}_token_id syncfree assumed); pass the model or its "
+                    "config as syncfree.prepare(batch, device, model)")
+    reference = ids if ids is not None else types
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and \
+            attention_mask.shape != reference.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match the tokens "
+                         f"{tuple(reference.shape)}")
+    if ids is not None:
+        return (ids == spec.image_token_id).long() + 2 * (ids == spec.video_token_id).long()
+    return types.to(torch.long)
+
+
+def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
+                video_grid_thw=None, second_per_grid_ts=None, pixel_values=None, pixel_values_videos=None,
+                feature_attention_mask=None, video_second_per_grid=None, input_features=None, position_ids=None) -> None:
+    """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features."""
+    types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask)
+    # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
+    seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
+    if spec.audio_token_id is not None:
+        _check_audio(spec, input_ids, feature_attention_mask, input_features)
+        seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
+    merge2 = spec.spatial_merge_size ** 2
+    for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
+                                     (2, "video", video_grid_thw, pixel_values_videos)):
+        tokens = int((types == kind).sum())
+        if grid is None:
+            if pixels is not None:
+                raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without "
+                                 f"{name}_grid_thw")
+            continue
+        vp = vision_plan(grid, spec, f"{name}_grid_thw")
+        features = sum(vp.split_sizes)
+        if tokens != features:  # stock's words (get_placeholder_mask), then what it means
+            raise ValueError(f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, "
+                             f"features: {features} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
+                             f"{list(vp.split_sizes)} tokens)")
+        runs = [n for row in types for n in placeholder_runs(row, kind)]
+        if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens
+            expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
+            unit = "video frame"
+        else:
+            expected, unit = list(vp.split_sizes), name
+        if runs != expected and not (kind == 2 and spec.audio_token_id is not None):
+            # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.)
+            raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
+                             f"needs one run per {unit} of {expected} tokens (t*h*w / {merge2})")
+        if pixels is not None and pixels.shape[0] != vp.num_patches:
+            raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {pixels.shape[0]} "
+                             f"patches but {name}_grid_thw describes {vp.num_patches}")
+    if seconds is not None and video_grid_thw is not None and len(seconds) != len(video_grid_thw):
+        raise ValueError(f"{seconds_name} has {len(seconds)} entries but video_grid_thw describes "
+                         f"{len(video_grid_thw)} videos")
+
+
+def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_features) -> None:
+    """Omni thinkers: the audio placeholders against the audio features the batch carries."""
+    tokens = int((input_ids == spec.audio_token_id).sum()) if input_ids is not None else 0
+    if feature_attention_mask is None:
+        if input_features is not None:
+            raise ValueError("input_features given without feature_attention_mask (the model needs the mask to "
+                             "find each clip's frames)")
+        if tokens:
+            raise ValueError(f"input_ids hold {tokens} audio placeholders (token {spec.audio_token_id}) but the batch "
+                             "has no audio features (input_features and feature_attention_mask); a video's audio "
+                             "track needs its features too")
+        return
+    if input_features is None:
+        raise ValueError("feature_attention_mask given without input_features")
+    plan = audio_plan(feature_attention_mask, spec.vision_module, *spec.audio_window)
+    if input_features.dim() != 3 or input_features.shape[0] != feature_attention_mask.shape[0] \
+            or input_features.shape[2] != feature_attention_mask.shape[1]:
+        raise ValueError(f"input_features {tuple(input_features.shape)} must be (clips, mel bins, frames) matching "
+                         f"feature_attention_mask {tuple(feature_attention_mask.shape)}")
+    features = plan.n_outputs
+    if tokens != features:
+        raise ValueError(f"Audio features and audio tokens do not match, tokens: {tokens}, features: {features} "
+                         f"(feature_attention_mask describes {len(plan.feature_lens)} clips of "
+                         f"{plan.feature_lens.tolist()} frames)")

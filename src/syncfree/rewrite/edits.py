@@ -1,0 +1,126 @@
+"""The stock lines syncfree rewrites, one list per patched function, each naming the exact stock code.
+
+Every edit is checked against the installed Transformers before anything is patched: a release
+that changes one of these lines (or adds a second copy) is refused, not patched blindly.
+"""
+
+from __future__ import annotations
+
+from .rewriter import Edit
+
+__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
+           "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
+           "GENERATION_POSITIONS"]
+
+# Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
+# (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
+# The per-segment attention calls go through the chosen backend (rewrite/attention.py; "split" is
+# stock's own list of calls). Backends that attend over the whole packed sequence at once do not
+# split it at all (so nothing there depends on the layout, which a bucketed compile relies on).
+VISION_ATTENTION = (
+    Edit("prepend", "", 'syncfree_seqlens = kwargs.pop("syncfree_seqlens", None)\n'
+                        'syncfree_attention = kwargs.pop("syncfree_attention", None)'),
+    Edit("stmt", """
+         splits = [torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)]
+         """, """
+         splits = _syncfree.split_segments(lengths, cu_seqlens, syncfree_seqlens, syncfree_attention,
+                                           (query_states, key_states, value_states), self.training)"""),
+    Edit("stmt", """
+         attn_outputs = [attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
+                                             dropout=0.0 if not self.training else self.attention_dropout,
+                                             is_causal=False, **kwargs)[0] for q, k, v in zip(*splits)]""", """
+         attn_outputs = _syncfree.segment_attention(
+             lambda q, k, v, attention_mask=None: attention_interface(
+                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
+                 dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
+             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
+             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen)"""),
+)
+
+# The same split in a family syncfree does not plan for: the sizes are read once per tower call. The
+# first edit replaces the line by itself: it only insists that `lengths` is what the split uses.
+GENERIC_SPLIT = (
+    Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
+    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, None)"),
+)
+
+# get_placeholder_mask: the placeholder counts it checks against the features, as host ints
+# (stock sums the masks on the device, formats the sum into its message and checks it there).
+PLACEHOLDER_MASK = (
+    Edit("stmt", "n_image_tokens = special_image_mask.sum()",
+         'n_image_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
+    Edit("stmt", "n_video_tokens = special_video_mask.sum()",
+         'n_video_tokens = _syncfree.placeholder_count(input_ids, special_video_mask, "video")'),
+)
+
+# *Model.forward puts the vision features into the placeholder rows with masked_scatter. Its forward
+# does not sync, but its backward takes the features' gradient with masked_select (a host read of the
+# output size): by planned positions with index_copy instead (backward: index_select), same values.
+FEATURE_SCATTER = (
+    Edit("expr", "inputs_embeds.masked_scatter(image_mask, image_embeds)",
+         '_syncfree.scatter_features(inputs_embeds, image_mask, image_embeds, input_ids, "image")'),
+    Edit("expr", "inputs_embeds.masked_scatter(video_mask, video_embeds)",
+         '_syncfree.scatter_features(inputs_embeds, video_mask, video_embeds, input_ids, "video")'),
+)
+
+# Qwen3-VL's *Model.forward, image and video in one batch: the deepstack features of both are
+# merged in placeholder order with boolean masks; by positions instead.
+DEEPSTACK_MERGE = (
+    Edit("expr", "image_mask[visual_pos_masks]", "_syncfree.mask_at(image_mask, visual_pos_masks)"),
+    Edit("expr", "video_mask[visual_pos_masks]", "_syncfree.mask_at(video_mask, visual_pos_masks)"),
+    Edit("expr", "visual_pos_masks.sum()", "_syncfree.true_count(visual_pos_masks)"),
+    Edit("stmt", "embed_joint[image_mask_joint, :] = img_embed",
+         "_syncfree.put_rows(embed_joint, image_mask_joint, img_embed)"),
+    Edit("stmt", "embed_joint[video_mask_joint, :] = vid_embed",
+         "_syncfree.put_rows(embed_joint, video_mask_joint, vid_embed)"),
+)
+
+# Qwen3-VL's text model adds the deepstack features at the visual positions of the first layers.
+DEEPSTACK_PROCESS = (
+    Edit("stmt", "local_this = hidden_states[visual_pos_masks, :] + visual_embeds",
+         "local_this = _syncfree.rows_at(hidden_states, visual_pos_masks, visual_embeds.shape[0]) + visual_embeds"),
+    Edit("stmt", "hidden_states[visual_pos_masks, :] = local_this",
+         "_syncfree.put_rows_at(hidden_states, visual_pos_masks, local_this)"),
+)
+
+# generate()'s 3D position setup asks whether the prompt holds vision tokens past the cached part
+# (Transformers >= 5.2x; the line is absent in older releases, where nothing is rewritten).
+GENERATION_POSITIONS = (
+    Edit("expr", "bool(mm_token_type_ids[:, past_length:].any())",
+         "_syncfree.has_vision_tokens_after(mm_token_type_ids, past_length)"),
+)
+
+# Transformers' padding mask for linear-attention (gated-DeltaNet, Mamba) layers asks whether the
+# 2D mask is all ones, to skip the masking multiply (Qwen3.5's text model).
+RECURRENT_MASK = (
+    Edit("expr", "torch.all(attention_mask == 1)", "_syncfree.all_ones(attention_mask)"),
+)
+
+# Omni thinkers' get_audio_features: the mel frames kept by feature_attention_mask (boolean indexing:
+# a read of the count) and the per-clip lengths, from the plan's host copy of that mask.
+AUDIO_FEATURES = (
+    Edit("stmt", "audio_feature_lengths = torch.sum(feature_attention_mask, dim=1)",
+         "audio_feature_lengths = _syncfree.audio_lengths(feature_attention_mask)"),
+    Edit("expr", "input_features.permute(0, 2, 1)[feature_attention_mask.bool()]",
+         "_syncfree.masked_frames(input_features.permute(0, 2, 1), feature_attention_mask)"),
+)
+
+# Omni thinkers' *Model.forward puts the audio features into the audio placeholders (as FEATURE_SCATTER).
+AUDIO_SCATTER = (
+    Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_features)",
+         '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_features, input_ids, "audio")'),
+)
+
+# Omni's audio attention: the same split as the vision attention's, by the window sizes the planned
+# max_seqlen carries (a plain int or None without a plan: then read once per cu_seqlens tensor).
+AUDIO_ATTENTION = (
+    Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
+    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, _syncfree.planned_sizes(max_seqlen))"),
+)
+
+# Transformers' mask code asks, for a batch without a padding mask (training), whether its position ids
+# restart inside a row (a padding-free packed batch): answered from the plan's host copy of those ids.
+PACKED_CHECK = (
+    Edit("expr", "(packed_sequence_mask[:, -1] == 0).all()", "_syncfree.none_packed(packed_sequence_mask, position_ids)"),
+)

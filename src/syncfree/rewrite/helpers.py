@@ -1,0 +1,198 @@
+"""What rewritten stock code calls instead of the expression that synced (the ``_syncfree`` name there).
+
+Each helper takes the stock operands and returns what the stock expression returns. It uses host
+knowledge (the active plan, or sizes the caller passes) only when it can tell that knowledge
+describes exactly these operands; otherwise, and always while ``torch.compile`` traces, it
+evaluates the stock expression itself, so behaviour never drifts from stock.
+
+Boolean-mask indexing (``x[mask]``, ``x[mask] = y``) needs the number of true elements on the
+host. Where the plan knows it, the positions come from ``torch.nonzero_static`` (an output size
+given by the caller: no sync) and the rows move with ``index_select``/``index_copy_``, which copy
+the same values in the same order as the boolean indexing and whose backward passes do not
+sync either (unlike ``masked_select``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan import active
+from .attention import segment_attention, split_segments  # noqa: F401  (called from rewritten vision attention)
+from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
+
+__all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
+           "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed"]
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def host_padding_mask(entry: active.Entry, padding_mask: torch.Tensor) -> torch.Tensor | None:
+    """The host copy of a (rows, width) padding mask of the running forward or generate() call, or None.
+
+    In the prefill that is the mask the plan was made from; in a decode step inside ``generate()``,
+    that mask extended with ones, one column per new token (which is how generate() extends it)."""
+    host = entry.plan.host_mask
+    if host is None or padding_mask.dim() != 2 or padding_mask.shape[0] % host.shape[0]:
+        return None
+    rows, width = padding_mask.shape
+    if rows != host.shape[0]:  # beams / num_return_sequences: generate() repeats each row
+        host = host.repeat_interleave(rows // host.shape[0], dim=0)
+    if width == host.shape[1] and isinstance(entry.attention_mask, torch.Tensor):
+        return host  # the prefill: the mask the plan was made from
+    if width > host.shape[1] and entry.in_generate:
+        # A decode step: generate() extends the prompt's mask with ones, one column per new token.
+        return torch.cat([host, host.new_ones(rows, width - host.shape[1])], dim=1)
+    return None
+
+
+def all_ones(attention_mask: torch.Tensor):
+    """``torch.all(attention_mask == 1)`` (the recurrent layers' skip check), from the host copy when there is one."""
+    entry = None if _compiling() else active.current()
+    host = host_padding_mask(entry, attention_mask) if entry is not None and attention_mask.device.type != "cpu" \
+        else None
+    if host is None:
+        return torch.all(attention_mask == 1)
+    return bool((host == 1).all())
+
+
+def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
+    """``special_{kind}_mask.sum()``: a host int when the active plan was built from these input_ids."""
+    entry = None if _compiling() else active.current()
+    if entry is not None and entry.owns(input_ids):
+        return _placeholders(entry.plan, kind)
+    return mask.sum()
+
+
+def _placeholders(plan, kind: str) -> int:
+    return {"image": plan.n_image_tokens, "video": plan.n_video_tokens, "audio": plan.n_audio_tokens}[kind]
+
+
+def scatter_features(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: torch.Tensor, input_ids,
+                     kind: str) -> torch.Tensor:
+    """``inputs_embeds.masked_scatter(mask, features)`` for the (B, S, H) placeholder mask of ``kind``.
+
+    Placeholder row i takes feature row i, in row-major order, as in stock; with the plan's count the
+    rows move with ``index_copy``, whose backward (``index_select``) needs no host read.
+    """
+    entry = None if _compiling() else active.current()
+    count = None
+    # The mask is get_placeholder_mask's: (B, S, 1), or (B, S, H) expanded from it in older releases.
+    if (entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.dim() == 3
+            and mask.shape[:2] == inputs_embeds.shape[:2] and mask.shape[2] in (1, inputs_embeds.shape[2])
+            and features.dim() == 2 and features.dtype == inputs_embeds.dtype
+            and features.shape[1] == inputs_embeds.shape[2]):
+        count = _placeholders(entry.plan, kind)
+    if count is None or features.shape[0] != count:
+        return inputs_embeds.masked_scatter(mask, features)
+    rows = inputs_embeds.reshape(-1, inputs_embeds.shape[-1])
+    return rows.index_copy(0, _positions(mask[..., 0], count), features).view(inputs_embeds.shape)
+
+
+def _visual_count(entry, mask: torch.Tensor) -> int | None:
+    if entry is None or entry.input_ids is None or mask.dtype != torch.bool or not entry.covers(mask):
+        return None
+    return entry.plan.n_visual_tokens
+
+
+def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    return torch.nonzero_static(mask.reshape(-1), size=count).reshape(-1)
+
+
+def mask_at(mask: torch.Tensor, visual_pos_masks: torch.Tensor) -> torch.Tensor:
+    """``mask[visual_pos_masks]`` for (B, S) boolean masks."""
+    count = None if _compiling() else _visual_count(active.current(), visual_pos_masks)
+    if count is None or mask.shape != visual_pos_masks.shape:
+        return mask[visual_pos_masks]
+    return mask.reshape(-1).index_select(0, _positions(visual_pos_masks, count))
+
+
+def true_count(visual_pos_masks: torch.Tensor):
+    """``visual_pos_masks.sum()``, used as a size: the plan's host count of image and video placeholders."""
+    count = None if _compiling() else _visual_count(active.current(), visual_pos_masks)
+    return visual_pos_masks.sum() if count is None else count
+
+
+def put_rows(target: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:
+    """``target[mask, :] = rows`` for a 1D boolean ``mask`` over ``target``'s rows."""
+    entry = None if _compiling() else active.current()
+    if entry is None or entry.input_ids is None or mask.dim() != 1 or mask.dtype != torch.bool:
+        target[mask, :] = rows
+        return
+    # Inside a planned forward the joint masks come from the placeholders, whose counts were checked
+    # against the features on the host: mask holds exactly rows.shape[0] true values.
+    target.index_copy_(0, _positions(mask, rows.shape[0]), rows)
+
+
+def rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, count: int) -> torch.Tensor:
+    """``hidden_states[visual_pos_masks, :]`` for a (B, S) boolean mask with ``count`` true values."""
+    entry = None if _compiling() else active.current()
+    if _visual_count(entry, visual_pos_masks) is None:
+        return hidden_states[visual_pos_masks, :]
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    return flat.index_select(0, _positions(visual_pos_masks, count))
+
+
+def put_rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, rows: torch.Tensor) -> None:
+    """``hidden_states[visual_pos_masks, :] = rows`` (in place, as stock), for a (B, S) boolean mask."""
+    entry = None if _compiling() else active.current()
+    if _visual_count(entry, visual_pos_masks) is None or not hidden_states.is_contiguous():
+        hidden_states[visual_pos_masks, :] = rows
+        return
+    flat = hidden_states.view(-1, hidden_states.shape[-1])
+    flat.index_copy_(0, _positions(visual_pos_masks, rows.shape[0]), rows)
+
+
+def has_vision_tokens_after(mm_token_type_ids, past_length) -> bool:
+    """``bool(mm_token_type_ids[:, past_length:].any())`` in generate()'s position setup, from the host copy."""
+    entry = None if _compiling() else active.generating()
+    host = entry.plan.host.get("mm_token_type_ids") if entry is not None else None
+    if host is not None and isinstance(past_length, int) and entry.given.get("mm_token_type_ids") is mm_token_type_ids:
+        return bool(host[:, past_length:].any())
+    return bool(mm_token_type_ids[:, past_length:].any())
+
+
+def _audio_entry(feature_attention_mask):
+    """The active plan's audio plan when ``feature_attention_mask`` is the very mask it was made from."""
+    entry = None if _compiling() else active.current()
+    if entry is None or entry.plan.audio is None or feature_attention_mask is None:
+        return None
+    return entry.plan.audio if entry.given.get("feature_attention_mask") is feature_attention_mask else None
+
+
+def audio_lengths(feature_attention_mask: torch.Tensor) -> torch.Tensor:
+    """``torch.sum(feature_attention_mask, dim=1)`` (mel frames per clip): the plan's host copy, which the
+    patched audio encoder recognises (so it lays the frames out without reading the device)."""
+    audio = _audio_entry(feature_attention_mask)
+    return torch.sum(feature_attention_mask, dim=1) if audio is None else audio.feature_lens
+
+
+def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) -> torch.Tensor:
+    """``features[feature_attention_mask.bool()]`` for (clips, frames, bins) features: the same rows in the
+    same order, taken by the plan's positions of the mask's ones (``index_select``: no read of the count)."""
+    audio = _audio_entry(feature_attention_mask)
+    if (audio is None or audio.frame_positions is None or features.dim() != 3
+            or features.shape[:2] != feature_attention_mask.shape):
+        return features[feature_attention_mask.bool()]
+    return features.reshape(-1, features.shape[-1]).index_select(0, audio.frame_positions)
+
+
+def planned_sizes(max_seqlen):
+    """The window sizes a planned ``max_seqlen`` carries (``syncfree.plan.audio.SegmentedMax``), or None."""
+    return getattr(max_seqlen, "seqlens", None)
+
+
+def none_packed(packed_sequence_mask: torch.Tensor, position_ids: torch.Tensor):
+    """``(packed_sequence_mask[:, -1] == 0).all()``: no row of the batch restarts its positions. Answered from
+    the plan's host copy of the position ids the forward was given (its text rows, as the text model hands
+    them to the mask code), when they have the shape of the ones asked about."""
+    entry = None if _compiling() else active.current()
+    host = entry.plan.host.get("position_ids") if entry is not None and position_ids.device.type != "cpu" else None
+    if isinstance(host, torch.Tensor) and host.dim() == 3:
+        host = host[0]  # (4, B, S) text + 3D rows, or (3, B, S): the text model's text row is the first
+    if not isinstance(host, torch.Tensor) or host.dim() != 2 or tuple(host.shape) != tuple(position_ids.shape):
+        return (packed_sequence_mask[:, -1] == 0).all()
+    restarts = torch.diff(host, prepend=host[:, :1] - 1, dim=-1) != 1  # stock's computation, on the host
+    return bool((restarts.cumsum(-1)[:, -1] == 0).all())

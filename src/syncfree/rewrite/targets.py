@@ -1,0 +1,40 @@
+"""What syncfree patches, as data: a ``Target`` is one stock function (the lines rewritten in it and/or
+the wrapper put around it), a ``Family`` a model type's targets with its input layout.
+
+The tables themselves live with each family (``syncfree.families``); this module only says their shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan.spec import Layout
+from .rewriter import Edit
+
+__all__ = ["Target", "Family"]
+
+
+@dataclass(frozen=True)
+class Target:
+    cls: str  # class name in the family's modeling module (or, for module-level targets, a function name)
+    attr: str
+    edits: tuple[Edit, ...] = ()
+    wrap: str | None = None  # the name of a wrapper factory (``syncfree.rewrite.wrapper_table.WRAPPERS``)
+    params: tuple[str, ...] = ()  # parameters the stock function must take (for the wrapper)
+    needs: tuple[str, ...] = ()  # code the stock function must contain (for the wrapper)
+    inherited: bool = False  # the stock function may come from a base class (GenerationMixin.generate)
+    optional: bool = False  # skipped where the stock function or the edited code is absent (older releases)
+    fallback_cls: str | None = None  # the class holding the function in releases without ``cls``
+
+
+@dataclass(frozen=True)
+class Family:
+    """A fully supported model type: its targets, and how it lays out its inputs (``layout``, for the plan)."""
+
+    model_type: str
+    targets: tuple[Target, ...]
+    layout: Layout
+
+    @property
+    def modeling(self) -> str:
+        return self.layout.modeling

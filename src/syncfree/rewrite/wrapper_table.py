@@ -1,0 +1,17 @@
+"""Every wrapper factory by the name a ``Target.wrap`` gives it (the Qwen-VL pieces and the audio ones)."""
+
+from __future__ import annotations
+
+from .wrappers import (
+                       make_generate,
+                       make_get_rope_index,
+                       make_ignore_causal_mask_sdpa,
+                       make_model_forward,
+                       make_vision_forward,
+)
+from .wrappers_audio import make_audio_forward, make_omni_rope_index
+
+__all__ = ["WRAPPERS"]
+
+WRAPPERS = {f.__name__: f for f in (make_model_forward, make_vision_forward, make_generate, make_get_rope_index,
+                                     make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index)}

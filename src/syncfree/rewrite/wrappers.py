@@ -1,0 +1,254 @@
+"""Thin wrappers around stock functions: they find the plan, then call the stock function.
+
+* ``make_model_forward``: the multimodal ``*Model.forward``. Finds the plan for this call (the one
+  ``prepare()`` registered for these tensors, the one of an enclosing ``generate()``, or one built
+  after a single explicit read of the control tensors), makes it active, and runs the stock
+  forward with the grids on the host (same values), so stock's own grid reads stay on the host.
+* ``make_vision_forward``: the vision tower. Hands the stock forward the plan's precomputed
+  tensors, which the stock helpers take from ``kwargs`` instead of deriving them from the grid.
+* ``make_generate``: ``generate()`` of the ``*ForConditionalGeneration`` class, so the plan of a
+  prepared batch reaches the prefill forward through ``generate``'s own copies of the inputs.
+* ``make_get_rope_index``: the 3D rotary index, from the plan or computed without a sync.
+* ``make_ignore_causal_mask_sdpa``: Transformers' SDPA mask shortcut check, answered from the
+  plan's host copy of the padding mask instead of reading the device.
+
+Each wrapper keeps the stock signature (``functools.wraps`` sets ``__wrapped__``, which
+``inspect.signature`` follows). While ``torch.compile`` traces, each goes straight to stock.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..plan import active
+from ..plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, build_plan
+from ..plan.rope import rope_index
+from ..plan.spec import ModelSpec
+from ..plan.tensors import same_host_values
+from ..plan.vision import vision_plan
+from .attention import AttentionChoice
+from .buckets import run_bucketed
+from .call_args import call_device, call_shape, fits, given_args, positional_names, same_device
+from .helpers import host_padding_mask
+from .host_read import read_to_host_syncs_once, send_plan_back
+from .vision_in_step import vision_in_step
+
+__all__ = ["make_model_forward", "make_vision_forward", "make_generate", "make_get_rope_index",
+           "make_ignore_causal_mask_sdpa"]
+
+_VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # (and the Omni thinkers' audio)
+_FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video with its audio are laid out
+
+
+def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
+    """A plan passed as ``syncfree_plan`` (``prepare(batch)`` without a device): check it still describes the call."""
+    plan.check_model(spec)
+    device = call_device(given)
+    if device is not None and not same_device(plan.device, device) and plan.device == "cpu":
+        # A plan built in a DataLoader worker whose batch was then moved by the training loop (as HF
+        # Trainer moves it): its tensors follow, from pinned memory when the DataLoader pinned them.
+        plan = plan.to(device)
+    elif device is not None and not same_device(plan.device, device):
+        raise ValueError(f"this syncfree plan was built for {plan.device} tensors but the inputs are on {device}; "
+                         f"call syncfree.prepare(batch, {str(device)!r}) to move the batch and its plan together")
+    if not fits(plan, shape):
+        raise ValueError(f"this syncfree plan describes a batch of shape {plan.batch_shape} but the call has {shape}; "
+                         "call syncfree.prepare() on the batch you pass")
+    if shape[0] == plan.batch_shape[0]:
+        for name in PLAN_INPUTS:  # host tensors: comparing them costs no sync
+            value, kept = given.get(name), plan.host.get(name)
+            if isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and value.device.type == "cpu" \
+                    and not (value.shape == kept.shape and torch.equal(value, kept)):
+                raise active.StalePlan(f"{name} differs from the batch its syncfree plan was built for; call "
+                                       "syncfree.prepare() again on the changed batch")
+    return plan.expanded(shape[0])
+
+
+def resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
+    """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path)."""
+    entry = _resolve(model, given, explicit)
+    if entry is not None:
+        entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
+    return entry
+
+
+def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
+    # (ModelSpec is made only where a plan is checked or built: decode steps skip it.)
+    shape = call_shape(given)
+    input_ids, mask = given.get("input_ids"), given.get("attention_mask")
+    if explicit is not None:
+        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config), given, shape), input_ids,
+                            mask)
+    anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
+    registration = active.registered(anchor)
+    if registration is not None:
+        registration.plan.check_model(ModelSpec.from_config(model.config))
+        active.check_unchanged(registration, given)
+        return active.Entry(registration.plan, input_ids, mask)
+    outer = active.generating()
+    device = call_device(given)
+    if outer is not None and input_ids is not None and fits(outer.plan, shape) and device is not None \
+            and same_device(outer.plan.device, device):
+        # generate() copies, slices and expands the prepared tensors before the prefill forward.
+        return active.Entry(outer.plan.expanded(shape[0]), input_ids, mask)
+    encoded = given.get("mm_encoder_outputs")
+    has_vision = any(given.get(n) is not None for n in _VISION_INPUTS) or bool(encoded)
+    if input_ids is None and given.get("mm_token_type_ids") is None:
+        return None
+    if not has_vision and not (outer is None and device is not None and device.type != "cpu"
+                               and isinstance(mask, torch.Tensor) and mask.dim() == 2):
+        # Nothing to plan: no vision, or a decode step, or no 2D device mask whose checks would read it.
+        return None
+    # (A text-only micro-batch on the device with a padding mask: stock's mask code reads that mask
+    # twice (the SDPA skip check; Qwen3.5's recurrent-layer check); one read here answers both.)
+    # No prepare(): read the small control tensors once (one wait), plan on the host, send the plan back.
+    wanted = {n: given.get(n) for n in PLAN_INPUTS}
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
+        wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
+    host = read_to_host_syncs_once(wanted)
+    spec = ModelSpec.from_config(model.config)
+    flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope_class else {}
+    plan = build_plan(spec, **host, **flags)
+    return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
+
+
+def _with_host_grids(names, args, kwargs, plan: Plan):
+    """The call's arguments with the grids replaced by the plan's host copies (the same values)."""
+    args = list(args)
+    for name, vp in (("image_grid_thw", plan.image), ("video_grid_thw", plan.video)):
+        if vp is None:
+            continue
+        if name in kwargs:
+            if kwargs[name] is not None:
+                kwargs[name] = vp.grid_thw
+        elif name in names and names.index(name) < len(args) and args[names.index(name)] is not None:
+            args[names.index(name)] = vp.grid_thw
+    return tuple(args), kwargs
+
+
+def make_model_forward(stock):
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        explicit = kwargs.pop(PLAN_KEY, None)
+        if torch.compiler.is_compiling():
+            return stock(self, *args, **kwargs)
+        given = given_args(names, args, kwargs)
+        with vision_in_step(self, given):  # (only with patch(..., vision_every_step=True), in training)
+            entry = resolve(self, given, explicit)
+            if entry is None:
+                return stock(self, *args, **kwargs)
+            args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
+            with active.activate(entry):
+                return stock(self, *args, **kwargs)
+
+    return forward
+
+
+def make_generate(stock):
+    @functools.wraps(stock)
+    def generate(self, *args, **kwargs):
+        explicit = kwargs.pop(PLAN_KEY, None)
+        given = {n: kwargs[n] for n in PLAN_INPUTS + _VISION_INPUTS + _FLAGS + ("mm_encoder_outputs", "inputs_embeds")
+                 if n in kwargs}
+        inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+        given["input_ids"] = inputs
+        # Planned once for the whole call: generate() runs the vision encoder and the prefill on copies
+        # of these tensors, which then find this plan (without prepare(): after one explicit read here).
+        # The multimodal *Model (or, where a release has none, e.g. Omni thinkers before 5.2x, this model itself).
+        inner = getattr(self, "model", None)
+        entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit)
+        if entry is None:
+            return stock(self, *args, **kwargs)
+        entry.in_generate = True
+        _, kwargs = _with_host_grids((), (), kwargs, entry.plan)
+        with active.activate(entry):
+            return stock(self, *args, **kwargs)
+
+    return generate
+
+
+def _vision_plan_for(grid_thw):
+    """The active plan's vision plan for this grid (the very host tensor, or equal host values)."""
+    entry = active.current()
+    if entry is None or not isinstance(grid_thw, torch.Tensor):
+        return None
+    for vp in (entry.plan.image, entry.plan.video):
+        if vp is not None and same_host_values(grid_thw, vp.grid_thw):
+            return vp
+    return None
+
+
+def make_vision_forward(stock):
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def forward(self, hidden_states, *args, **kwargs):
+        vp = kwargs.pop("syncfree_vision_plan", None)
+        given = given_args(names[1:], args, kwargs)
+        grid_thw = given.get("grid_thw")
+        args = args[1:] if args else args  # grid_thw is passed by keyword below
+        kwargs.pop("grid_thw", None)
+        if vp is None and torch.compiler.is_compiling():
+            return stock(self, hidden_states, grid_thw, *args, **kwargs)
+        if vp is None:
+            vp = _vision_plan_for(grid_thw)
+        if vp is None:
+            if grid_thw is None:
+                return stock(self, hidden_states, grid_thw, *args, **kwargs)
+            host = read_to_host_syncs_once({"grid_thw": grid_thw})["grid_thw"]  # no read if already on the host
+            vp = vision_plan(host, ModelSpec.for_vision_model(self))
+        if not same_device(vp.device, hidden_states.device):
+            vp = send_plan_back(vp, hidden_states.device)
+        # Stock helpers pop these precomputed values from kwargs instead of deriving them from grid_thw,
+        # so grid_thw is never read on the device (and may stay on the host).
+        if getattr(self, "_syncfree_buckets", None) and set(kwargs) <= {"return_dict"} and not args:
+            # compile_vision(): one static graph per bucket
+            return run_bucketed(self, hidden_states, vp, kwargs)
+        extra = vp.vision_kwargs()
+        backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
+        if backend is not None and backend != "split":
+            extra["syncfree_attention"] = AttentionChoice(backend)
+        return stock(self, hidden_states, *args, grid_thw=vp.grid_thw, **{**extra, **kwargs})
+
+    return forward
+
+
+def make_get_rope_index(stock):
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def get_rope_index(self, *args, **kwargs):
+        given = given_args(names, args, kwargs)
+        input_ids, mask = given.get("input_ids"), given.get("attention_mask")
+        entry = None if torch.compiler.is_compiling() else active.current()
+        if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
+                and entry.plan.position_ids is not None:
+            return entry.plan.position_ids, entry.plan.rope_deltas
+        options = ModelSpec.from_config(self.config).rope_options(given.get("second_per_grid_ts"))
+        return rope_index(input_ids, given.get("mm_token_type_ids"), given.get("image_grid_thw"),
+                          given.get("video_grid_thw"), mask, **options)
+
+    return get_rope_index
+
+
+def make_ignore_causal_mask_sdpa(stock):
+    is_tracing = stock.__globals__.get("is_tracing")
+
+    @functools.wraps(stock)
+    def _ignore_causal_mask_sdpa(padding_mask, *args, **kwargs):
+        entry = None if torch.compiler.is_compiling() else active.current()
+        if (entry is not None and isinstance(padding_mask, torch.Tensor) and padding_mask.device.type != "cpu"
+                and not (is_tracing is not None and is_tracing(padding_mask))):
+            # The padding mask of this forward, derived from the attention mask the plan holds a host copy
+            # of: stock's all-ones checks give the same answer on the host, without a wait.
+            host = host_padding_mask(entry, padding_mask)
+            if host is not None:
+                padding_mask = host.bool()  # stock has turned the mask into booleans by now
+        return stock(padding_mask, *args, **kwargs)
+
+    return _ignore_causal_mask_sdpa
+

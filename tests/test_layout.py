@@ -1,0 +1,60 @@
+"""The package's shape: small modules, one registry of family groups that everything else reads, layers
+without upward imports (lint-imports, where import-linter is installed: ``pip install -e ".[lint]"``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import syncfree
+from syncfree.families import FAMILIES, GROUPS, MODEL_CLASSES, MODULE_TARGETS, PRESETS, VISION_CLASSES
+from syncfree.plan.spec import supported_model_types
+from syncfree.rewrite.wrapper_table import WRAPPERS
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(syncfree.__file__).parent
+GROUP_API = ("FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch")
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}"
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.__name__.rsplit(".", 1)[-1])
+def test_each_family_group_declares_what_the_registry_reads(group):
+    missing = [name for name in GROUP_API if not hasattr(group, name)]
+    assert not missing, f"{group.__name__} lacks {missing}"
+    own = {f.model_type for f in group.FAMILIES}
+    assert {PRESETS[name].values["model_type"] for name in group.PRESETS} <= own
+    assert set(group.VISION_CLASSES) <= own and set(group.MODEL_CLASSES) <= own
+    assert all(group.handles(t) for t in own)
+
+
+def test_the_registry_is_the_union_of_the_groups_and_the_plan_knows_every_layout():
+    assert list(FAMILIES) == [f.model_type for g in GROUPS for f in g.FAMILIES]
+    assert len(FAMILIES) == sum(len(g.FAMILIES) for g in GROUPS), "a model type is declared by two groups"
+    assert set(PRESETS) == {name for g in GROUPS for name in g.PRESETS}
+    assert set(VISION_CLASSES) | set(MODEL_CLASSES) <= set(FAMILIES)
+    assert set(supported_model_types()) == set(FAMILIES)
+
+
+def test_every_wrapper_a_target_names_exists():
+    targets = [t for f in FAMILIES.values() for t in f.targets] + list(MODULE_TARGETS.values())
+    unknown = sorted({t.wrap for t in targets if t.wrap is not None} - set(WRAPPERS))
+    assert not unknown, f"targets name wrappers that do not exist: {unknown}"
+
+
+def test_the_layer_contracts_hold():
+    pytest.importorskip("importlinter", reason='import-linter is in the lint extra: pip install -e ".[lint]"')
+    exe = shutil.which("lint-imports", path=os.path.dirname(sys.executable)) or shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip("lint-imports is not on PATH")
+    run = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
