@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import PLAN_INPUTS, Plan
+from .tensors import same_host_values
 
 __all__ = ["register", "registered", "Entry", "activate", "current", "StalePlan"]
 
@@ -60,7 +61,7 @@ def register(plan: Plan, kwargs: dict) -> None:
     tensors = {}
     for name in PLAN_INPUTS:
         value = kwargs.get(name)
-        tensors[name] = (weakref.ref(value), value._version) if isinstance(value, torch.Tensor) else None
+        tensors[name] = (weakref.ref(value), _version_of(value)) if isinstance(value, torch.Tensor) else None
     key = id(anchor)
     with _lock:
         _registry[key] = (weakref.ref(anchor, _forget(key)), _Registration(plan, tensors))
@@ -91,8 +92,20 @@ def check_unchanged(registration: _Registration, given: dict) -> None:
             raise StalePlan(_stale(name, "was removed"))
         if value is not ref():
             raise StalePlan(_stale(name, "was replaced by another tensor"))
-        if value._version != version:
+        if value.device.type == "cpu":
+            # On the host the values themselves are compared with the plan's own copy (a few small tensors):
+            # that also catches edits that bump no version counter (``t.numpy()[...] = v``, ``t.data[...] = v``)
+            # and inference tensors, which keep none.
+            if not same_host_values(value, registration.plan.host.get(name)):
+                raise StalePlan(_stale(name, "was modified in place"))
+        elif version is not None and value._version != version:
+            # On the device reading the values would wait for it: the version counter tells instead.
             raise StalePlan(_stale(name, "was modified in place"))
+
+
+def _version_of(t: torch.Tensor) -> int | None:
+    """The tensor's version counter; None for an inference tensor (``torch.inference_mode``), which has none."""
+    return None if t.is_inference() else t._version
 
 
 def _stale(name: str, what: str) -> str:

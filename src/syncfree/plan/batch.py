@@ -145,8 +145,11 @@ class Plan(DeviceFields):
 
 
 def _host(value):
+    """A private host copy (only host tensors reach here). Never the caller's tensor itself: the registry keys
+    that tensor weakly (a plan holding it would keep it, and its entry, alive forever), and a staleness check
+    against the very same object would compare it with itself. The control tensors are small."""
     if isinstance(value, torch.Tensor):
-        return value.to("cpu")  # only host tensors reach here; .to("cpu") is then the tensor itself
+        return value.detach().to("cpu", copy=True)
     return value
 
 
