@@ -108,3 +108,73 @@ def test_the_registry_keeps_no_batch_alive(model, device):
             syncfree.prepare({k: v.clone() for k, v in batch.items()}, device, model)
         gc.collect()
         assert len(active._registry) == before
+
+
+def _rows_twice(batch: dict) -> dict:
+    """The batch concatenated with itself (not each row repeated, as generate() expands a batch)."""
+    doubled = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
+    return {k: torch.cat([v, v]) if k in doubled else v for k, v in batch.items()}
+
+
+def _repad_right(batch: dict) -> dict:
+    """The same items padded on the right instead of the left (same shapes, other positions)."""
+    ids, mask, types = batch["input_ids"].clone(), batch["attention_mask"].clone(), batch["mm_token_type_ids"].clone()
+    for r in range(ids.shape[0]):
+        n = int(mask[r].sum())
+        for t in (ids, mask, types):
+            t[r] = torch.cat([t[r][-n:], t[r][:-n]]) if n < t.shape[1] else t[r]
+    return {**batch, "input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types}
+
+
+def _two_rows(model) -> dict:
+    return build_inputs(model.config, named_layout("mixed", side=64), padding_side="left")
+
+
+@pytest.mark.parametrize("change", ["hole", "replaced", "repadded", "concatenated"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_carried_plan_refuses_a_changed_batch_after_the_move(model, change, device):
+    """The training loop moves a batch that carries its plan (HF Trainer does): on the device the check runs
+    there (a device-side assert on a GPU; at once on the emulated device); on the host by value."""
+    from syncfree.inputs import batch_to
+
+    batch = _two_rows(model)
+    carried = syncfree.prepare(batch, None, model)
+    if change == "hole":
+        carried = {**carried, "attention_mask": carried["attention_mask"].clone()}
+        carried["attention_mask"][1, -4:] = 0
+    elif change == "replaced":
+        carried = {**carried, **{k: carried[k].flip(1) for k in ("input_ids", "mm_token_type_ids")}}
+    elif change == "repadded":
+        carried = _repad_right(carried)
+    else:
+        carried = _rows_twice(carried)
+    syncfree.patch(model)
+    try:
+        with emulate_cuda():
+            model.to(device)
+            try:
+                with torch.no_grad(), pytest.raises((ValueError, RuntimeError), match="differs from the batch"):
+                    model(**batch_to(carried, device))
+            finally:
+                model.to("cpu")
+    finally:
+        syncfree.unpatch(model)
+
+
+def test_a_prepared_device_batch_edited_through_data_is_refused_without_a_sync(model):
+    syncfree.patch(model)
+    try:
+        with emulate_cuda():
+            model.to("cuda")
+            try:
+                prepared = syncfree.prepare(_two_rows(model), "cuda", model)
+                with syncfree.audit() as report, torch.no_grad():
+                    model(**prepared)
+                assert report.syncs == [] and not any(c.blocking for c in report.copies)
+                prepared["attention_mask"].data[1, -4:] = 0  # bumps no version counter
+                with torch.no_grad(), pytest.raises(RuntimeError, match="attention_mask differs"):
+                    model(**prepared)
+            finally:
+                model.to("cpu")
+    finally:
+        syncfree.unpatch(model)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .audio import AudioPlan
+from .checksum import host_checksums
 from .omni import omni_fields, omni_rope
 from .rope import rope_index
 from .spec import ModelSpec
@@ -62,8 +63,11 @@ class Plan(DeviceFields):
     n_audio_tokens: int = 0
     use_audio_in_video: bool = False
     rope_cache: dict = dataclasses.field(default_factory=dict)  # flag -> positions made on demand (the other flag)
+    # One checksum per control tensor (``checksum.CHECKED``), so a forward given device tensors can check
+    # them against the plan on the device, without a wait (``checksum.assert_given_match``).
+    checksums: torch.Tensor | None = None
 
-    _TENSORS = ("position_ids", "rope_deltas")
+    _TENSORS = ("position_ids", "rope_deltas", "checksums")
     _PARTS = ("image", "video", "audio")
 
     @property
@@ -198,7 +202,8 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
         n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
-        position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask, host=host, **extra,
+        position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask, host=host, checksums=host_checksums(host),
+        **extra,
     )
 
 

@@ -24,6 +24,7 @@ import torch
 
 from ..plan import active
 from ..plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, build_plan
+from ..plan.checksum import assert_given_match
 from ..plan.rope import rope_index
 from ..plan.spec import ModelSpec
 from ..plan.tensors import same_host_values
@@ -56,14 +57,16 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     if not fits(plan, shape):
         raise ValueError(f"this syncfree plan describes a batch of shape {plan.batch_shape} but the call has {shape}; "
                          "call syncfree.prepare() on the batch you pass")
-    if shape[0] == plan.batch_shape[0]:
-        for name in PLAN_INPUTS:  # host tensors: comparing them costs no sync
-            value, kept = given.get(name), plan.host.get(name)
-            if isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and value.device.type == "cpu" \
-                    and not (value.shape == kept.shape and torch.equal(value, kept)):
-                raise active.StalePlan(f"{name} differs from the batch its syncfree plan was built for; call "
-                                       "syncfree.prepare() again on the changed batch")
-    return plan.expanded(shape[0])
+    # More rows than planned: each row repeated (generate()'s expansion), which the checks below then prove.
+    plan = plan.expanded(shape[0])
+    for name in PLAN_INPUTS:  # host tensors: comparing them costs no sync
+        value, kept = given.get(name), plan.host.get(name)
+        if isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and value.device.type == "cpu" \
+                and not (value.shape == kept.shape and torch.equal(value, kept)):
+            raise active.StalePlan(f"{name} differs from the batch its syncfree plan was built for; call "
+                                   "syncfree.prepare() again on the changed batch")
+    assert_given_match(plan, given)  # device tensors: compared on the device, without a wait
+    return plan
 
 
 def resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
@@ -86,6 +89,7 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
     if registration is not None:
         registration.plan.check_model(ModelSpec.from_config(model.config))
         active.check_unchanged(registration, given)
+        assert_given_match(registration.plan, given)  # (edits that bump no version counter, e.g. via .data)
         return active.Entry(registration.plan, input_ids, mask)
     outer = active.generating()
     device = call_device(given)

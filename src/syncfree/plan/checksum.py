@@ -1,0 +1,57 @@
+"""A sync-free proof, on the device, that a batch's control tensors are the ones its plan was made from.
+
+On the host a plan compares the values themselves with its own copies. On the device reading them would
+make the host wait, so the plan carries a checksum per control tensor instead, computed on the host when
+the plan is made and moved to the device with it; the forward computes the same checksum of the tensors it
+is given, on the device, and ``torch._assert_async`` compares the two there. A batch edited, replaced,
+re-padded or concatenated after its plan was made never runs under that plan: on a GPU the mismatch is a
+device-side assert (the CUDA context is lost: loud, asynchronous, no wait); on the CPU and on the emulated
+device it raises at once.
+
+The checksum is ``sum(value_i * (i + 1))`` over the flattened tensor in 64-bit integers: exact (integer
+sums wrap the same way in every order and on every device), and any change of one value or of the order
+of two different values changes it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["CHECKED", "host_checksums", "assert_given_match"]
+
+CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "position_ids")
+
+
+def _checksum(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1).to(torch.int64)
+    return (flat * torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.int64)).sum()
+
+
+def _checkable(t) -> bool:
+    # Integer and boolean tensors only: a float mask's -inf has no defined integer value on every device.
+    return isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and not t.is_complex()
+
+
+def host_checksums(host: dict) -> torch.Tensor:
+    """One checksum per name in ``CHECKED`` (0 where the plan has no such tensor), from the plan's host copies."""
+    return torch.stack([_checksum(t) if _checkable(t) else torch.zeros((), dtype=torch.int64)
+                        for t in (host.get(name) for name in CHECKED)])
+
+
+def assert_given_match(plan, given: dict) -> None:
+    """Check, on the device and without a wait, that the device control tensors in ``given`` are the plan's.
+
+    Host tensors are not looked at here (the callers compare them by value); tensors whose shape already
+    differs from the plan's raise ``ValueError`` at once (shapes are known on the host)."""
+    for i, name in enumerate(CHECKED):
+        value, kept = given.get(name), plan.host.get(name)
+        if not (_checkable(value) and _checkable(kept)) or value.device.type == "cpu":
+            continue
+        if tuple(value.shape) != tuple(kept.shape):
+            if name == "attention_mask" and value.dim() != 2:
+                continue  # 4D masks are the text model's business; the plan holds the 2D padding mask only
+            raise ValueError(f"{name} of shape {tuple(value.shape)} is not the one of shape {tuple(kept.shape)} its "
+                             "syncfree plan was built for; call syncfree.prepare() on the batch you pass")
+        torch._assert_async(_checksum(value) == plan.checksums[i],
+                            f"syncfree: {name} differs from the batch its plan was built for (edited, replaced or "
+                            "re-padded after syncfree.prepare()); call syncfree.prepare() on the batch you pass")
