@@ -81,11 +81,12 @@ def test_a_compiler_that_fails_is_one_line_and_debug_shows_its_command_and_outpu
 
     for debug in (["--debug", "demo", *FAST], ["demo", *FAST, "--debug"]):
         shown = _syncfree(*debug, env=env)
-        assert shown.returncode == 1 and "Traceback" in shown.stderr
+        # --debug adds the traceback and keeps the status: 2, the user's to fix (a missing compiler)
+        assert shown.returncode == 2 and "Traceback" in shown.stderr
         assert f"the failing command: {env['CXX']} " in shown.stderr
         assert "a note after the error" in shown.stderr  # the compiler's whole output, not only its first error
     by_env = _syncfree("demo", *FAST, env={**env, "SYNCFREE_DEBUG": "1"})
-    assert by_env.returncode == 1 and "Traceback" in by_env.stderr and "the failing command:" in by_env.stderr
+    assert by_env.returncode == 2 and "Traceback" in by_env.stderr and "the failing command:" in by_env.stderr
 
 
 # ---- models -------------------------------------------------------------------------------------------

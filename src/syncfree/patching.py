@@ -191,6 +191,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     image-only micro-batches (``syncfree.rewrite.vision_in_step``; outputs unchanged). ``verbose=True`` prints
     what was patched and what was not.
     """
+    _check_module(model, "patch", allow_none=True)
     check_backend(vision_attention)
     if vision_every_step and model is None:
         raise ValueError("syncfree.patch: vision_every_step=True applies to a model instance; pass the model")
@@ -254,6 +255,14 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     return model
 
 
+def _check_module(model, verb: str, allow_none: bool = False) -> None:
+    if model is None and allow_none:
+        return
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"syncfree.{verb} takes a model (a torch.nn.Module: a Transformers model, its vision tower, "
+                        f"or a PEFT wrapper){' or nothing' if allow_none else ''}, got {type(model).__name__}")
+
+
 def _set_backend(cls: type, backend: str) -> None:
     if backend == "split":
         if "_syncfree_attention" in cls.__dict__:
@@ -264,6 +273,7 @@ def _set_backend(cls: type, backend: str) -> None:
 
 def unpatch(model: torch.nn.Module | None = None) -> None:
     """Undo ``patch``: restore the stock functions exactly (on the instance, or on the classes)."""
+    _check_module(model, "unpatch", allow_none=True)
     if model is None:
         for (cls, attr), stock in list(_class_patches.items()):
             if stock is _INHERITED:
@@ -290,6 +300,7 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
 
 def is_patched(model: torch.nn.Module) -> bool:
     """True when ``model`` (or its classes) runs syncfree's functions."""
+    _check_module(model, "is_patched")
     for m in model.modules():
         if (type(m), "forward") in _class_patches:
             return True

@@ -68,6 +68,10 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     that is what a ``DataLoader`` worker should do (no CUDA there, and the dict pickles); call
     ``prepare(result, device)`` in the main process to move it.
     """
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"syncfree.prepare takes the processor's output (a BatchFeature or a dict of tensors), got "
+                        f"{type(batch).__name__}")
+    target = _target(device)
     batch = dict(batch)
     plan: Plan | None = batch.pop(PLAN_KEY, None)
     if plan is None:
@@ -78,7 +82,7 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
                                  f"{value.device}; call prepare() before moving the batch (or just call the patched "
                                  "model: it reads the control tensors once)")
         spec = _spec(model, batch)
-        check_batch(spec, **{k: batch.get(k) for k in _CHECKED})
+        check_batch(spec, **{k: batch.get(k) for k in _CHECKED}, ids_assumed=model is None)
         # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
         flags = {"use_audio_in_video": bool(batch.get("use_audio_in_video"))} if spec.rope_class else {}
         plan = build_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS}, **flags)
@@ -90,7 +94,6 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
             plan.check_model(_spec(model, batch))
     if device is None:
         return {**batch, PLAN_KEY: plan}
-    target = torch.device(device)
     moved = {}
     for name, value in batch.items():
         if (isinstance(value, torch.Tensor) and name not in _HOST_ONLY and value.device.type == "cpu"
@@ -99,6 +102,17 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
         moved[name] = value
     active.register(plan.to(target) if plan.device != str(target) else plan, moved)
     return moved
+
+
+def _target(device) -> torch.device | None:
+    """The device to move the batch to, checked before any work: a CUDA device needs CUDA, real or emulated."""
+    if device is None:
+        return None
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"syncfree.prepare(batch, {str(device)!r}): this machine has no CUDA device; run it "
+                           "inside syncfree.emulate_cuda() to audit on an emulated one, or prepare for \"cpu\"")
+    return target
 
 
 def plan_of(kwargs: Mapping) -> Plan | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Callable, Iterable
 
 __all__ = ["run_command", "one_line", "is_user_error", "debug_from_env", "USER_EXIT", "INTERNAL_EXIT"]
@@ -76,11 +77,14 @@ def run_command(name: str, fn: Callable[[], int], *, debug: bool, user_paths: It
         print(f"syncfree {name}: interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT
     except Exception as err:
+        sys.stdout.flush()  # what was printed before the error comes before it
+        user = is_user_error(err, list(user_paths))
         if debug:
             _print_debug_details(err)
-            raise
-        sys.stdout.flush()  # what was printed before the error comes before it
-        if is_user_error(err, list(user_paths)):
+            if not user:
+                raise  # a bug: Python's own traceback and status (and a post-mortem debugger can attach)
+            traceback.print_exc()  # the user's to fix: the traceback, then the same line and status as without
+        if user:
             print(f"{prefix} {one_line(err)}", file=sys.stderr)
             return USER_EXIT
         print(f"{prefix} internal error: {type(err).__name__}: {one_line(err)} -- rerun with --debug (or "

@@ -33,11 +33,40 @@ examples:
 Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
 
 
+_COMMANDS = ("demo", "audit", "bench", "census")
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line too (with where to read the usage)."""
+    """argparse, but a usage error is one line too, pointing at the help of the command it is about."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {one_line(Exception(message))} (see {self.prog} --help)\n")
+        prog = self.prog
+        if prog == "syncfree":  # options a subcommand did not know end up here: point at that command's help
+            given = next((a for a in self._argv if a in _COMMANDS), None)
+            if given is not None and message.startswith("unrecognized arguments"):
+                prog = f"syncfree {given}"
+        if message.startswith("argument COMMAND: invalid choice"):
+            import difflib
+
+            typed = message.split("'")[1] if "'" in message else ""
+            close = difflib.get_close_matches(typed, _COMMANDS, n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        self.exit(2, f"{prog}: error: {one_line(Exception(message))} (see {prog} --help)\n")
+
+    _argv: list[str] = []  # the command line being parsed (set by main)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"syncfree {of('syncfree')} (torch {of('torch')}, transformers {of('transformers')})"
 
 
 def _add_debug(p: argparse.ArgumentParser, default) -> None:
@@ -208,6 +237,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="syncfree", description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_debug(parser, default=False)
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print syncfree's version and the torch and Transformers it runs with")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
     demo = sub.add_parser("demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
@@ -241,7 +272,9 @@ def _user_paths(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    parser._argv = list(argv) if argv is not None else sys.argv[1:]
+    args = parser.parse_args(argv)
     debug = args.debug or debug_from_env()
     if args.command == "bench":
         from ..bench.command import run_bench

@@ -74,6 +74,9 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
     if text_layers is not None:
         if text_layers < 1:
             raise ValueError(f"text_layers must be at least 1, got {text_layers}")
+        if text_layers > config.text_config.num_hidden_layers:  # it shortens; it never adds random layers
+            raise ValueError(f"text_layers={text_layers} is more than the {config.text_config.num_hidden_layers} "
+                             f"text layers of {model}; it can only shorten the text model")
         config.text_config.num_hidden_layers = text_layers
     config._attn_implementation = attn
     for sub in ("vision_config", "text_config", "audio_config"):

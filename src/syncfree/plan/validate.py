@@ -21,7 +21,7 @@ __all__ = ["check_batch"]
 _KIND = {1: "image", 2: "video"}
 
 
-def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask) -> torch.Tensor:
+def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask, ids_assumed: bool) -> torch.Tensor:
     ids, types = input_ids, mm_token_type_ids
     for name, t in (("input_ids", ids), ("mm_token_type_ids", types)):
         if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 2):
@@ -36,10 +36,12 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask)
         for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
             marked, found = int((types == kind).sum()), int((ids == token).sum())
             if not torch.equal(types == kind, ids == token):
+                source = (f"the {_KIND[kind]}_token_id syncfree assumed); pass the model or its config as "
+                          "syncfree.prepare(batch, device, model)" if ids_assumed
+                          else f"the model's {_KIND[kind]}_token_id); the two must mark the same tokens")
                 raise ValueError(
                     f"mm_token_type_ids marks {marked} tokens as {_KIND[kind]} placeholders but input_ids holds "
-                    f"{found} token {token} (the {_KIND[kind]}_token_id syncfree assumed); pass the model or its "
-                    "config as syncfree.prepare(batch, device, model)")
+                    f"{found} token {token} ({source}")
     reference = ids if ids is not None else types
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and \
             attention_mask.shape != reference.shape:
@@ -52,9 +54,11 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask)
 
 def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                 video_grid_thw=None, second_per_grid_ts=None, pixel_values=None, pixel_values_videos=None,
-                feature_attention_mask=None, video_second_per_grid=None, input_features=None, position_ids=None) -> None:
-    """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features."""
-    types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask)
+                feature_attention_mask=None, video_second_per_grid=None, input_features=None, position_ids=None,
+                ids_assumed: bool = False) -> None:
+    """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features.
+    ``ids_assumed``: the placeholder token ids are syncfree's defaults, not a model's (no model was given)."""
+    types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
     # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
     seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
     if spec.audio_token_id is not None:
