@@ -6,7 +6,7 @@ the device synchronized around each call, and takes memory from the CUDA allocat
 Times one vision-attention layer's attention (stock's split of q/k/v by segment, the backend's calls,
 stock's torch.cat after them) for split, grouped and block_diagonal over shapes x total lengths x
 equal-length segment counts; records each cell's median time, peak memory and each backend's output
-against split. Writes attention_crossover.json and .png to --out-dir and prints a Markdown table. The
+against split. Writes attention_crossover.json and .png to --out-dir (default: $TMPDIR/syncfree-results) and prints a Markdown table. The
 data decide AttentionChoice's ``auto`` rule off CUDA. Linux only (/proc).
 """
 
@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import threading
 import time
 from types import SimpleNamespace
@@ -315,7 +316,8 @@ def main(argv=None) -> dict:
     arg("--max-others", type=float, default=0.2, help="cores other processes may take during a cell, else again")
     arg("--retries", type=int, default=2, help="measurements again of a cell other processes disturbed")
     arg("--patience", type=float, default=60.0, help="seconds to wait for an idle machine before a cell")
-    arg("--out-dir", default="benchmarks/results")
+    arg("--out-dir", default=os.path.join(tempfile.gettempdir(), "syncfree-results"),
+        help="where to write (default: the temp folder; the recorded run used benchmarks/results)")
     arg("--device", default="cpu", choices=("cpu", "cuda"))
     arg("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Emulation overhead: the Qwen3-VL-8B vision tower on one 448x448 image, plain CPU vs emulated CUDA.
 
 Run: python benchmarks/emulation_overhead.py [--repeats N] [--out benchmarks/results/emulation_overhead.json]
-Both runs are in one process, interleaved, after one warm-up each; the ratio is of medians.
+Writes to the temp folder unless --out says otherwise. Both runs are in one process, interleaved, after one warm-up each; the ratio is of medians.
 The emulated output is checked to be bit-identical to the plain one.
 """
 
@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 
 import torch
@@ -27,7 +28,8 @@ def main() -> None:
     parser.add_argument("--model", default="qwen3-vl-8b")
     parser.add_argument("--side", type=int, default=448)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results/emulation_overhead.json")
+    parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "syncfree-results", "emulation_overhead.json"),
+                        help="where to write (default: the temp folder; the recorded run: benchmarks/results/)")
     args = parser.parse_args()
 
     config = load_config(args.model)

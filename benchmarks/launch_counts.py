@@ -6,7 +6,8 @@ The count is every aten op the forward runs on device data that launches a kerne
 ``syncfree/audit/launches.py``), and of those the attention calls. Launches depend on the layout (how
 many images and frames, of which sizes relative to each other), not on the pixel count, so each
 scenario runs at the smallest size with its layout (32 px sides), which keeps the 32-frame video cheap
-on a CPU; the segment structure is that of the real inputs. Writes benchmarks/results/launch_counts.json.
+on a CPU; the segment structure is that of the real inputs. Writes launch_counts.json to $TMPDIR/syncfree-results
+(``--out benchmarks/results/launch_counts.json`` records it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import copy
 import json
 import os
+import tempfile
 
 import torch
 
@@ -44,7 +46,8 @@ def _count(tower, pixels, grid) -> tuple[int, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-vl-8b")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "launch_counts.json"))
+    parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "syncfree-results", "launch_counts.json"),
+                        help="where to write (default: the temp folder; the recorded run: benchmarks/results/)")
     args = parser.parse_args()
     config = load_config(args.model)
     stock = build_vision_model(args.model)

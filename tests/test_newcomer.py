@@ -95,3 +95,18 @@ def test_a_token_mismatch_advises_passing_the_model_only_when_it_was_not_passed(
     assert "pass the model" not in str(given.value) and "the model's image_token_id" in str(given.value)
     with pytest.raises(ValueError, match="pass the model or its config"):
         syncfree.prepare(batch, "cpu")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_gpu_scripts_refuse_a_machine_without_a_gpu_in_one_line():
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu", "run.sh"), os.devnull + "-not-a-dir"],
+                         capture_output=True, text=True, timeout=120, env={**env, "PYTHON": sys.executable})
+    assert run.returncode == 2 and "no CUDA device here" in run.stderr and "Traceback" not in run.stderr + run.stdout
+    cross = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "cross_check.py"), "--out",
+                            os.devnull],
+                           capture_output=True, text=True, timeout=120)
+    assert cross.returncode == 2 and "needs a CUDA device" in cross.stderr and "FAILED" not in cross.stdout

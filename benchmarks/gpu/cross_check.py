@@ -91,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for each engine's child")
     args = parser.parse_args(argv)
     labels = _labels(args.engines)
+    if "cuda" in args.engines:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("cross_check: the cuda engine needs a CUDA device and this machine has none; without one, "
+                  "--engines emulated emulated runs the same plumbing", file=sys.stderr)
+            return 2
     procs = [_start(e, args.models, args.inputs) for e in args.engines]  # side by side
     collected = [_collect(p, args.timeout) for p in procs]
     results, differ, failed = [], 0, 0
@@ -107,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             for variant, v in entry["variants"].items():
                 differ += len(v["differ"])
                 state = "FAILED" if errors else ("agree" if not v["differ"] else f"{len(v['differ'])} lines differ")
-                print(f"{model:18s} {kind:7s} {variant:16s} syncs {labels[0]}={v['syncs'][0]:4d} "
-                      f"{labels[1]}={v['syncs'][1]:4d}  {state}")
+                shown = ["n/a" if lab in errors else f"{n:4d}" for lab, n in zip(labels, v["syncs"])]
+                print(f"{model:18s} {kind:7s} {variant:16s} syncs {labels[0]}={shown[0]:>4s} "
+                      f"{labels[1]}={shown[1]:>4s}  {state}")
                 for line, (a, b) in v["differ"].items():
                     print(f"    {line}: {labels[0]} {a}, {labels[1]} {b}")
             for lab, e in errors.items():

@@ -17,6 +17,11 @@ out=$(cd "$out" && pwd)
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-$(command -v python3 || command -v python)}
 cd "$root"
+if ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "benchmarks/gpu/run.sh: no CUDA device here (torch.cuda.is_available() is false): this script measures a" \
+       "real GPU. Without one, syncfree audit and syncfree bench measure on the emulated device." >&2
+  exit 2
+fi
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
 run_all() {
