@@ -66,7 +66,9 @@ def _version() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    return f"syncfree {of('syncfree')} (torch {of('torch')}, transformers {of('transformers')})"
+    import torch  # its own version string names the build (+cu130, +cpu); the package metadata does not
+
+    return f"syncfree {of('syncfree')} (torch {torch.__version__}, transformers {of('transformers')})"
 
 
 def _add_debug(p: argparse.ArgumentParser, default) -> None:
