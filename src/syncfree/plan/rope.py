@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import MaskShapeError
+
 __all__ = ["rope_index"]
 
 
@@ -115,6 +117,8 @@ def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw
                          "pass split_video_frames=False")
     device = input_ids.device
     B, S = input_ids.shape
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and attention_mask.shape != (B, S):
+        raise MaskShapeError(f"attention_mask {tuple(attention_mask.shape)} must match the tokens {(B, S)}")
     merge = spatial_merge_size
     types = mm_token_type_ids.to(device=device, dtype=torch.long)
     if attention_mask is None:

@@ -13,6 +13,7 @@ import torch
 
 from .audio import audio_plan
 from .batch import placeholder_runs
+from .errors import MaskShapeError
 from .spec import ModelSpec
 from .vision import vision_plan
 
@@ -45,7 +46,7 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask,
     reference = ids if ids is not None else types
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and \
             attention_mask.shape != reference.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match the tokens "
+        raise MaskShapeError(f"attention_mask {tuple(attention_mask.shape)} must match the tokens "
                          f"{tuple(reference.shape)}")
     if ids is not None:
         return (ids == spec.image_token_id).long() + 2 * (ids == spec.video_token_id).long()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import GridDtypeError, GridError
 from .spec import ModelSpec
 from .tensors import DeviceFields
 
@@ -88,11 +89,11 @@ def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
     if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
         raise ValueError(f"{name} must have shape (N, 3) with N >= 1, got {tuple(grid.shape)}")
     if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.is_complex():
-        raise ValueError(f"{name} must hold integers (torch.long), got {grid.dtype}")
+        raise GridDtypeError(f"{name} must hold integers (torch.long), got {grid.dtype}")
     grid = grid.to("cpu", torch.long)
     if bool((grid <= 0).any()):
-        raise ValueError(f"{name} must be positive everywhere, got {grid.tolist()}")
+        raise GridError(f"{name} must be positive everywhere, got {grid.tolist()}")
     if bool((grid[:, 1:] % merge != 0).any()):
-        raise ValueError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
+        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
                          f"got {grid.tolist()}")
     return grid

@@ -1,0 +1,23 @@
+"""Errors for inputs stock rejects too, typed so that code written against stock keeps catching them.
+
+Each is a ``ValueError`` (syncfree's own contract: a bad input is named in one line) and also the type
+stock raises for the same input, from deeper inside its forward (``except RuntimeError`` around a stock
+call still catches a bad grid when syncfree finds it first)."""
+
+from __future__ import annotations
+
+__all__ = ["GridError", "GridDtypeError", "MaskShapeError"]
+
+
+class GridError(ValueError, RuntimeError):
+    """A grid stock cannot lay out (a size of 0, or not a multiple of the merge size): stock's reshapes and
+    size checks raise ``RuntimeError``."""
+
+
+class GridDtypeError(ValueError, NotImplementedError, TypeError):
+    """A grid of floats: Qwen3-VL's ``repeat_interleave`` has no kernel for it (``NotImplementedError``), and
+    Qwen2-VL's ``reshape`` takes no float sizes (``TypeError``)."""
+
+
+class MaskShapeError(ValueError, IndexError):
+    """A 2D attention mask whose shape is not the tokens': stock's boolean-mask indexing raises ``IndexError``."""
