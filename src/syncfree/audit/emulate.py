@@ -30,6 +30,7 @@ Five things make this work on a CPU-only PyTorch build (and on a CUDA build with
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import threading
 
@@ -163,6 +164,11 @@ def _per_thread(standin, real):
     return answer
 
 
+def _emulating_loop(loop, *args, **kwargs):
+    with emulate_cuda():
+        return loop(*args, **kwargs)
+
+
 def _install() -> None:
     optimizer_module = importlib.import_module("torch.optim.optimizer")  # (torch.optim hides the name)
     guard = FakeCudaGuard()
@@ -171,9 +177,15 @@ def _install() -> None:
     for name, standin in CUDA_STANDINS.items():
         setattr(torch.cuda, name, _per_thread(standin, real[name]))
     # model.to("cpu") must swap each emulated parameter for a plain one in place (as model.to("cuda")
-    # did the other way), or the module would keep wrappers whose data is on the host.
-    swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
+    # did the other way), or the module would keep wrappers whose data is on the host. Only in emulating
+    # threads: Module._apply asks torch.__future__ at call time, so the answer can be per thread.
+    swap = torch.__future__.get_swap_module_params_on_conversion
+    torch.__future__.get_swap_module_params_on_conversion = _per_thread(lambda: True, swap)
+    # A DataLoader's pin-memory thread pins what its emulating thread asked for: it emulates too (a
+    # DataLoader pins only where CUDA is available, so no other thread of this machine starts one).
+    pin_module = importlib.import_module("torch.utils.data._utils.pin_memory")
+    pin_loop = pin_module._pin_memory_loop
+    pin_module._pin_memory_loop = functools.wraps(pin_loop)(functools.partial(_emulating_loop, pin_loop))
     # Each autograd node keeps the forward stack that made it, so a backward op can be attributed to
     # its forward line (phases.py). Without the NaN checks: those read every gradient on the host.
     anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
@@ -182,7 +194,8 @@ def _install() -> None:
     # the emulated device's tensors count as one, so optimizer.step() takes the path it takes on CUDA.
     optimizer_module._foreach_supported_types.append(DeviceTensor)
     hook_engine_start()
-    _shared.update(guard=guard, real=real, swap=swap, anomaly=anomaly, optimizer_module=optimizer_module)
+    _shared.update(guard=guard, real=real, swap=swap, anomaly=anomaly, optimizer_module=optimizer_module,
+                   pin=(pin_module, pin_loop))
 
 
 def _restore() -> None:
@@ -190,7 +203,9 @@ def _restore() -> None:
     _shared.pop("optimizer_module")._foreach_supported_types.remove(DeviceTensor)
     enabled, check_nan = _shared.pop("anomaly")
     torch.autograd.set_detect_anomaly(enabled, check_nan=check_nan)
-    torch.__future__.set_swap_module_params_on_conversion(_shared.pop("swap"))
+    torch.__future__.get_swap_module_params_on_conversion = _shared.pop("swap")
+    pin_module, pin_loop = _shared.pop("pin")
+    pin_module._pin_memory_loop = pin_loop
     for name, fn in _shared.pop("real").items():
         setattr(torch.cuda, name, fn)
     _shared.pop("guard").restore()
