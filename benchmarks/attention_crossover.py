@@ -6,8 +6,8 @@ the device synchronized around each call, and takes memory from the CUDA allocat
 Times one vision-attention layer's attention (stock's split of q/k/v by segment, the backend's calls,
 stock's torch.cat after them) for split, grouped and block_diagonal over shapes x total lengths x
 equal-length segment counts; records each cell's median time, peak memory and each backend's output
-against split. Writes attention_crossover.json and .png to --out-dir (default: $TMPDIR/syncfree-results) and prints a Markdown table. The
-data decide AttentionChoice's ``auto`` rule off CUDA. Linux only (/proc).
+against split. Writes attention_crossover.json and .png to --out-dir (default: $TMPDIR/syncfree-results)
+and prints a Markdown table. The data decide AttentionChoice's ``auto`` rule off CUDA. Linux only (/proc).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Emulation overhead: the Qwen3-VL-8B vision tower on one 448x448 image, plain CPU vs emulated CUDA.
 
 Run: python benchmarks/emulation_overhead.py [--repeats N] [--out benchmarks/results/emulation_overhead.json]
-Writes to the temp folder unless --out says otherwise. Both runs are in one process, interleaved, after one warm-up each; the ratio is of medians.
+Writes to the temp folder unless --out says otherwise. Both runs are in one process, interleaved, after one
+warm-up each; the ratio is of medians.
 The emulated output is checked to be bit-identical to the plain one.
 """
 

@@ -25,7 +25,7 @@ CUDA device."""
 
 _EPILOG = """\
 examples:
-  syncfree demo               # stock vs patched, Qwen3-VL-2B shapes (70 s)
+  syncfree demo               # stock vs patched, Qwen3-VL-2B shapes (90 s)
   syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
   syncfree bench --quick      # a smoke run of the benchmark on tiny models
   syncfree census             # every family with the vision split: syncs
