@@ -5,8 +5,10 @@ signatures, ``generate()``'s argument checks and an unpatched model all keep wor
 travels beside them: it is registered under the very tensor objects ``prepare`` returned, with
 their version counters. The patched forward finds it by the identity of the ``input_ids`` it is
 given and checks, without reading the device, that the other control tensors are the ones the
-plan was built from, unchanged (object identity and ``_version``). A batch edited after
-``prepare()`` is refused, never silently planned for the old values.
+plan was built from, unchanged: object identity always; on the host the values, compared with the
+plan's own copies; on the device the version counter here and the plan's checksums on the device
+(``checksum.py``). A batch edited after ``prepare()`` is refused, never silently planned for the old
+values. The registry holds its keys weakly, and the plan holds copies, not the batch's tensors.
 
 While a patched forward (or ``generate``) runs, its plan is *active* on this thread: the small
 patched pieces deep inside the stock forward (placeholder counts, the deepstack merge, the SDPA

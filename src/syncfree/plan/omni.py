@@ -6,9 +6,9 @@ Kept apart from ``plan.py`` (which builds the ``Plan``): what an Omni batch adds
 from __future__ import annotations
 
 from .audio import audio_plan
-from .rope_stock import mm_counts_per_row, rope_config_key, stock_rope_on_host
+from .rope_stock import mm_counts_per_row, stock_rope_on_host
 
-__all__ = ["omni_rope", "omni_fields", "rope_config_key"]
+__all__ = ["omni_rope", "omni_fields"]
 
 
 def omni_rope(spec, host: dict, mask, use_audio_in_video: bool):

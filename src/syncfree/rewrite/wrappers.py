@@ -62,7 +62,7 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     for name in PLAN_INPUTS:  # host tensors: comparing them costs no sync
         value, kept = given.get(name), plan.host.get(name)
         if isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and value.device.type == "cpu" \
-                and not (value.shape == kept.shape and torch.equal(value, kept)):
+                and not same_host_values(value, kept):
             raise active.StalePlan(f"{name} differs from the batch its syncfree plan was built for; call "
                                    "syncfree.prepare() again on the changed batch")
     assert_given_match(plan, given)  # device tensors: compared on the device, without a wait
