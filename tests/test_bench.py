@@ -154,7 +154,7 @@ def test_uncounted_graph_breaks_show_a_dash_and_a_footnote_says_why():
     rows = pairs(_records("video-16x448") + _records("image-448"))
     lines = table(rows).splitlines()
     video = next(line for line in lines if "video-16x448" in line)
-    assert video.split()[-3:-1] == ["19/0", "-"]  # syncs, graph breaks (then launches)
+    assert video.split()[-4:-2] == ["19/0", "-"]  # syncs, graph breaks (then launches, plan ms)
     [note] = footnotes(rows)
     assert note.startswith("breaks '-': not counted") and "scenarios without an image (video-16x448)" in note
     assert "--no-graph-breaks" in footnotes(rows, graph_breaks=False)[0]

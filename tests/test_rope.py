@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan.rope import rope_index
+from syncfree.plan.rope_host import rope_index_host
 from syncfree.presets import build_model
 
 KEYS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
@@ -33,7 +34,10 @@ def _stock(model, args):
 
 
 def _ours(model, args):
-    return rope_index(*args, spatial_merge_size=model.config.vision_config.spatial_merge_size)
+    got = rope_index(*args, spatial_merge_size=model.config.vision_config.spatial_merge_size)
+    if all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in args):  # the plan's NumPy twin
+        _same(rope_index_host(*args, spatial_merge_size=model.config.vision_config.spatial_merge_size), got)
+    return got
 
 
 def _same(got, want):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.plan.rope import rope_index
+from syncfree.plan.rope_host import rope_index_host
 
 IMAGE, VIDEO, START, END = 1000, 1001, 1002, 1003
 MERGE = 2
@@ -124,8 +125,11 @@ def _stock(model, batch, mask, seconds=None):
 def _ours(batch, mask, *, qwen25: bool, seconds=None, truncate=False):
     timing = dict(tokens_per_second=TOKENS_PER_SECOND, second_per_grid_ts=seconds, truncate_seconds=truncate) \
         if qwen25 else {}
-    return rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"], batch["video_grid_thw"],
-                      mask, spatial_merge_size=MERGE, split_video_frames=False, **timing)
+    args = (batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"], batch["video_grid_thw"], mask)
+    got = rope_index(*args, spatial_merge_size=MERGE, split_video_frames=False, **timing)
+    if all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in args):  # the plan's NumPy twin
+        _same(rope_index_host(*args, spatial_merge_size=MERGE, split_video_frames=False, **timing), got)
+    return got
 
 
 def _same(got, want):

@@ -67,3 +67,48 @@ def test_a_bad_input_raises_what_stock_raises(model, case):
     for err in (patched, prepared):
         assert isinstance(err, type(stock)), f"stock raised {type(stock).__name__}, syncfree {type(err).__name__}: {err}"
         assert isinstance(err, ValueError)  # and syncfree's own contract: a bad input is a ValueError
+
+
+def _all_padding_row(b):
+    return {**b, "attention_mask": torch.cat([b["attention_mask"][:1], torch.zeros_like(b["attention_mask"][1:])])}
+
+
+def test_a_row_of_padding_only_raises_what_stock_raises(model):
+    """Stock's rope index fails on a row without a kept token; the unprepared patched forward hands such a batch
+    to stock's own index (so it fails the same way), and prepare() says what is wrong before anything runs."""
+    vc = model.config.vision_config
+    unit = vc.patch_size * vc.spatial_merge_size
+    batch = _all_padding_row(build_inputs(model.config, named_layout("mixed", side=2 * unit, unit=unit)))
+    stock = _raised(lambda: model(**batch))
+    syncfree.patch(model)
+    try:
+        patched = _raised(lambda: model(**batch))
+    finally:
+        syncfree.unpatch(model)
+    prepared = _raised(lambda: syncfree.prepare(batch, "cpu", model))
+    assert type(patched) is type(stock) and str(patched) == str(stock)
+    assert isinstance(prepared, type(stock)) and "row 1 of attention_mask is all padding" in str(prepared)
+
+
+def test_grids_listed_out_of_order_give_stocks_positions_without_prepare(model):
+    """Two images of different sizes with their grids swapped: the runs no longer match the grids, and stock
+    places the positions its own way (or fails where the totals differ). Without prepare() the patched forward
+    gives exactly stock's logits; prepare() refuses the batch."""
+    vc = model.config.vision_config
+    unit = vc.patch_size * vc.spatial_merge_size
+    from syncfree.inputs import Image, Text
+
+    batch = build_inputs(model.config, [[Text(3), Image(2 * unit, 2 * unit), Text(2), Image(2 * unit, 4 * unit),
+                                         Text(2)]])
+    batch["image_grid_thw"] = batch["image_grid_thw"].flip(0)
+    with torch.no_grad():
+        expected = model(**batch).logits
+    syncfree.patch(model)
+    try:
+        with torch.no_grad():
+            got = model(**batch).logits
+    finally:
+        syncfree.unpatch(model)
+    assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="placeholder runs"):
+        syncfree.prepare(batch, "cpu", model)

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 import torch
 
 from .plan import active
-from .plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, build_plan
+from .plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, draft_plan, finish_plan
 from .plan.spec import ModelSpec
-from .plan.validate import check_batch
+from .plan.validate import check_batch, check_inputs
 
 __all__ = ["prepare", "plan_of"]
 
@@ -82,10 +82,12 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
                                  f"{value.device}; call prepare() before moving the batch (or just call the patched "
                                  "model: it reads the control tensors once)")
         spec = _spec(model, batch)
-        check_batch(spec, **{k: batch.get(k) for k in _CHECKED}, ids_assumed=model is None)
+        given = {k: batch.get(k) for k in _CHECKED}
+        check_inputs(spec, **given, ids_assumed=model is None)
+        draft = draft_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS})  # every piece made once
+        check_batch(draft, **given)
         # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
-        flags = {"use_audio_in_video": bool(batch.get("use_audio_in_video"))} if spec.rope_class else {}
-        plan = build_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS}, **flags)
+        plan = finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope_class is not None)
     else:
         if not isinstance(plan, Plan):
             raise ValueError(f"batch[{PLAN_KEY!r}] must be the plan syncfree.prepare() added, got {type(plan).__name__}")

@@ -29,7 +29,8 @@ def pairs(records: list[dict]) -> list[dict]:
                    "stock_syncs": stock.get("syncs"), "patched_syncs": patched.get("syncs"),
                    "stock_graph_breaks": stock.get("graph_breaks"),
                    "patched_graph_breaks": patched.get("graph_breaks"),
-                   "stock_launches": stock.get("launches"), "patched_launches": patched.get("launches")}
+                   "stock_launches": stock.get("launches"), "patched_launches": patched.get("launches"),
+                   "plan_ms": patched.get("plan_ms"), "plan_kb": patched.get("plan_kb")}
             for name, r in (("stock", stock), ("patched", patched)):  # the profiler's view, on a GPU
                 for metric in _GPU_METRICS:
                     if metric in r.get("gpu", {}):
@@ -53,12 +54,13 @@ def table(rows: list[dict]) -> str:
     """The terminal table; on a GPU also GPU-busy fraction, device-to-host memcpys and stream syncs."""
     gpu = any("stock_busy_fraction" in r for r in rows)
     head = ("model", "scenario", "scope", "attn", "compile", "stock ms", "patched ms", "ratio", "syncs s/p",
-            "breaks s/p", "launches s/p") + (("busy s/p", "DtoH s/p", "stream syncs s/p") if gpu else ())
+            "breaks s/p", "launches s/p", "plan ms") + (("busy s/p", "DtoH s/p", "stream syncs s/p") if gpu else ())
     lines = [head]
     for r in rows:
         line = (r["model"], r["scenario"], r["scope"], r["attn"], "yes" if r["compiled"] else "no",
                 f"{r['stock_ms']:.1f}", f"{r['patched_ms']:.1f}", f"{r['ratio']:.3f}", _both(r, "syncs"),
-                _both(r, "graph_breaks"), _both(r, "launches"))
+                _both(r, "graph_breaks"), _both(r, "launches"),
+                "-" if r.get("plan_ms") is None else f"{r['plan_ms']:.2f}")
         if gpu:
             line += (_both(r, "busy_fraction", "{:.2f}"), _both(r, "memcpy_dtoh"), _both(r, "stream_syncs"))
         lines.append(line)
@@ -83,6 +85,11 @@ def footnotes(rows: list[dict], graph_breaks: bool = True) -> list[str]:
     rows, scenarios without an image or runs with ``--no-graph-breaks``, nor where counting failed.
     """
     notes = []
+    costs = [r for r in rows if r.get("plan_ms") is not None]
+    if costs:
+        notes.append("plan ms: the host time of syncfree.prepare() for the row's batch (minimum of 5; part of "
+                     "patched ms); its plan uploads " + ", ".join(sorted({f"{r['scenario']} {r['plan_kb']:.0f} KB"
+                                                                          for r in costs})))
     if any(r["compiled"] and r.get("stock_syncs") is None for r in rows):
         notes.append("syncs '-': not audited -- host syncs are audited for uncompiled forwards only")
     missing = [r for r in rows if r.get("stock_graph_breaks") is None or r.get("patched_graph_breaks") is None]

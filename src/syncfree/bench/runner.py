@@ -195,6 +195,17 @@ class MatrixRun:
     not_run: list[dict] = field(default_factory=list)
 
 
+def plan_cost(model, batch: dict, repeats: int = 5) -> dict:
+    """What the patched variant's plan costs the host: ``prepare(batch)`` time (the minimum of ``repeats``;
+    the forward's thread pays it where ``prepare`` runs there) and the bytes its plan uploads."""
+    times = []
+    for _ in range(repeats + 1):  # (the first: warm-up)
+        start = time.perf_counter()
+        plan = plan_of(prepare(batch, None, model))
+        times.append(time.perf_counter() - start)
+    return {"plan_ms": 1e3 * min(times[1:]), "plan_kb": plan.nbytes() / 1024}
+
+
 def _timed_cells(cfg: BenchConfig) -> list[tuple[str, bool]]:
     """(scope, compiled) pairs timed per scenario: compiling covers the vision tower, not the whole prefill."""
     return [(scope, compiled) for scope in cfg.scopes for compiled in cfg.compile if scope == "vision" or not compiled]
@@ -211,6 +222,7 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
     small = batch if cfg.device == "cuda" else processor_batch(config, scenario.smallest(unit), pad_token_id=pad)
     with torch.no_grad():
         audits = _audits(model, small, cfg.scopes, cfg.device, cfg.vision_attention)
+    cost = plan_cost(model, batch)
     records = []
     for scope, compiled in _timed_cells(cfg):
         if scope == "vision" and not scenario.pixels:
@@ -235,6 +247,8 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
                 }
                 if not compiled:
                     record.update(audits[scope, variant])
+                if variant == "patched":
+                    record.update(cost)
                 if cfg.device == "cuda":
                     from .gpu_metrics import profile_forward
 

@@ -13,19 +13,22 @@ forward reads them without ever asking the device.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .audio import AudioPlan
 from .checksum import host_checksums
 from .omni import omni_fields, omni_rope
-from .rope import rope_index
+from .rope_host import rope_index_host
 from .spec import ModelSpec
 from .tensors import DeviceFields, move
 from .vision import VisionPlan, vision_plan
 
-__all__ = ["Plan", "build_plan", "PLAN_INPUTS", "PLAN_KEY", "placeholder_runs", "token_types"]
+__all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "PLAN_INPUTS", "PLAN_KEY",
+           "placeholder_runs", "token_types", "host_array"]
 
 # Where a plan travels in a batch (``prepare(batch)`` without a device, ``planning_collator``) and in a call.
 PLAN_KEY = "syncfree_plan"
@@ -66,6 +69,9 @@ class Plan(DeviceFields):
     # One checksum per control tensor (``checksum.CHECKED``), so a forward given device tensors can check
     # them against the plan on the device, without a wait (``checksum.assert_given_match``).
     checksums: torch.Tensor | None = None
+    # The batch's placeholder runs do not match its grids (or a row is all padding): the forward runs stock's
+    # own get_rope_index, which fails or places positions its own way (reading the device: only for such batches).
+    stock_rope: bool = False
 
     _TENSORS = ("position_ids", "rope_deltas", "checksums")
     _PARTS = ("image", "video", "audio")
@@ -157,26 +163,69 @@ def _host(value):
     return value
 
 
-def placeholder_runs(row: torch.Tensor, kind: int) -> list[int]:
-    """Lengths of the runs of ``kind`` in one row of token types (host tensor)."""
-    values, counts = torch.unique_consecutive(row, return_counts=True)
-    return counts[values == kind].tolist()
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's values as a NumPy array (no copy; booleans as 0/1 integers)."""
+    values = t.detach().numpy()
+    return values.astype(np.int64) if values.dtype == np.bool_ else values
 
 
-def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> torch.Tensor | None:
+@dataclass(frozen=True)
+class Runs:
+    """The runs of equal token types in each row (over every position, masked or not: stock counts
+    placeholders that way), in row-major order."""
+
+    kinds: np.ndarray  # the type of each run
+    lengths: np.ndarray
+    rows: np.ndarray  # the row each run is in
+    n_rows: int
+
+    def lengths_of(self, kind: int) -> list[int]:
+        return self.lengths[self.kinds == kind].tolist()
+
+    def per_row(self, kind: int) -> tuple[int, ...]:
+        return tuple(np.bincount(self.rows[self.kinds == kind], minlength=self.n_rows).tolist())
+
+
+def placeholder_runs(types: np.ndarray) -> Runs:
+    """The runs of ``types`` (B, S), found in a few whole-array operations."""
+    n_rows, width = types.shape
+    flat = types.reshape(-1)
+    new = np.ones(flat.shape[0], dtype=bool)
+    new[1:] = flat[1:] != flat[:-1]
+    new[::width] = True  # a row's first token always starts a run
+    starts = np.flatnonzero(new)
+    lengths = np.diff(np.append(starts, flat.shape[0]))
+    return Runs(flat[starts], lengths, starts // width, n_rows)
+
+
+def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | None:
     """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given."""
     if input_ids is not None and input_ids.dim() == 2:
-        return (input_ids == spec.image_token_id).long() + 2 * (input_ids == spec.video_token_id).long()
+        ids = host_array(input_ids)
+        return (ids == spec.image_token_id).astype(np.int64) + 2 * (ids == spec.video_token_id)
     if mm_token_type_ids is not None and mm_token_type_ids.dim() == 2:
-        return mm_token_type_ids.to(torch.long)
+        return host_array(mm_token_type_ids).astype(np.int64)
     return None
 
 
-def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
+@dataclass
+class Draft:
+    """The first half of a plan, made once per batch: private host copies, token types, placeholder runs and
+    vision plans. ``validate`` checks a batch on it; ``finish_plan`` completes it."""
+
+    spec: ModelSpec
+    host: dict
+    types: np.ndarray  # (B, S) int64
+    mask: torch.Tensor | None  # the 2D padding mask (host copy), None without one or of another shape
+    runs: Runs
+    image: VisionPlan | None
+    video: VisionPlan | None
+
+
+def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
-               position_ids=None, use_audio_in_video: bool = False) -> Plan:
-    """Build the plan on the host from host tensors. Checks only what stock also needs (the grids);
-    ``syncfree.prepare`` validates the rest before calling this."""
+               position_ids=None) -> Draft:
+    """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
             "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
@@ -191,44 +240,56 @@ def build_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
     image = vision_plan(host["image_grid_thw"], spec, "image_grid_thw") if image_grid_thw is not None else None
     video = vision_plan(host["video_grid_thw"], spec, "video_grid_thw") if video_grid_thw is not None else None
+    return Draft(spec, host, types, mask, placeholder_runs(types), image, video)
 
+
+def build_plan(spec: ModelSpec, *, use_audio_in_video: bool = False, **inputs) -> Plan:
+    """Build the plan on the host from host tensors (``PLAN_INPUTS``). Checks only what stock also needs (the
+    grids); ``syncfree.prepare`` validates the rest on the draft before finishing it."""
+    return finish_plan(draft_plan(spec, **inputs), use_audio_in_video)
+
+
+def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
+    """The rest of the plan: 3D positions (or the Omni thinkers' pieces), items per row, checksums."""
+    spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
     if spec.rope_class is not None:  # an Omni thinker: stock's index on the host, the audio encoder's plan
         found = omni_rope(spec, host, mask, bool(use_audio_in_video))
         position_ids, rope_deltas = found if found else (None, None)
         extra = omni_fields(spec, host, bool(use_audio_in_video))
     else:
-        position_ids, rope_deltas = _qwen_vl_rope(spec, host, types, mask, image or video)
-        extra = _per_row(spec, types, video)
+        position_ids, rope_deltas, stock_rope = _qwen_vl_rope(spec, host, mask, draft.image or draft.video)
+        extra = dict(_per_row(spec, draft.runs, draft.video), stock_rope=stock_rope)
     return Plan(
-        spec=spec, batch_shape=tuple(types.shape), image=image, video=video,
+        spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
         n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
         position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask, host=host, checksums=host_checksums(host),
         **extra,
     )
 
 
-def _qwen_vl_rope(spec: ModelSpec, host: dict, types: torch.Tensor, mask, has_vision) -> tuple:
-    """syncfree's vectorized Qwen2-VL-style index, where stock's would compute one: (positions, deltas) or Nones."""
+def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
+    """syncfree's Qwen2-VL-style index, where stock's would compute one: (positions, deltas, False); Nones where
+    none is computed; (None, None, True) where only stock's own index gives stock's answer (runs that do not
+    match their grids, a row with no kept token: stock fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
     if (ids is not None and mm_types is not None and ids.shape == mm_types.shape and has_vision
             and (given_mask is None or mask is not None)):
         try:
-            return rope_index(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,
-                              **spec.rope_options(host["second_per_grid_ts"]))
-        except RuntimeError:  # inconsistent grids: stock's own rope index reports it when it runs
-            pass
-    return None, None
+            return (*rope_index_host(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,
+                                     **spec.rope_options(host["second_per_grid_ts"])), False)
+        except RuntimeError:
+            return None, None, True
+    return None, None, False
 
 
-def _per_row(spec: ModelSpec, types: torch.Tensor, video: VisionPlan | None) -> dict:
+def _per_row(spec: ModelSpec, runs: Runs, video: VisionPlan | None) -> dict:
     """Images and videos per row, kept to rebuild the plan for an expanded batch (generate with beams)."""
-    images_per_row = tuple(len(placeholder_runs(r, 1)) for r in types)
-    frames_per_row = [len(placeholder_runs(r, 2)) for r in types]
+    frames_per_row = runs.per_row(2)
     videos_per_row = list(frames_per_row)
     if video is not None and spec.split_video_frames:  # Qwen3-VL: one run per frame
-        frames = video.grid_thw[:, 0].cumsum(0).tolist()
+        frames = list(itertools.accumulate(t for t, _, _ in video.grid_thw.tolist()))
         done, videos_per_row = 0, []
         for n in frames_per_row:
             done += n
             videos_per_row.append(sum(1 for f in frames if f <= done) - sum(videos_per_row))
-    return dict(images_per_row=images_per_row, videos_per_row=tuple(videos_per_row))
+    return dict(images_per_row=runs.per_row(1), videos_per_row=tuple(videos_per_row))

@@ -46,7 +46,7 @@ import torch
 
 from .errors import MaskShapeError
 
-__all__ = ["rope_index"]
+__all__ = ["rope_index", "check_options", "time_steps"]
 
 
 def _grid_rows(grid: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -63,7 +63,7 @@ def _grid_rows(grid: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     return grid.to(device=device, dtype=torch.long, non_blocking=device.type != "cpu")
 
 
-def _time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds: bool,
+def time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds: bool,
                 device: torch.device) -> tuple[torch.Tensor, int | None]:
     """Qwen2.5-VL's temporal position step per frame of each video, and how many videos it covers.
 
@@ -88,6 +88,14 @@ def _time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds: bool,
     return (steps if count else torch.ones(1, dtype=steps.dtype, device=device)), count
 
 
+def check_options(tokens_per_second, second_per_grid_ts, truncate_seconds: bool, split_video_frames: bool) -> None:
+    if tokens_per_second is None and (second_per_grid_ts is not None or truncate_seconds):
+        raise ValueError("second_per_grid_ts and truncate_seconds need tokens_per_second (Qwen2.5-VL)")
+    if split_video_frames and tokens_per_second is not None:
+        raise ValueError("video time scaling (tokens_per_second) applies to whole-video runs: "
+                         "pass split_video_frames=False")
+
+
 def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
                *, spatial_merge_size: int, split_video_frames: bool = True, tokens_per_second: int | None = None,
                second_per_grid_ts=None, truncate_seconds: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,11 +118,7 @@ def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw
     Returns (position_ids of shape (3, B, S) with dtype input_ids.dtype on input_ids.device,
     deltas of shape (B, 1) int64 on input_ids.device). Padding positions are 0.
     """
-    if tokens_per_second is None and (second_per_grid_ts is not None or truncate_seconds):
-        raise ValueError("second_per_grid_ts and truncate_seconds need tokens_per_second (Qwen2.5-VL)")
-    if split_video_frames and tokens_per_second is not None:
-        raise ValueError("video time scaling (tokens_per_second) applies to whole-video runs: "
-                         "pass split_video_frames=False")
+    check_options(tokens_per_second, second_per_grid_ts, truncate_seconds, split_video_frames)
     device = input_ids.device
     B, S = input_ids.shape
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and attention_mask.shape != (B, S):
@@ -188,7 +192,7 @@ def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw
     frame, rest = k // (hm * wm), k % (hm * wm)
     if tokens_per_second is not None:
         # Video frames sit step apart in time (truncated like stock's .long()); images are unscaled.
-        steps, n_steps = _time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds, device)
+        steps, n_steps = time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds, device)
         if n_steps is not None:
             torch._assert_async(vid_runs <= n_steps,
                                 "rope_index: the tokens hold more video runs than second_per_grid_ts has entries")

@@ -40,6 +40,11 @@ class DeviceFields:
         moved.update({f: part.to(device) for f, part in self._present(self._PARTS).items()})
         return dataclasses.replace(self, **moved, device=str(torch.device(device)))
 
+    def nbytes(self) -> int:
+        """Bytes of the tensors this plan moves to the device with its batch (its parts' included)."""
+        own = sum(t.numel() * t.element_size() for t in self._present(self._TENSORS).values())
+        return own + sum(part.nbytes() for part in self._present(self._PARTS).values())
+
     def pin_memory(self):
         """The same plan with its host tensors pinned (what a ``DataLoader`` with ``pin_memory=True`` calls)."""
         pinned = {f: t.pin_memory() for f, t in self._present(self._TENSORS).items()}

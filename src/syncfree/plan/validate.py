@@ -9,20 +9,20 @@ stock's message (and detail after it); where stock would silently build wrong 3D
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .audio import audio_plan
-from .batch import placeholder_runs
+from .batch import Draft, host_array
 from .errors import MaskShapeError
 from .spec import ModelSpec
-from .vision import vision_plan
 
-__all__ = ["check_batch"]
+__all__ = ["check_inputs", "check_batch"]
 
 _KIND = {1: "image", 2: "video"}
 
 
-def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask, ids_assumed: bool) -> torch.Tensor:
+def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask, ids_assumed: bool) -> None:
     ids, types = input_ids, mm_token_type_ids
     for name, t in (("input_ids", ids), ("mm_token_type_ids", types)):
         if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 2):
@@ -34,53 +34,60 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask,
         if ids.shape != types.shape:
             raise ValueError(f"input_ids {tuple(ids.shape)} and mm_token_type_ids {tuple(types.shape)} must have the "
                              "same shape")
+        ids_np, types_np = host_array(ids), host_array(types)
         for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
-            marked, found = int((types == kind).sum()), int((ids == token).sum())
-            if not torch.equal(types == kind, ids == token):
+            marked, found = types_np == kind, ids_np == token
+            if not np.array_equal(marked, found):
                 source = (f"the {_KIND[kind]}_token_id syncfree assumed); pass the model or its config as "
                           "syncfree.prepare(batch, device, model)" if ids_assumed
                           else f"the model's {_KIND[kind]}_token_id); the two must mark the same tokens")
                 raise ValueError(
-                    f"mm_token_type_ids marks {marked} tokens as {_KIND[kind]} placeholders but input_ids holds "
-                    f"{found} token {token} ({source}")
+                    f"mm_token_type_ids marks {int(marked.sum())} tokens as {_KIND[kind]} placeholders but input_ids "
+                    f"holds {int(found.sum())} token {token} ({source}")
     reference = ids if ids is not None else types
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and \
             attention_mask.shape != reference.shape:
         raise MaskShapeError(f"attention_mask {tuple(attention_mask.shape)} must match the tokens "
-                         f"{tuple(reference.shape)}")
-    if ids is not None:
-        return (ids == spec.image_token_id).long() + 2 * (ids == spec.video_token_id).long()
-    return types.to(torch.long)
+                             f"{tuple(reference.shape)}")
 
 
-def check_batch(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
-                video_grid_thw=None, second_per_grid_ts=None, pixel_values=None, pixel_values_videos=None,
-                feature_attention_mask=None, video_second_per_grid=None, input_features=None, position_ids=None,
-                ids_assumed: bool = False) -> None:
-    """Raise ``ValueError`` naming the first inconsistency between tokens, grids, pixels and audio features.
-    ``ids_assumed``: the placeholder token ids are syncfree's defaults, not a model's (no model was given)."""
-    types = _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
+def check_inputs(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None,
+                 feature_attention_mask=None, input_features=None, ids_assumed: bool = False, **_) -> None:
+    """What can be checked before planning: the tokens' shapes and placeholder ids, and the audio features."""
+    _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
+    if spec.audio_token_id is not None:
+        _check_audio(spec, input_ids, feature_attention_mask, input_features)
+
+
+def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, second_per_grid_ts=None,
+                video_second_per_grid=None, video_grid_thw=None, **_) -> None:
+    """Raise ``ValueError`` naming the first inconsistency between tokens, grids and pixels, on the draft of
+    the plan (its vision plans and placeholder runs: everything is derived once)."""
+    spec, types = draft.spec, draft.types
     # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
     seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
     if spec.audio_token_id is not None:
-        _check_audio(spec, input_ids, feature_attention_mask, input_features)
         seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
     merge2 = spec.spatial_merge_size ** 2
-    for kind, name, grid, pixels in ((1, "image", image_grid_thw, pixel_values),
-                                     (2, "video", video_grid_thw, pixel_values_videos)):
+    if draft.mask is not None and (draft.image or draft.video) and spec.rope_class is None:
+        empty = [i for i, row in enumerate(host_array(draft.mask)) if not row.any()]
+        if empty:  # stock's get_rope_index fails there (torch.cat of no positions); say why
+            raise ValueError(f"row {empty[0]} of attention_mask is all padding: stock's get_rope_index cannot place "
+                             "the positions of a row without tokens (drop the row)")
+    for kind, name, vp, pixels in ((1, "image", draft.image, pixel_values),
+                                   (2, "video", draft.video, pixel_values_videos)):
         tokens = int((types == kind).sum())
-        if grid is None:
+        if vp is None:
             if pixels is not None:
                 raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without "
                                  f"{name}_grid_thw")
             continue
-        vp = vision_plan(grid, spec, f"{name}_grid_thw")
         features = sum(vp.split_sizes)
         if tokens != features:  # stock's words (get_placeholder_mask), then what it means
             raise ValueError(f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, "
                              f"features: {features} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
-        runs = [n for row in types for n in placeholder_runs(row, kind)]
+        runs = draft.runs.lengths_of(kind)
         if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens
             expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
             unit = "video frame"

@@ -1,89 +1,122 @@
-"""What the vision tower derives from one modality's ``grid_thw``, planned on the host with the installed
-Transformers' own helpers (so the numbers match stock's)."""
+"""What the vision tower derives from one modality's ``grid_thw``: segment and split sizes planned on the host
+(integers per image, frame and window), per-patch tables made on the device (``vision_tables``)."""
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
 
 import torch
 
 from .errors import GridDtypeError, GridError
 from .spec import ModelSpec
-from .tensors import DeviceFields
+from .tensors import DeviceFields, move
+from .vision_tables import TableSpec, device_tables, device_tables_match_stock, host_tables, window_seqlens
 
 __all__ = ["VisionPlan", "vision_plan"]
 
 
 @dataclass
 class VisionPlan(DeviceFields):
-    """What the vision tower derives from one modality's ``grid_thw``."""
+    """What the vision tower derives from one modality's ``grid_thw``: host integers, a few small tensors, and
+    the per-patch tables, made on the plan's device when first asked for (``vision_tables``)."""
 
     grid_thw: torch.Tensor  # (N, 3), on the host
     seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches)
     split_sizes: tuple[int, ...]  # merged tokens per image or video
     max_seqlen: int
+    n_patches: int  # sum of t * h * w
     cu_seqlens: torch.Tensor  # (segments + 1,) int32
-    position_ids: torch.Tensor  # (patches, 2) rotary (row, col) ids
-    interp_indices: torch.Tensor | None = None  # (patches, taps) into the learned position table (Qwen3-VL)
-    interp_weights: torch.Tensor | None = None
-    window_index: torch.Tensor | None = None  # merged-patch permutation into windows (Qwen2.5-VL)
-    cu_window_seqlens: torch.Tensor | None = None
+    device_grid: torch.Tensor  # (N, 3) int64: the grid rows, moved with the plan; the tables are made from it
+    table_spec: TableSpec
+    tables_by_device: bool  # built on the device (the installed stock helpers checked), else stock's on the host
+    cu_window_seqlens: torch.Tensor | None = None  # window attention (Qwen2.5-VL)
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
     device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
+    # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
+    tables_made: dict = field(default_factory=dict, compare=False, repr=False)
 
-    _TENSORS = ("cu_seqlens", "position_ids", "interp_indices", "interp_weights", "window_index", "cu_window_seqlens")
+    _TENSORS = ("cu_seqlens", "device_grid", "cu_window_seqlens")
 
     @property
     def num_patches(self) -> int:
-        return sum(self.seqlens)
+        return self.n_patches
+
+    def to(self, device) -> "VisionPlan":
+        return dataclasses.replace(super().to(device), tables_made={})
+
+    def tables(self) -> dict:
+        """``position_ids`` (patches, 2) rotary (row, col) ids; Qwen3-VL's ``interp_indices`` / ``interp_weights``
+        (patches, taps) into its learned position table; Qwen2.5-VL's ``window_index`` (merged patches,): made on
+        the plan's device from ``device_grid`` (no sync, nothing big uploaded), once."""
+        if self.tables_made:
+            return self.tables_made
+        if self.tables_by_device:
+            tables = device_tables(self.device_grid, self.num_patches, self.table_spec)
+        else:
+            tables = {k: move(v, self.device) for k, v in host_tables(self.grid_thw, self.table_spec).items()}
+        if not torch.compiler.is_compiling():  # (a graph made with the plan computes them in the graph)
+            self.tables_made.update(tables)
+        return tables
+
+    position_ids = property(lambda self: self.tables()["position_ids"])
+    interp_indices = property(lambda self: self.tables().get("interp_indices"))
+    interp_weights = property(lambda self: self.tables().get("interp_weights"))
+    window_index = property(lambda self: self.tables().get("window_index"))
+
+    @property
+    def has_windows(self) -> bool:
+        return self.table_spec.window is not None
+
+    def seqlens_by_length(self) -> dict:
+        """Host segment sizes keyed by the length of the cu_seqlens they go with: attention layers find their
+        split sizes that way (full and window segmentations; equal lengths mean equal segmentations)."""
+        seqlens = {len(self.seqlens) + 1: self.seqlens}
+        if self.has_windows:
+            seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
+        return seqlens
 
     def vision_kwargs(self) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
-        kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": self.position_ids}
-        # Attention layers find their host split sizes by the length of the cu_seqlens they are given
-        # (full and window segmentations; equal lengths mean equal segmentations).
-        seqlens = {len(self.seqlens) + 1: self.seqlens}
-        if self.interp_indices is not None:
-            kwargs.update(interp_indices=self.interp_indices, interp_weights=self.interp_weights)
-        if self.window_index is not None:
-            kwargs.update(window_index=self.window_index, cu_window_seqlens=self.cu_window_seqlens,
+        tables = self.tables()
+        kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": tables["position_ids"]}
+        if "interp_indices" in tables:
+            kwargs.update(interp_indices=tables["interp_indices"], interp_weights=tables["interp_weights"])
+        if self.has_windows:
+            kwargs.update(window_index=tables["window_index"], cu_window_seqlens=self.cu_window_seqlens,
                           max_window_seqlen=self.max_window_seqlen)
-            seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
-        kwargs["syncfree_seqlens"] = seqlens
+        kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 
 
+def _cumulative(sizes) -> torch.Tensor:
+    """(len + 1,) int32 cumulative sizes from 0, as stock's cu_seqlens (one host op)."""
+    return torch.tensor(list(itertools.accumulate(sizes, initial=0)), dtype=torch.int32)
+
+
 def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw") -> VisionPlan:
-    """Build a VisionPlan on the host with the installed Transformers' own helpers (so the numbers match)."""
-    grid = _check_grid(grid_thw, spec.spatial_merge_size, name)
-    module = sys.modules.get(spec.vision_module) or __import__(spec.vision_module, fromlist=["_"])
+    """Build a VisionPlan on the host: integers per image, frame and window (the per-patch tables come later,
+    on the device, from the grid rows)."""
+    grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
     merge = spec.spatial_merge_size
+    table_spec = TableSpec(spec.vision_module, merge, spec.num_grid_per_side, spec.window_size, spec.patch_size)
     extra = {}
-    if spec.num_grid_per_side is not None:
-        extra["interp_indices"], extra["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
-            grid, num_grid_per_side=spec.num_grid_per_side, mode="bilinear", align_corners=True,
-            spatial_merge_size=merge,
-        )
     if spec.window_size is not None:
-        window_index, cu_window = module.get_vision_window_index(
-            grid, spatial_merge_size=merge, window_size=spec.window_size, patch_size=spec.patch_size)
-        window_seqlens = tuple((cu_window[1:] - cu_window[:-1]).tolist())  # host tensor: no device involved
-        extra.update(window_index=window_index, cu_window_seqlens=cu_window, window_seqlens=window_seqlens,
-                     max_window_seqlen=max(window_seqlens))
-    position_ids = module.get_vision_position_ids(grid, merge)
-    rows = grid.tolist()  # host tensor: no device involved
+        windows = window_seqlens(rows, table_spec)
+        extra.update(cu_window_seqlens=_cumulative(windows), window_seqlens=tuple(windows),
+                     max_window_seqlen=max(windows))
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
-    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(seqlens, dtype=torch.int64).cumsum(0)
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 for t, h, w in rows),
-        max_seqlen=max(seqlens), cu_seqlens=cu, position_ids=position_ids, **extra,
+        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
+        table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), **extra,
     )
 
 
-def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
+def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
+    """The grid as int64 on the host, and its rows as Python ints (checked there: a few integers)."""
     if not isinstance(grid, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of shape (N, 3), got {type(grid).__name__}")
     if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
@@ -91,9 +124,9 @@ def _check_grid(grid, merge: int, name: str) -> torch.Tensor:
     if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.is_complex():
         raise GridDtypeError(f"{name} must hold integers (torch.long), got {grid.dtype}")
     grid = grid.to("cpu", torch.long)
-    if bool((grid <= 0).any()):
-        raise GridError(f"{name} must be positive everywhere, got {grid.tolist()}")
-    if bool((grid[:, 1:] % merge != 0).any()):
-        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
-                         f"got {grid.tolist()}")
-    return grid
+    rows = grid.tolist()  # host tensor: no device involved
+    if any(v <= 0 for row in rows for v in row):
+        raise GridError(f"{name} must be positive everywhere, got {rows}")
+    if any(h % merge or w % merge for _, h, w in rows):
+        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, got {rows}")
+    return grid, rows

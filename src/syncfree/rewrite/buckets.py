@@ -75,19 +75,20 @@ def padded_plan(grid_thw: torch.Tensor, spec: ModelSpec, bucket: int) -> tuple[V
 
 
 def _static_kwargs(plan: VisionPlan, backend: str, exact: VisionPlan) -> dict:
-    kwargs = {"cu_seqlens": plan.cu_seqlens, "max_seqlen": plan.max_seqlen, "position_ids": plan.position_ids,
+    tables = plan.tables()
+    kwargs = {"cu_seqlens": plan.cu_seqlens, "max_seqlen": plan.max_seqlen, "position_ids": tables["position_ids"],
               "syncfree_attention": AttentionChoice(backend)}
     if backend in ("split", "grouped", "auto"):  # per-segment backends need the real (unpadded) cu_seqlens and sizes
         kwargs.update(cu_seqlens=exact.cu_seqlens, max_seqlen=exact.max_seqlen,
-                      syncfree_seqlens=exact.vision_kwargs()["syncfree_seqlens"])
-        if exact.window_index is not None:
+                      syncfree_seqlens=exact.seqlens_by_length())
+        if exact.has_windows:
             kwargs.update(cu_window_seqlens=exact.cu_window_seqlens, max_window_seqlen=exact.max_window_seqlen)
-    if plan.interp_indices is not None:
-        kwargs.update(interp_indices=plan.interp_indices, interp_weights=plan.interp_weights)
-    if plan.window_index is not None:
+    if "interp_indices" in tables:
+        kwargs.update(interp_indices=tables["interp_indices"], interp_weights=tables["interp_weights"])
+    if plan.has_windows:
         kwargs.setdefault("cu_window_seqlens", plan.cu_window_seqlens)
         kwargs.setdefault("max_window_seqlen", plan.max_window_seqlen)
-        kwargs["window_index"] = plan.window_index
+        kwargs["window_index"] = tables["window_index"]
     return kwargs
 
 

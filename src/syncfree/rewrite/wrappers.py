@@ -229,6 +229,8 @@ def make_get_rope_index(stock):
         given = given_args(names, args, kwargs)
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         entry = None if torch.compiler.is_compiling() else active.current()
+        if entry is not None and entry.owns(input_ids) and entry.plan.stock_rope:
+            return stock(self, *args, **kwargs)  # a batch only stock's own index answers as stock does
         if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
                 and entry.plan.position_ids is not None:
             return entry.plan.position_ids, entry.plan.rope_deltas

@@ -1,0 +1,150 @@
+"""The vision tower's per-patch tables, built where the patches are, from the plan's host integers (no sync).
+
+Stock derives four tables from ``grid_thw`` in every vision forward: the rotary (row, col) id of each
+patch (``get_vision_position_ids``), the learned position table's interpolation taps and weights
+(``get_vision_interpolation_indices_and_weights``, Qwen3-VL) and the window permutation
+(``get_vision_window_index``, Qwen2.5-VL). They grow with the patches (125k patches: 8 MB), so making them
+on the host and uploading them would cost more host time than the syncs they save. Here they are made on
+the tensors' device by a few whole-tensor ops whose shapes come from host integers (the total patch count:
+``arange``, ``repeat_interleave(..., output_size=)``), from the grid rows uploaded with the plan (a few
+integers per image or video): no read, no wait, no large copy.
+
+The values are stock's: the same integer decoding of each patch's place in its image, and stock's own
+per-axis interpolation kernel (``_interpolation_axis_taps_weights``). ``device_tables_match_stock`` checks
+that on the host once per process and configuration against the installed stock helpers on a set of grids
+that exercises every branch; where they differ (a Transformers release that changed the helpers), the
+plan falls back to running the stock helpers on the host and moving their tables (slower, still no sync).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock"]
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    return sys.modules.get(name) or __import__(name, fromlist=["_"])
+
+
+class TableSpec(NamedTuple):
+    """What the tables need from the model (hashable: the stock check is made once per spec; picklable: plans
+    travel from DataLoader workers)."""
+
+    module: str  # the modeling module whose stock helpers these tables stand for
+    merge: int
+    side: int | None  # learned position table side (Qwen3-VL), else None
+    window: int | None  # window size in pixels (Qwen2.5-VL), else None
+    patch: int
+
+
+def window_seqlens(rows, spec: TableSpec) -> list[int]:
+    """Patches per attention window, in stock's order (frames, window rows, window columns), empty windows
+    dropped as stock's ``unique_consecutive`` drops them. Host integers: one per window."""
+    merge, unit = spec.merge, spec.merge ** 2
+    size = spec.window // merge // spec.patch  # window side in merged patches
+    sizes = []
+    for t, h, w in rows:
+        lh, lw = h // merge, w // merge
+        heights = [min(size, lh - r) for r in range(0, lh, size)]
+        widths = [min(size, lw - c) for c in range(0, lw, size)]
+        frame = [a * b * unit for a in heights for b in widths]
+        sizes.extend(frame * t)
+    return sizes
+
+
+def _decode(grids: torch.Tensor, total: int, merge: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each patch's (row, col) in its frame, in stock's spatial-merge-block order, and its image's (h, w)."""
+    device = grids.device
+    counts = grids[:, 0] * grids[:, 1] * grids[:, 2]
+    image = torch.repeat_interleave(counts, output_size=total)  # the grid row each patch belongs to
+    heights, widths = grids[:, 1].index_select(0, image), grids[:, 2].index_select(0, image)
+    starts = (counts.cumsum(0) - counts).index_select(0, image)
+    within = (torch.arange(total, device=device) - starts) % (heights * widths)  # place in its frame
+    blocks_w = widths // merge
+    in_col, in_row = within % merge, (within // merge) % merge
+    block_col, block_row = (within // (merge * merge)) % blocks_w, within // (merge * merge * blocks_w)
+    return block_row * merge + in_row, block_col * merge + in_col, heights, widths
+
+
+def _window_index(grids: torch.Tensor, merged: int, spec: TableSpec) -> torch.Tensor:
+    """Stock's window permutation: for each place in window order, the merged patch that goes there.
+
+    A merged patch at (frame, r, c) of an (lh, lw) grid lands after the frames before it, the full window
+    rows above it (``size * lw`` each), the windows to its left in its window row (``size`` columns of that
+    row's height each) and the rows above it in its own window (that window's width each)."""
+    merge, size = spec.merge, spec.window // spec.merge // spec.patch
+    small = torch.stack([grids[:, 0], grids[:, 1] // merge, grids[:, 2] // merge], 1)
+    counts = small[:, 0] * small[:, 1] * small[:, 2]
+    image = torch.repeat_interleave(counts, output_size=merged)
+    lh, lw = small[:, 1].index_select(0, image), small[:, 2].index_select(0, image)
+    start = (counts.cumsum(0) - counts).index_select(0, image)
+    local = torch.arange(merged, device=grids.device) - start
+    frame, r, c = local // (lh * lw), (local // lw) % lh, local % lw
+    window_h = torch.clamp(lh - (r // size) * size, max=size)
+    window_w = torch.clamp(lw - (c // size) * size, max=size)
+    place = (start + frame * lh * lw + (r // size) * size * lw + (c // size) * size * window_h
+             + (r % size) * window_w + c % size)
+    source = torch.arange(merged, device=grids.device)
+    return torch.empty_like(source).index_copy_(0, place, source)
+
+
+def device_tables(grids: torch.Tensor, total: int, spec: TableSpec) -> dict:
+    """The per-patch tables on ``grids.device`` (``grids``: the (N, 3) int64 grid rows, already there)."""
+    row, col, heights, widths = _decode(grids, total, spec.merge)
+    tables = {"position_ids": torch.stack([row, col], -1)}
+    if spec.side is not None:
+        kernel = _module(_module(spec.module).get_vision_interpolation_indices_and_weights.__module__)
+        h_taps, h_weights = kernel._interpolation_axis_taps_weights(row, heights, spec.side, "bilinear", True)
+        w_taps, w_weights = kernel._interpolation_axis_taps_weights(col, widths, spec.side, "bilinear", True)
+        n = h_taps.shape[1]
+        tables["interp_indices"] = (h_taps[:, :, None] * spec.side + w_taps[:, None, :]).reshape(-1, n * n)
+        tables["interp_weights"] = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, n * n)
+    if spec.window is not None:
+        tables["window_index"] = _window_index(grids, total // spec.merge ** 2, spec)
+    return tables
+
+
+def host_tables(grid_thw: torch.Tensor, spec: TableSpec) -> dict:
+    """The same tables from the installed stock helpers, on the host (the fallback, and the reference)."""
+    module = _module(spec.module)
+    tables = {"position_ids": module.get_vision_position_ids(grid_thw, spec.merge)}
+    if spec.side is not None:
+        tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
+            grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=True, spatial_merge_size=spec.merge)
+    if spec.window is not None:
+        tables["window_index"] = module.get_vision_window_index(
+            grid_thw, spatial_merge_size=spec.merge, window_size=spec.window, patch_size=spec.patch)[0]
+    return tables
+
+
+def _probe_grids(spec: TableSpec) -> torch.Tensor:
+    """Grids that reach every branch: one block, non-square, a video, window grids that do and do not divide."""
+    m = spec.merge
+    size = (spec.window // m // spec.patch) if spec.window else 2
+    rows = [(1, m, m), (2, 2 * m, 3 * m), (1, 3 * m, m), (3, (2 * size + 1) * m, (size + 2) * m),
+            (1, 2 * size * m, size * m), (2, (size + 1) * m, (size - 1 or 1) * m)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=None)
+def device_tables_match_stock(spec: TableSpec) -> bool:
+    """Whether ``device_tables`` equals the installed stock helpers (checked once on the host, per spec)."""
+    grids = _probe_grids(spec)
+    try:
+        ours = device_tables(grids, int(grids.prod(-1).sum()), spec)
+    except AttributeError:  # a release without the helpers this builds on
+        ours = None
+    stock = host_tables(grids, spec)
+    same = ours is not None and all(torch.equal(ours[k], v) for k, v in stock.items())
+    if not same:
+        warnings.warn(f"syncfree: the installed Transformers' vision helpers in {spec.module} differ from the "
+                      "ones syncfree builds on the device; their tables are made on the host and copied with the "
+                      "batch instead (correct, no sync, more host time and upload per batch)", stacklevel=2)
+    return same
