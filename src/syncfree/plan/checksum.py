@@ -15,6 +15,8 @@ of two different values changes it.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -33,12 +35,17 @@ def _checkable(t) -> bool:
     return isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and not t.is_complex()
 
 
+@functools.lru_cache(maxsize=8)
+def _weights(n: int) -> np.ndarray:
+    return np.arange(1, n + 1, dtype=np.int64)
+
+
 def _host_checksum(t: torch.Tensor) -> int:
     """``_checksum`` of a host tensor, in NumPy (a fraction of PyTorch's fixed cost per op). int64 products and
     sums wrap modulo 2**64 in NumPy as on every PyTorch device, so the two agree."""
-    flat = t.detach().reshape(-1).numpy().astype(np.int64)
+    flat = t.detach().reshape(-1).numpy().astype(np.int64, copy=False)
     with np.errstate(over="ignore"):
-        return int((flat * np.arange(1, flat.shape[0] + 1, dtype=np.int64)).sum(dtype=np.int64))
+        return int(np.dot(flat, _weights(flat.shape[0])))
 
 
 def host_checksums(host: dict) -> torch.Tensor:
