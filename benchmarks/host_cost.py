@@ -88,7 +88,7 @@ def forward_syncs(model_name: str, batch: dict) -> dict:
                 kwargs = syncfree.prepare(batch, "cuda", model)
             with audit() as report:
                 model(**kwargs)
-        counts[mode] = report.syncs
+        counts[mode] = len(report.syncs)
     return counts
 
 
@@ -101,7 +101,7 @@ def main() -> None:
                         help="where to write (default: the temp folder; the recorded run: benchmarks/results/)")
     args = parser.parse_args()
 
-    rows = []
+    rows, syncs = [], []
     for model_name in MODELS:
         config = load_config(model_name)
         unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
@@ -116,13 +116,15 @@ def main() -> None:
                    "patches": patches, "plan_bytes": plan.nbytes(),
                    "ms_1_thread": 1e3 * time_prepare(light, config, args.repeats, 1),
                    "ms_default_threads": 1e3 * time_prepare(light, config, args.repeats, None)}
-            if args.syncs and patches <= 4096:
-                row["syncs"] = forward_syncs(model_name, batch)
             rows.append(row)
             print(f"{model_name:16} {name:48} {row['tokens']:>6} tokens {patches:>7} patches  "
                   f"{row['ms_1_thread']:8.2f} ms (1 thread) {row['ms_default_threads']:8.2f} ms (default)  "
-                  f"plan {row['plan_bytes'] / 1e6:6.2f} MB" + (f"  syncs {row['syncs']}" if "syncs" in row else ""),
-                  flush=True)
+                  f"plan {row['plan_bytes'] / 1e6:6.2f} MB", flush=True)
+            if args.syncs and patches <= 4096:
+                syncs.append((row, model_name, batch))
+    for row, model_name, batch in syncs:  # after every timing: forwards disturb the allocator and caches
+        row["syncs"] = forward_syncs(model_name, batch)
+        print(f"{model_name:16} {row['layout']:48} syncs of one forward: {row['syncs']}", flush=True)
     result = {"torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
               "cpus": os.cpu_count(), "default_threads": torch.get_num_threads(), "repeats": args.repeats,
               "rows": rows}

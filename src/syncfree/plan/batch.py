@@ -159,8 +159,17 @@ def _host(value):
     that tensor weakly (a plan holding it would keep it, and its entry, alive forever), and a staleness check
     against the very same object would compare it with itself. The control tensors are small."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        value = value.detach()
+        if value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES and not value.is_conj() and not value.is_neg():
+            # Copied by NumPy: a PyTorch copy of a 32k-token tensor fans out over intra-op threads, which on a
+            # busy host waits for them (the plan's time doubled under load).
+            return torch.from_numpy(value.numpy().copy())
+        return value.to("cpu", copy=True)
     return value
+
+
+_NUMPY_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float32,
+                 torch.float64, torch.float16)
 
 
 def host_array(t: torch.Tensor) -> np.ndarray:
