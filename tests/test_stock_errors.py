@@ -51,19 +51,26 @@ def _raised(fn) -> BaseException:
     pytest.fail("no exception")
 
 
-@pytest.mark.parametrize("case", BAD)
-def test_a_bad_input_raises_what_stock_raises(model, case):
+def _mixed(model) -> dict:
     vc = model.config.vision_config
     unit = vc.patch_size * vc.spatial_merge_size
-    layout = named_layout("mixed", side=2 * unit, unit=unit)
-    batch = BAD[case](build_inputs(model.config, layout, padding_side="left"))
+    return build_inputs(model.config, named_layout("mixed", side=2 * unit, unit=unit), padding_side="left")
+
+
+def _three_ways(model, batch) -> tuple[BaseException, BaseException, BaseException]:
+    """What stock raises on ``batch``, what the patched forward raises without prepare(), what prepare() raises."""
     stock = _raised(lambda: model(**batch))
     syncfree.patch(model)
     try:
         patched = _raised(lambda: model(**batch))
     finally:
         syncfree.unpatch(model)
-    prepared = _raised(lambda: syncfree.prepare(batch, "cpu", model))
+    return stock, patched, _raised(lambda: syncfree.prepare(batch, "cpu", model))
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_bad_input_raises_what_stock_raises(model, case):
+    stock, patched, prepared = _three_ways(model, BAD[case](_mixed(model)))
     for err in (patched, prepared):
         assert isinstance(err, type(stock)), f"stock raised {type(stock).__name__}, syncfree {type(err).__name__}: {err}"
         assert isinstance(err, ValueError)  # and syncfree's own contract: a bad input is a ValueError
@@ -76,16 +83,7 @@ def _all_padding_row(b):
 def test_a_row_of_padding_only_raises_what_stock_raises(model):
     """Stock's rope index fails on a row without a kept token; the unprepared patched forward hands such a batch
     to stock's own index (so it fails the same way), and prepare() says what is wrong before anything runs."""
-    vc = model.config.vision_config
-    unit = vc.patch_size * vc.spatial_merge_size
-    batch = _all_padding_row(build_inputs(model.config, named_layout("mixed", side=2 * unit, unit=unit)))
-    stock = _raised(lambda: model(**batch))
-    syncfree.patch(model)
-    try:
-        patched = _raised(lambda: model(**batch))
-    finally:
-        syncfree.unpatch(model)
-    prepared = _raised(lambda: syncfree.prepare(batch, "cpu", model))
+    stock, patched, prepared = _three_ways(model, _all_padding_row(_mixed(model)))
     assert type(patched) is type(stock) and str(patched) == str(stock)
     assert isinstance(prepared, type(stock)) and "row 1 of attention_mask is all padding" in str(prepared)
 
