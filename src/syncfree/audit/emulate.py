@@ -33,6 +33,8 @@ import contextlib
 import functools
 import importlib
 import threading
+import traceback
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -164,6 +166,50 @@ def _per_thread(standin, real):
     return answer
 
 
+def _remembering_setattr(setattr_):
+    """``Module.__setattr__`` that notes where an emulating thread leaves an emulated tensor in a module's
+    plain attributes (stock caches e.g. ``rope_deltas`` there): ``model.to()`` does not move those, and the
+    emulated device ends with the context, so the context's exit brings them back to the host."""
+    def remembering(module, name, value):
+        setattr_(module, name, value)
+        if isinstance(value, DeviceTensor) and is_emulating():
+            _local.left.append((weakref.ref(module), name))
+    return remembering
+
+
+def _bring_back_left_tensors() -> None:
+    for ref, name in _local.left:
+        module = ref()
+        value = module.__dict__.get(name) if module is not None else None
+        if isinstance(value, DeviceTensor):
+            module.__dict__[name] = value.elem  # its data, on the host
+    _local.left = []
+
+
+def _apply_freeing_a_failed_forward(apply):
+    """``Module._apply`` for emulating threads that survives ``finally: model.to("cpu")`` after a forward that
+    raised with grad enabled. The exception in flight holds the forward's frames, their locals hold its
+    autograd graph and the graph holds the parameters, so ``swap_tensors`` refuses to swap them ("Couldn't
+    swap") and that error would bury the user's. Here the frames' locals of the exceptions being handled are
+    cleared (the exceptions and their tracebacks stay; a debugger sees no locals in them) and the move is
+    made again."""
+    def apply_(module, *args, **kwargs):
+        try:
+            return apply(module, *args, **kwargs)
+        except RuntimeError as err:
+            if not is_emulating() or "Couldn't swap" not in str(err):
+                raise
+            handled = err.__context__
+            if handled is None:
+                raise
+            while handled is not None:
+                if handled.__traceback__ is not None:
+                    traceback.clear_frames(handled.__traceback__)
+                handled = handled.__context__
+            return apply(module, *args, **kwargs)
+    return apply_
+
+
 def _emulating_loop(loop, *args, **kwargs):
     with emulate_cuda():
         return loop(*args, **kwargs)
@@ -193,12 +239,16 @@ def _install() -> None:
     # Optimizers pick their default implementation (foreach on CUDA) only for plain tensor types: let
     # the emulated device's tensors count as one, so optimizer.step() takes the path it takes on CUDA.
     optimizer_module._foreach_supported_types.append(DeviceTensor)
+    module_methods = (torch.nn.Module.__setattr__, torch.nn.Module._apply)
+    torch.nn.Module.__setattr__ = _remembering_setattr(module_methods[0])
+    torch.nn.Module._apply = _apply_freeing_a_failed_forward(module_methods[1])
     hook_engine_start()
     _shared.update(guard=guard, real=real, swap=swap, anomaly=anomaly, optimizer_module=optimizer_module,
-                   pin=(pin_module, pin_loop))
+                   pin=(pin_module, pin_loop), module_methods=module_methods)
 
 
 def _restore() -> None:
+    torch.nn.Module.__setattr__, torch.nn.Module._apply = _shared.pop("module_methods")
     unhook_engine_start()
     _shared.pop("optimizer_module")._foreach_supported_types.remove(DeviceTensor)
     enabled, check_nan = _shared.pop("anomaly")
@@ -256,6 +306,7 @@ def emulate_cuda():
             _install()
         _shared["threads"] += 1
     _local.depth = 1
+    _local.left = []
     try:
         # Backward runs on this thread: the engine would hand device work to a thread of its own,
         # which neither sees this thread's audits nor needs to (the ops and results are the same).
@@ -263,6 +314,7 @@ def emulate_cuda():
             yield
     finally:
         _local.depth = 0
+        _bring_back_left_tensors()
         with _shared_lock:
             _shared["threads"] -= 1
             if _shared["threads"] == 0:

@@ -203,7 +203,9 @@ def placeholder_runs(types: np.ndarray) -> Runs:
     new[1:] = flat[1:] != flat[:-1]
     new[::width] = True  # a row's first token always starts a run
     starts = np.flatnonzero(new)
-    lengths = np.diff(np.append(starts, flat.shape[0]))
+    ends = np.empty_like(starts)
+    ends[:-1], ends[-1:] = starts[1:], flat.shape[0]
+    lengths = ends - starts
     return Runs(flat[starts], lengths, starts // width, n_rows)
 
 

@@ -50,8 +50,8 @@ def _host_checksum(t: torch.Tensor) -> int:
 
 def host_checksums(host: dict) -> torch.Tensor:
     """One checksum per name in ``CHECKED`` (0 where the plan has no such tensor), from the plan's host copies."""
-    return torch.tensor([_host_checksum(t) if _checkable(t) else 0 for t in (host.get(name) for name in CHECKED)],
-                        dtype=torch.int64)
+    return torch.from_numpy(np.array([_host_checksum(t) if _checkable(t) else 0
+                                      for t in (host.get(name) for name in CHECKED)], dtype=np.int64))
 
 
 def assert_given_match(plan, given: dict) -> None:

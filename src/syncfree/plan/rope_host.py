@@ -65,7 +65,9 @@ def _runs(kept_types: np.ndarray, row_of: np.ndarray):
     new = np.ones(n, dtype=bool)
     new[1:] = (kept_types[1:] != kept_types[:-1]) | (row_of[1:] != row_of[:-1])
     starts = np.flatnonzero(new)
-    return starts, np.diff(np.append(starts, n))
+    ends = np.empty_like(starts)
+    ends[:-1], ends[-1:] = starts[1:], n
+    return starts, ends - starts
 
 
 def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames: bool, steps):

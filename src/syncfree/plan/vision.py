@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .errors import GridDtypeError, GridError
@@ -93,7 +94,7 @@ class VisionPlan(DeviceFields):
 
 def _cumulative(sizes) -> torch.Tensor:
     """(len + 1,) int32 cumulative sizes from 0, as stock's cu_seqlens (one host op)."""
-    return torch.tensor(list(itertools.accumulate(sizes, initial=0)), dtype=torch.int32)
+    return torch.from_numpy(np.fromiter(itertools.accumulate(sizes, initial=0), dtype=np.int32))
 
 
 def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw") -> VisionPlan:
