@@ -232,6 +232,10 @@ class Draft:
     image: VisionPlan | None
     video: VisionPlan | None
 
+    def count(self, kind: int) -> int:
+        """Placeholders of ``kind`` in the tokens (every position, masked or not: stock counts them so)."""
+        return int(self.runs.lengths[self.runs.kinds == kind].sum())
+
 
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
@@ -272,7 +276,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
         extra = dict(_per_row(spec, draft.runs, draft.video), stock_rope=stock_rope)
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
-        n_image_tokens=int((types == 1).sum()), n_video_tokens=int((types == 2).sum()),
+        n_image_tokens=draft.count(1), n_video_tokens=draft.count(2),
         position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask, host=host, checksums=host_checksums(host),
         **extra,
     )

@@ -63,7 +63,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                 video_second_per_grid=None, video_grid_thw=None, **_) -> None:
     """Raise ``ValueError`` naming the first inconsistency between tokens, grids and pixels, on the draft of
     the plan (its vision plans and placeholder runs: everything is derived once)."""
-    spec, types = draft.spec, draft.types
+    spec = draft.spec
     # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
     seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
     if spec.audio_token_id is not None:
@@ -76,7 +76,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                              "the positions of a row without tokens (drop the row)")
     for kind, name, vp, pixels in ((1, "image", draft.image, pixel_values),
                                    (2, "video", draft.video, pixel_values_videos)):
-        tokens = int((types == kind).sum())
+        tokens = draft.count(kind)
         if vp is None:
             if pixels is not None:
                 raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without "
