@@ -3,9 +3,12 @@
 ``grid_thw``, ``input_ids``, ``mm_token_type_ids`` and ``attention_mask`` come
 out of the processor on the CPU. Everything the forward needs from them for
 control flow (segment lengths and split sizes as Python ints, the maximum
-segment length) or for indexing (cumulative lengths, rotary and interpolation
-indices, placeholder positions, 3D rotary positions) is computed here, on the
-host, and validated. ``Plan.to(device)`` then moves the tensors with pinned,
+segment length) or for indexing (cumulative lengths, placeholder counts, 3D
+rotary positions) is computed here, on the host, once (``draft_plan`` then
+``finish_plan``; ``validate`` checks the draft), in NumPy: the work grows with
+images, frames and tokens, not patches. What grows with patches (rotary ids,
+interpolation taps, window order) is made later on the device from the grid
+rows (``vision_tables``). ``Plan.to(device)`` moves the tensors with pinned,
 non-blocking copies; the Python ints stay on the host, where the patched
 forward reads them without ever asking the device.
 """
