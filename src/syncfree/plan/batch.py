@@ -25,13 +25,13 @@ import torch
 from .audio import AudioPlan
 from .checksum import host_checksums
 from .omni import omni_fields, omni_rope
-from .rope_host import rope_index_host
+from .rope_host import rope_index_host, runs_of
 from .spec import ModelSpec
-from .tensors import DeviceFields, move
+from .tensors import DeviceFields, host_array, move
 from .vision import VisionPlan, vision_plan
 
 __all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "PLAN_INPUTS", "PLAN_KEY",
-           "placeholder_runs", "token_types", "host_array"]
+           "placeholder_runs", "token_types"]
 
 # Where a plan travels in a batch (``prepare(batch)`` without a device, ``planning_collator``) and in a call.
 PLAN_KEY = "syncfree_plan"
@@ -175,12 +175,6 @@ _NUMPY_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                  torch.float64, torch.float16)
 
 
-def host_array(t: torch.Tensor) -> np.ndarray:
-    """A host tensor's values as a NumPy array (no copy; booleans as 0/1 integers)."""
-    values = t.detach().numpy()
-    return values.astype(np.int64) if values.dtype == np.bool_ else values
-
-
 @dataclass(frozen=True)
 class Runs:
     """The runs of equal token types in each row (over every position, masked or not: stock counts
@@ -202,13 +196,9 @@ def placeholder_runs(types: np.ndarray) -> Runs:
     """The runs of ``types`` (B, S), found in a few whole-array operations."""
     n_rows, width = types.shape
     flat = types.reshape(-1)
-    new = np.ones(flat.shape[0], dtype=bool)
-    new[1:] = flat[1:] != flat[:-1]
-    new[::width] = True  # a row's first token always starts a run
-    starts = np.flatnonzero(new)
-    ends = np.empty_like(starts)
-    ends[:-1], ends[-1:] = starts[1:], flat.shape[0]
-    lengths = ends - starts
+    row_starts = np.zeros(flat.shape[0], dtype=bool)
+    row_starts[::width] = True
+    starts, lengths = runs_of(flat, row_starts)
     return Runs(flat[starts], lengths, starts // width, n_rows)
 
 

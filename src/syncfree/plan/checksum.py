@@ -20,6 +20,8 @@ import functools
 import numpy as np
 import torch
 
+from .tensors import host_array
+
 __all__ = ["CHECKED", "host_checksums", "assert_given_match"]
 
 CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "position_ids")
@@ -43,7 +45,7 @@ def _weights(n: int) -> np.ndarray:
 def _host_checksum(t: torch.Tensor) -> int:
     """``_checksum`` of a host tensor, in NumPy (a fraction of PyTorch's fixed cost per op). int64 products and
     sums wrap modulo 2**64 in NumPy as on every PyTorch device, so the two agree."""
-    flat = t.detach().reshape(-1).numpy().astype(np.int64, copy=False)
+    flat = host_array(t).reshape(-1).astype(np.int64, copy=False)
     with np.errstate(over="ignore"):
         return int(np.dot(flat, _weights(flat.shape[0])))
 

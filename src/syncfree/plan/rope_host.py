@@ -17,15 +17,11 @@ import torch
 
 from .errors import MaskShapeError
 from .rope import check_options, rope_index, time_steps
+from .tensors import host_array
 
-__all__ = ["rope_index_host"]
+__all__ = ["rope_index_host", "runs_of"]
 
 _STEP_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
-
-
-def _array(t: torch.Tensor) -> np.ndarray:
-    values = t.detach().numpy()
-    return values.astype(np.int64) if values.dtype == np.bool_ else values
 
 
 def rope_index_host(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
@@ -49,24 +45,24 @@ def rope_index_host(input_ids, mm_token_type_ids, image_grid_thw=None, video_gri
         if steps.dtype not in _STEP_DTYPES:  # (NumPy has no bfloat16; such seconds are PyTorch's business)
             return rope_index(*tensors, **options)
         steps = (steps.numpy(), n_steps)
-    types = _array(mm_token_type_ids).astype(np.int64, copy=False)
-    keep = None if attention_mask is None else _array(attention_mask) != 0
+    types = host_array(mm_token_type_ids).astype(np.int64, copy=False)
+    keep = None if attention_mask is None else host_array(attention_mask) != 0
     if keep is not None and keep.all():
         keep = None
-    grids = [None if g is None or g.shape[0] == 0 else _array(g).astype(np.int64) for g in (image_grid_thw,
+    grids = [None if g is None or g.shape[0] == 0 else host_array(g).astype(np.int64) for g in (image_grid_thw,
                                                                                             video_grid_thw)]
     pos, deltas = _positions(types, keep, *grids, steps, spatial_merge_size, split_video_frames)
     return torch.from_numpy(pos).to(input_ids.dtype), torch.from_numpy(deltas)[:, None]
 
 
-def _runs(kept_types: np.ndarray, row_of: np.ndarray):
-    """Runs of equal types in the kept tokens (flattened row-major); a row's first kept token starts one."""
-    n = kept_types.shape[0]
-    new = np.ones(n, dtype=bool)
-    new[1:] = (kept_types[1:] != kept_types[:-1]) | (row_of[1:] != row_of[:-1])
+def runs_of(values: np.ndarray, row_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of the runs of equal ``values`` (1D, rows flattened one after another); a run also
+    starts wherever ``row_starts`` (booleans) says a row does."""
+    new = row_starts.copy()
+    new[1:] |= values[1:] != values[:-1]
     starts = np.flatnonzero(new)
     ends = np.empty_like(starts)
-    ends[:-1], ends[-1:] = starts[1:], n
+    ends[:-1], ends[-1:] = starts[1:], values.shape[0]
     return starts, ends - starts
 
 
@@ -112,14 +108,17 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
         kept_types, row_of = types.reshape(-1), np.repeat(np.arange(B), S)
     else:
         kept_types, row_of = types[keep], np.nonzero(keep)[0]
-    starts, lengths = _runs(kept_types, row_of)
+    row_starts = np.ones(row_of.shape[0], dtype=bool)
+    row_starts[1:] = row_of[1:] != row_of[:-1]
+    starts, lengths = runs_of(kept_types, row_starts)
     kinds, run_row = kept_types[starts], row_of[starts]
     t, h, w, step = _run_grids(kinds, images, videos, merge, split_video_frames, steps)
     vision = (kinds == 1) | (kinds == 2)
     # Stock walks the grids, not the runs: where a run's length is not its grid's token count (grids listed
     # out of order, say), stock places positions its own way or fails, and where a row has no kept token it
     # fails. Either way only stock's own index gives stock's answer: hand it over (the caller runs it).
-    if not np.array_equal(lengths[vision], (t * (h // merge) * (w // merge))[vision]):
+    hm, wm = h // merge, w // merge
+    if not np.array_equal(lengths[vision], (t * hm * wm)[vision]):
         raise RuntimeError("rope_index: the placeholder runs do not match the grids they take")
     if keep is not None and not keep.any(1).all():
         raise RuntimeError("rope_index: a row has no kept token")
@@ -136,7 +135,7 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
     # Per kept token: its offset in its run, and its run's values.
     k = np.arange(kept_types.shape[0]) - np.repeat(starts, lengths)
     token_base = np.repeat(base, lengths)
-    area, width = np.repeat(h // merge * (w // merge), lengths), np.repeat(w // merge, lengths)
+    area, width = np.repeat(hm * wm, lengths), np.repeat(wm, lengths)
     frame, rest = k // area, k % area
     if step is not None:  # video frames sit step apart in time (truncated like stock's .long())
         token_step = np.repeat(step, lengths)

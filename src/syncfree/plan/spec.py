@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
+import importlib
 from dataclasses import dataclass
 
 from .rope_stock import rope_config_key
@@ -110,5 +110,5 @@ def _truncates_seconds(module_name: str) -> bool:
     # Older Transformers computed Qwen2.5-VL's video time step as tokens_per_second * int(seconds).
     import inspect
 
-    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    module = importlib.import_module(module_name)
     return "int(next(second_per_grid_ts))" in inspect.getsource(module.Qwen2_5_VLModel.get_rope_index)

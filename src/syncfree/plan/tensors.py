@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
-__all__ = ["move", "DeviceFields", "same_host_values"]
+__all__ = ["move", "DeviceFields", "same_host_values", "host_array"]
 
 
 def move(t: torch.Tensor, device) -> torch.Tensor:
@@ -14,6 +15,12 @@ def move(t: torch.Tensor, device) -> torch.Tensor:
     if device is None or torch.device(device).type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's values as a NumPy array (no copy; booleans as 0/1 integers)."""
+    values = t.detach().numpy()
+    return values.astype(np.int64) if values.dtype == np.bool_ else values
 
 
 def same_host_values(value, kept) -> bool:

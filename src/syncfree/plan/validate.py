@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from .audio import audio_plan
-from .batch import Draft, host_array
+from .batch import Draft
 from .errors import MaskShapeError
 from .spec import ModelSpec
+from .tensors import host_array
 
 __all__ = ["check_inputs", "check_batch"]
 
@@ -70,8 +71,8 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
         seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
     merge2 = spec.spatial_merge_size ** 2
     if draft.mask is not None and (draft.image or draft.video) and spec.rope_class is None:
-        empty = [i for i, row in enumerate(host_array(draft.mask)) if not row.any()]
-        if empty:  # stock's get_rope_index fails there (torch.cat of no positions); say why
+        empty = np.flatnonzero(~host_array(draft.mask).any(1))
+        if empty.size:  # stock's get_rope_index fails there (torch.cat of no positions); say why
             raise ValueError(f"row {empty[0]} of attention_mask is all padding: stock's get_rope_index cannot place "
                              "the positions of a row without tokens (drop the row)")
     for kind, name, vp, pixels in ((1, "image", draft.image, pixel_values),

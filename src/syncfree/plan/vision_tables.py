@@ -30,6 +30,7 @@ __all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "devic
 
 @functools.lru_cache(maxsize=None)
 def _module(name: str):
+    # (not importlib.import_module: a compiled vision tower traces this, and Dynamo traces a dict lookup)
     return sys.modules.get(name) or __import__(name, fromlist=["_"])
 
 
@@ -59,14 +60,21 @@ def window_seqlens(rows, spec: TableSpec) -> list[int]:
     return sizes
 
 
+def _spread(grids: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
+    """For each of ``total`` items laid out grid after grid (``t * h * w`` each): its grid's h and w, its index
+    inside its grid and where its grid starts. Each item's grid comes from ``repeat_interleave`` with the
+    host-known total (no sync)."""
+    counts = grids[:, 0] * grids[:, 1] * grids[:, 2]
+    which = torch.repeat_interleave(counts, output_size=total)
+    start = (counts.cumsum(0) - counts).index_select(0, which)
+    local = torch.arange(total, device=grids.device) - start
+    return grids[:, 1].index_select(0, which), grids[:, 2].index_select(0, which), local, start
+
+
 def _decode(grids: torch.Tensor, total: int, merge: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each patch's (row, col) in its frame, in stock's spatial-merge-block order, and its image's (h, w)."""
-    device = grids.device
-    counts = grids[:, 0] * grids[:, 1] * grids[:, 2]
-    image = torch.repeat_interleave(counts, output_size=total)  # the grid row each patch belongs to
-    heights, widths = grids[:, 1].index_select(0, image), grids[:, 2].index_select(0, image)
-    starts = (counts.cumsum(0) - counts).index_select(0, image)
-    within = (torch.arange(total, device=device) - starts) % (heights * widths)  # place in its frame
+    heights, widths, local, _ = _spread(grids, total)
+    within = local % (heights * widths)  # place in its frame
     blocks_w = widths // merge
     in_col, in_row = within % merge, (within // merge) % merge
     block_col, block_row = (within // (merge * merge)) % blocks_w, within // (merge * merge * blocks_w)
@@ -81,11 +89,7 @@ def _window_index(grids: torch.Tensor, merged: int, spec: TableSpec) -> torch.Te
     row's height each) and the rows above it in its own window (that window's width each)."""
     merge, size = spec.merge, spec.window // spec.merge // spec.patch
     small = torch.stack([grids[:, 0], grids[:, 1] // merge, grids[:, 2] // merge], 1)
-    counts = small[:, 0] * small[:, 1] * small[:, 2]
-    image = torch.repeat_interleave(counts, output_size=merged)
-    lh, lw = small[:, 1].index_select(0, image), small[:, 2].index_select(0, image)
-    start = (counts.cumsum(0) - counts).index_select(0, image)
-    local = torch.arange(merged, device=grids.device) - start
+    lh, lw, local, start = _spread(small, merged)
     frame, r, c = local // (lh * lw), (local // lw) % lh, local % lw
     window_h = torch.clamp(lh - (r // size) * size, max=size)
     window_w = torch.clamp(lw - (c // size) * size, max=size)
@@ -100,7 +104,8 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec) -> dict:
     row, col, heights, widths = _decode(grids, total, spec.merge)
     tables = {"position_ids": torch.stack([row, col], -1)}
     if spec.side is not None:
-        kernel = _module(_module(spec.module).get_vision_interpolation_indices_and_weights.__module__)
+        helper = _module(spec.module).get_vision_interpolation_indices_and_weights
+        kernel = _module(helper.__module__)  # where stock's per-axis kernel lives
         h_taps, h_weights = kernel._interpolation_axis_taps_weights(row, heights, spec.side, "bilinear", True)
         w_taps, w_weights = kernel._interpolation_axis_taps_weights(col, widths, spec.side, "bilinear", True)
         n = h_taps.shape[1]
