@@ -122,31 +122,63 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
     return found
 
 
-def _patch_module_functions() -> None:
-    """Install the module-level replacements, in every loaded Transformers module holding the stock function
-    (called at every patch(): a family module imported since then gets them too)."""
-    import sys
-
+def _module_replacements() -> dict[tuple[str, str], tuple]:
+    """Build (without installing) the module-level replacements not installed yet: (module, function) ->
+    (stock, replacement). Raises, having changed nothing, where a required one does not match."""
+    built = {}
     for (module_name, name), target in MODULE_TARGETS.items():
         if (module_name, name) in _module_patches:
-            stock, replacement, holders = _module_patches[(module_name, name)]
-        else:
-            stock = importlib.import_module(module_name).__dict__.get(name)
-            try:
-                replacement = _build("transformers", f"{module_name}.{name}", target, stock)
-            except UnsupportedTransformers:
-                if target.optional:
-                    continue
+            continue
+        owner = importlib.import_module(module_name)
+        if "." in name:  # a method of a class every model shares ("DynamicSlidingWindowLayer.lazy_initialization")
+            cls_name, _, attr = name.partition(".")
+            owner = getattr(owner, cls_name, None)
+        stock = vars(owner).get(name.rpartition(".")[2]) if owner is not None else None
+        try:
+            built[(module_name, name)] = (stock, _build("transformers", f"{module_name}.{name}", target, stock))
+        except UnsupportedTransformers:
+            if not target.optional:
                 raise
-            holders = []
-            _module_patches[(module_name, name)] = (stock, replacement, holders)
+    return built
+
+
+def _install_module_functions(built: dict[tuple[str, str], tuple]) -> None:
+    """Install the module-level replacements, in every loaded Transformers module holding the stock function
+    (at every patch(): a family module imported since then gets them too). Nothing here can fail."""
+    import sys
+
+    for key, (stock, replacement) in built.items():
+        _module_patches[key] = (stock, replacement, [])
+        module_name, name = key
+        if "." in name:  # a class's method: the class is its one holder
+            cls_name, _, attr = name.partition(".")
+            holder = getattr(importlib.import_module(module_name), cls_name)
+            setattr(holder, attr, replacement)
+            _module_patches[key][2].append(holder)
+    for (_module_name, name), (stock, replacement, holders) in _module_patches.items():
+        if "." in name:
+            continue
         for m_name, module in list(sys.modules.items()):
             if m_name.startswith("transformers") and getattr(module, "__dict__", {}).get(name) is stock:
                 setattr(module, name, replacement)
                 holders.append(module)
 
 
+def _patch_module_functions() -> None:
+    _install_module_functions(_module_replacements())
+
+
+def _family_classes(family: Family) -> tuple[type, ...]:
+    """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
+    if importlib.util.find_spec(family.modeling) is None:
+        return ()
+    module = importlib.import_module(family.modeling)
+    found = (getattr(module, t.cls, None) or getattr(module, t.fallback_cls or "", None) for t in family.targets)
+    return tuple(cls for cls in found if isinstance(cls, type))
+
+
 def _family_of(model: torch.nn.Module) -> Family | None:
+    held = tuple({type(m) for m in model.modules()})
     for module in model.modules():
         config = getattr(module, "config", None)
         model_type = getattr(config, "model_type", None) or ""
@@ -154,7 +186,9 @@ def _family_of(model: torch.nn.Module) -> Family | None:
         # (An Omni thinker's towers: "qwen3_omni_moe_vision_encoder", "..._audio_encoder".)
         for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text"),
                      model_type.replace("_vision_encoder", "_thinker"), model_type.replace("_audio_encoder", "_thinker")):
-            if name in FAMILIES:
+            # A model that only borrows a family's sub-model (MiniCPM-V 4.6 runs Qwen3.5's text model under
+            # its own vision tower) is not that family: it must hold one of the classes syncfree patches.
+            if name in FAMILIES and any(issubclass(t, _family_classes(FAMILIES[name])) for t in held):
                 return FAMILIES[name]
     return None
 
@@ -203,7 +237,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             raise ValueError(f"syncfree.patch: {unknown} are not fully supported families (supported: "
                              f"{', '.join(FAMILIES)}); patch a model instance to get the generic fix")
         planned = [r for name in families for r in _replacements(FAMILIES[name])]
-        _patch_module_functions()
+        _install_module_functions(_module_replacements())  # (everything checked: from here on nothing raises)
         for cls, target, _stock, replacement in planned:
             if (cls, target.attr) not in _class_patches:
                 _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
@@ -213,38 +247,41 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         if verbose:
             print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions)")
         return None
+    # Everything that can refuse is checked before anything changes: a refused patch leaves the model, the
+    # classes and Transformers' modules exactly as they were.
     family = _family_of(model)
     if family is not None:
-        replacements = {(cls, t.attr): r for cls, t, _, r in _replacements(family)}
-        _patch_module_functions()
+        found = _replacements(family)
+        replacements = {(cls, t.attr): r for cls, t, _, r in found}
+        towers = tuple(cls for cls, t, _, _ in found if t.wrap == "make_vision_forward")
+        module_functions = _module_replacements()
     else:
-        replacements = _generic_replacements(model)
+        if vision_every_step:
+            raise ValueError(f"syncfree.patch: vision_every_step=True needs a fully supported family; "
+                             f"{type(model).__name__} gets the generic split fix only")
+        if vision_attention != "split":
+            raise ValueError(f"syncfree.patch: vision_attention={vision_attention!r} needs a fully supported "
+                             f"family; {type(model).__name__} gets the generic split fix only")
+        replacements, towers, module_functions = _generic_replacements(model), (), {}
         if not replacements:
             raise ValueError(f"syncfree.patch: no supported model in {type(model).__name__} (model types found: "
                              f"{_model_types(model) or 'none'}; supported: {', '.join(FAMILIES)}), and no vision "
                              "attention with the packed split syncfree can fix generically")
+    bound = [(module, cls, attr, replacement) for module in model.modules()
+             for (cls, attr), replacement in replacements.items() if isinstance(module, cls)]
+    if not bound:
+        raise ValueError(f"syncfree.patch: {type(model).__name__} holds no module that syncfree patches")
+    _install_module_functions(module_functions)
     copyreg.pickle(types.MethodType, _reduce_method)
     patched = {}
+    for module, cls, attr, replacement in bound:
+        module.__dict__[attr] = types.MethodType(replacement, module)
+        patched[f"{cls.__name__}.{attr}"] = patched.get(f"{cls.__name__}.{attr}", 0) + 1
     for module in model.modules():
-        for (cls, attr), replacement in replacements.items():
-            if isinstance(module, cls):
-                module.__dict__[attr] = types.MethodType(replacement, module)
-                patched[f"{cls.__name__}.{attr}"] = patched.get(f"{cls.__name__}.{attr}", 0) + 1
-    if not patched:
-        raise ValueError(f"syncfree.patch: {type(model).__name__} holds no module that syncfree patches")
-    if family is not None:
-        towers = {cls for cls, t, _, _ in _replacements(family) if t.wrap == "make_vision_forward"}
-        for module in model.modules():
-            if isinstance(module, tuple(towers)):
-                module.__dict__["_syncfree_attention"] = vision_attention
-            if vision_every_step and hasattr(module, "visual") and hasattr(module, "language_model"):
-                module.__dict__[VISION_EVERY_STEP] = True
-    elif vision_every_step:
-        raise ValueError(f"syncfree.patch: vision_every_step=True needs a fully supported family; "
-                         f"{type(model).__name__} gets the generic split fix only")
-    elif vision_attention != "split":
-        raise ValueError(f"syncfree.patch: vision_attention={vision_attention!r} needs a fully supported family; "
-                         f"{type(model).__name__} gets the generic split fix only")
+        if towers and isinstance(module, towers):
+            module.__dict__["_syncfree_attention"] = vision_attention
+        if vision_every_step and hasattr(module, "visual") and hasattr(module, "language_model"):
+            module.__dict__[VISION_EVERY_STEP] = True
     if verbose:
         what = ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in patched.items())
         if family is not None:
@@ -280,13 +317,18 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
                 delattr(cls, attr)
             else:
                 setattr(cls, attr, stock)
-            del _class_patches[(cls, attr)]
-        for cls in {cls for cls, _ in _class_patches}:
+        for cls, _attr in list(_class_patches):
             if "_syncfree_attention" in cls.__dict__:
                 delattr(cls, "_syncfree_attention")
+        for (cls, attr), stock in list(_class_patches.items()):
+            if stock is _INHERITED:
+                delattr(cls, attr)
+            else:
+                setattr(cls, attr, stock)
+            del _class_patches[(cls, attr)]
         for (module_name, name), (stock, _, holders) in list(_module_patches.items()):
             for holder in holders:
-                setattr(holder, name, stock)
+                setattr(holder, name.rpartition(".")[2], stock)
             del _module_patches[(module_name, name)]
         return
     for module in model.modules():

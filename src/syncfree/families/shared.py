@@ -3,10 +3,19 @@ and what the wrappers of a Qwen-VL-style vision tower and multimodal forward rel
 
 from __future__ import annotations
 
-from ..rewrite.edits import PACKED_CHECK, RECURRENT_MASK
+from ..rewrite.edits import (
+    FEATURE_SCATTER,
+    GENERATION_POSITIONS,
+    PACKED_CHECK,
+    PLACEHOLDER_MASK,
+    RECURRENT_MASK,
+    SLIDING_WINDOW_TENSOR,
+    VISION_ATTENTION,
+)
 from ..rewrite.targets import Target
 
-__all__ = ["MODULE_TARGETS", "VISION_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module"]
+__all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
+           "vlm_targets"]
 
 
 def family_module(folder: str) -> str:
@@ -21,6 +30,38 @@ VISION_NEEDS = ("get_vision_position_ids(grid_thw", "get_vision_attention_seqlen
 MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
                 "image_grid_thw", "video_grid_thw", "mm_token_type_ids")
 MODEL_NEEDS = ("self.get_placeholder_mask(", "masked_scatter(", "self.compute_3d_position_ids(", "self.language_model(")
+# Qwen2.5-VL's window attention (and every tower that copied it).
+WINDOW_NEEDS = ("get_vision_window_index(", 'kwarg_name="max_window_seqlen"')
+# The Qwen2-VL 3D rotary index (get_rope_index): syncfree's planned index computes the same.
+ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
+ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positions.max() + 1 - len(current_input_ids)",
+              "mm_token_type_ids[batch_idx]")
+
+
+def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vision_needs: tuple = (),
+                rope_needs: tuple | None = (), model_edits: tuple = ()) -> tuple[Target, ...]:
+    """The targets of a model with Qwen2-VL's packed vision tower and multimodal forward, by class name:
+    the vision attention's split, the tower (handed the plan's tensors), the placeholder counts, the feature
+    scatter, generate(), and the 3D rotary index with its generation-time check. ``rope_needs=None``: a family
+    without a 3D rotary index (its text model numbers tokens itself; the forward takes no mm_token_type_ids)."""
+    targets = (
+        Target(attention, "forward", edits=VISION_ATTENTION),
+        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
+               needs=VISION_NEEDS + vision_needs),
+        Target(model, "get_placeholder_mask", edits=PLACEHOLDER_MASK),
+        Target(generation, "generate", wrap="make_generate", inherited=True),
+    )
+    if rope_needs is None:
+        return targets + (
+            Target(model, "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward",
+                   params=tuple(p for p in MODEL_PARAMS if p != "mm_token_type_ids"),
+                   needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),)
+    return targets + (
+        Target(model, "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward", params=MODEL_PARAMS,
+               needs=MODEL_NEEDS),
+        Target(model, "get_rope_index", wrap="make_get_rope_index", params=ROPE_PARAMS, needs=ROPE_NEEDS + rope_needs),
+        Target(generation, "_prepare_position_ids_for_generation", edits=GENERATION_POSITIONS, optional=True),
+    )
 
 # Module-level functions shared by every family: (module, function) -> target. Modules that imported
 # the function by name (``from ...masking_utils import create_recurrent_attention_mask``) get it too.
@@ -32,4 +73,7 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
         "create_recurrent_attention_mask", "", edits=RECURRENT_MASK, optional=True),
     ("transformers.masking_utils", "find_packed_sequence_indices"): Target(
         "find_packed_sequence_indices", "", edits=PACKED_CHECK, optional=True),
+    # A class's method ("Class.method"): the class itself is patched.
+    ("transformers.cache_utils", "DynamicSlidingWindowLayer.lazy_initialization"): Target(
+        "DynamicSlidingWindowLayer", "lazy_initialization", edits=SLIDING_WINDOW_TENSOR, optional=True),
 }

@@ -143,6 +143,9 @@ class Plan(DeviceFields):
             if grid is None:
                 grids[name] = None
                 continue
+            if not per_row:
+                raise ValueError(f"a syncfree plan whose {name} items do not end at row ends cannot describe an "
+                                 "expanded batch")
             chunks = torch.split(torch.as_tensor(grid), list(per_row))
             grids[name] = torch.cat([c for c in chunks for _ in range(k)])
         return build_plan(self.spec, **tokens, **grids).to(self.device)
@@ -266,7 +269,8 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
         extra = omni_fields(spec, host, bool(use_audio_in_video))
     else:
         position_ids, rope_deltas, stock_rope = _qwen_vl_rope(spec, host, mask, draft.image or draft.video)
-        extra = dict(_per_row(spec, draft.runs, draft.video), stock_rope=stock_rope)
+        extra = dict(_per_row(spec, draft.runs, draft.video) if spec.mrope else _per_row_by_count(draft),
+                     stock_rope=stock_rope)
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
         n_image_tokens=draft.count(1), n_video_tokens=draft.count(2),
@@ -280,7 +284,7 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     none is computed; (None, None, True) where only stock's own index gives stock's answer (runs that do not
     match their grids, a row with no kept token: stock fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
-    if (ids is not None and mm_types is not None and ids.shape == mm_types.shape and has_vision
+    if (spec.mrope and ids is not None and mm_types is not None and ids.shape == mm_types.shape and has_vision
             and (given_mask is None or mask is not None)):
         try:
             return (*rope_index_host(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,
@@ -288,6 +292,25 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
         except RuntimeError:
             return None, None, True
     return None, None, False
+
+
+def _per_row_by_count(draft: Draft) -> dict:
+    """Images and videos per row where placeholder runs carry no meaning (no 3D positions, so two items may
+    touch): each row takes the next items until its placeholder count is reached, as stock scatters features
+    in order. Where a row's count ends inside an item, no split is kept (``expanded`` then refuses)."""
+    found = {}
+    for kind, vp, name in ((1, draft.image, "images_per_row"), (2, draft.video, "videos_per_row")):
+        if vp is None:
+            found[name] = ()
+            continue
+        chosen = draft.runs.kinds == kind
+        tokens = np.bincount(draft.runs.rows[chosen], weights=draft.runs.lengths[chosen], minlength=draft.runs.n_rows)
+        ends, row_ends = np.cumsum(vp.split_sizes), np.cumsum(tokens.astype(np.int64))
+        if np.isin(row_ends, np.concatenate(([0], ends))).all():
+            found[name] = tuple(np.diff(np.searchsorted(ends, row_ends, side="right"), prepend=0).tolist())
+        else:
+            found[name] = ()
+    return found
 
 
 def _per_row(spec: ModelSpec, runs: Runs, video: VisionPlan | None) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .rope_stock import rope_config_key
 
-__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types"]
+__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,14 @@ class Layout:
     # Omni thinkers: an audio encoder, and a rope index the plan runs as stock on the host (defined on this class).
     audio: bool = False
     rope_class: str | None = None
+    # 3D rotary positions (M-RoPE) from a get_rope_index; False: the text model numbers tokens 0..S-1 itself
+    # (EXAONE-4.5), so the plan computes no positions and placeholder runs carry no meaning.
+    mrope: bool = True
+    # The processor's markers around each image or video (the config's ids); False where the chat template
+    # writes them and the config names none (EXAONE-4.5).
+    vision_markers: bool = True
+    # The processor returns (and the forward takes) mm_token_type_ids.
+    token_types: bool = True
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -38,6 +46,11 @@ def register_layout(model_type: str, layout: Layout) -> None:
 
 def supported_model_types() -> tuple[str, ...]:
     return tuple(_LAYOUTS)
+
+
+def layout_of(model_type: str) -> Layout | None:
+    """The registered layout of a fully supported model type (None for others)."""
+    return _LAYOUTS.get(model_type)
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,7 @@ class ModelSpec:
     audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
     rope_class: str | None = None  # the class whose stock get_rope_index the plan runs on the host
     rope_key: tuple = ()  # the config values that index reads
+    mrope: bool = True  # the family has a 3D rotary index (Layout.mrope)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -82,7 +96,7 @@ class ModelSpec:
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
-            truncate_seconds=layout.video_time_scale and _truncates_seconds(module), **omni,
+            truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:

@@ -70,7 +70,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
     if spec.audio_token_id is not None:
         seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
     merge2 = spec.spatial_merge_size ** 2
-    if draft.mask is not None and (draft.image or draft.video) and spec.rope_class is None:
+    if draft.mask is not None and (draft.image or draft.video) and spec.rope_class is None and spec.mrope:
         empty = np.flatnonzero(~host_array(draft.mask).any(1))
         if empty.size:  # stock's get_rope_index fails there (torch.cat of no positions); say why
             raise ValueError(f"row {empty[0]} of attention_mask is all padding: stock's get_rope_index cannot place "
@@ -94,8 +94,9 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
             unit = "video frame"
         else:
             expected, unit = list(vp.split_sizes), name
-        if runs != expected and not (kind == 2 and spec.audio_token_id is not None):
-            # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.)
+        if runs != expected and spec.mrope and not (kind == 2 and spec.audio_token_id is not None):
+            # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.
+            # Without 3D positions, stock places features in token order whatever the runs.)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
                              f"needs one run per {unit} of {expected} tokens (t*h*w / {merge2})")
         if pixels is not None and pixels.shape[0] != vp.num_patches:

@@ -10,7 +10,7 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS"]
+           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -123,4 +123,12 @@ AUDIO_ATTENTION = (
 # restart inside a row (a padding-free packed batch): answered from the plan's host copy of those ids.
 PACKED_CHECK = (
     Edit("expr", "(packed_sequence_mask[:, -1] == 0).all()", "_syncfree.none_packed(packed_sequence_mask, position_ids)"),
+)
+
+# A sliding-window layer of the generation cache moves its window size (a 0-d host tensor) to the device when
+# it first sees keys: a blocking copy (the host waits for the stream) per sliding layer at every prefill.
+# Made on the device by a fill instead, from the host value (no copy, no wait).
+SLIDING_WINDOW_TENSOR = (
+    Edit("expr", "self._sliding_window_tensor.to(self.device)",
+         "_syncfree.host_scalar_to(self._sliding_window_tensor, self.device)"),
 )

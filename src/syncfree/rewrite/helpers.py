@@ -22,7 +22,7 @@ from .segments import segment_lengths  # noqa: F401  (called from the generic sp
 
 __all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed"]
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to"]
 
 
 def _compiling() -> bool:
@@ -196,3 +196,12 @@ def none_packed(packed_sequence_mask: torch.Tensor, position_ids: torch.Tensor):
         return (packed_sequence_mask[:, -1] == 0).all()
     restarts = torch.diff(host, prepend=host[:, :1] - 1, dim=-1) != 1  # stock's computation, on the host
     return bool((restarts.cumsum(-1)[:, -1] == 0).all())
+
+
+def host_scalar_to(tensor: torch.Tensor, device) -> torch.Tensor:
+    """``tensor.to(device)`` for a 0-d host tensor: made on the device by a fill of its (host) value, which
+    neither copies nor waits; the same value and dtype. Anything else moves as stock moves it."""
+    if (isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and tensor.dim() == 0
+            and torch.device(device).type != "cpu" and not _compiling()):
+        return torch.full((), tensor.item(), dtype=tensor.dtype, device=device)
+    return tensor.to(device)

@@ -20,7 +20,7 @@ from ...rewrite.edits import (
 )
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..shared import VISION_NEEDS, family_module
+from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
 from .inputs import build_omni_inputs, is_omni, omni_forward_kwargs
 from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
 
@@ -37,7 +37,7 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes).
     Qwen3-Omni's tower is Qwen3-VL's (learned positions, deepstack); Qwen2.5-Omni's is Qwen2.5-VL's (windows)."""
     vision_needs = (("get_vision_interpolation_indices_and_weights(",) if deepstack
-                    else ("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'))
+                    else WINDOW_NEEDS)
     # Transformers < 5.2x has no *ThinkerModel: its *ThinkerForConditionalGeneration holds the towers itself.
     thinker = dict(fallback_cls=f"{prefix}ThinkerForConditionalGeneration")
     targets = (

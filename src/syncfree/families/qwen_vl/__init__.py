@@ -9,42 +9,21 @@ positions; Qwen2.5-VL's windows and video time scale).
 from __future__ import annotations
 
 from ...plan.spec import Layout
-from ...rewrite.edits import (
-    DEEPSTACK_MERGE,
-    DEEPSTACK_PROCESS,
-    FEATURE_SCATTER,
-    GENERATION_POSITIONS,
-    PLACEHOLDER_MASK,
-    VISION_ATTENTION,
-)
+from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
-from ..shared import MODEL_NEEDS, MODEL_PARAMS, VISION_NEEDS, family_module
+from ..shared import WINDOW_NEEDS, family_module, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
-_ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
-_ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positions.max() + 1 - len(current_input_ids)",
-               "mm_token_type_ids[batch_idx]")
 MODEL_CLASSES: dict = {}  # model_type -> class to build from a config: none needed (the auto class builds them)
 
 
 def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_needs: tuple,
             model_edits: tuple = ()) -> tuple[Target, ...]:
-    return (
-        Target(attention, "forward", edits=VISION_ATTENTION),
-        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
-               needs=VISION_NEEDS + vision_needs),
-        Target(f"{prefix}Model", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
-        Target(f"{prefix}Model", "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward",
-               params=MODEL_PARAMS, needs=MODEL_NEEDS),
-        Target(f"{prefix}Model", "get_rope_index", wrap="make_get_rope_index", params=_ROPE_PARAMS,
-               needs=_ROPE_NEEDS + rope_needs),
-        Target(f"{prefix}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
-        Target(f"{prefix}ForConditionalGeneration", "_prepare_position_ids_for_generation",
-               edits=GENERATION_POSITIONS, optional=True),
-    )
+    return vlm_targets(attention, vision, f"{prefix}Model", f"{prefix}ForConditionalGeneration",
+                       vision_needs=vision_needs, rope_needs=rope_needs, model_edits=model_edits)
 
 
 def _qwen3_vl(prefix: str, deepstack: bool = True) -> tuple[Target, ...]:
@@ -71,7 +50,7 @@ FAMILIES: tuple[Family, ...] = (
     _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
                                 vision_needs=(), rope_needs=())),
     _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
-                                  vision_needs=("get_vision_window_index(", 'kwarg_name="max_window_seqlen"'),
+                                  vision_needs=WINDOW_NEEDS,
                                   rope_needs=("tokens_per_second * ",)),
             windows=True, video_time_scale=True),
 )

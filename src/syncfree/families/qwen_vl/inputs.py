@@ -20,6 +20,8 @@ from typing import Union
 
 import torch
 
+from ...plan.spec import Layout, layout_of
+
 __all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES"]
 
 
@@ -70,8 +72,10 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
-    specials = {config.image_token_id, config.video_token_id, config.vision_start_token_id,
-                config.vision_end_token_id}
+    layout = layout_of(config.model_type) or Layout("")
+    # Families whose chat template (not the config) names the markers get none: the processor adds none.
+    start, end = ([config.vision_start_token_id], [config.vision_end_token_id]) if layout.vision_markers else ([], [])
+    specials = {config.image_token_id, config.video_token_id, *start, *end}
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
     text_hi = min(specials | {tc.vocab_size}) if max(specials) < tc.vocab_size else tc.vocab_size
@@ -80,7 +84,7 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         ids = torch.randint(1, text_hi, (n,), generator=gen).tolist()
         return [i if i not in specials and i != pad else 1 for i in ids]
 
-    timestamps = config.model_type.startswith("qwen3")  # Qwen3-VL: one run per frame, timestamps between
+    timestamps = layout.frames_as_runs  # Qwen3-VL: one run per frame, timestamps between
     rows, types, image_grids, video_grids, seconds = [], [], [], [], []
     for sample in samples:
         ids: list[int] = []
@@ -92,24 +96,22 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
                 continue
             t, h, w = _grid(item, patch, merge, tpatch)
             per_frame = h * w // (merge * merge)
+            edge = [0] * len(start)
             if isinstance(item, Image):
                 image_grids.append((t, h, w))
-                ids += [config.vision_start_token_id] + [config.image_token_id] * per_frame
-                ids += [config.vision_end_token_id]
-                kinds += [0] + [1] * per_frame + [0]
+                ids += start + [config.image_token_id] * per_frame + end
+                kinds += edge + [1] * per_frame + edge
             elif not timestamps:
                 video_grids.append((t, h, w))
                 seconds.append(tpatch / item.fps)
-                ids += [config.vision_start_token_id] + [config.video_token_id] * (t * per_frame)
-                ids += [config.vision_end_token_id]
-                kinds += [0] + [2] * (t * per_frame) + [0]
+                ids += start + [config.video_token_id] * (t * per_frame) + end
+                kinds += edge + [2] * (t * per_frame) + edge
             else:
                 video_grids.append((t, h, w))
                 for stamp in _timestamps(item.frames, item.fps, tpatch):
                     n_stamp = len(f"<{stamp:.1f} seconds>") // 3  # about as many tokens as a tokenizer makes
-                    ids += text(n_stamp) + [config.vision_start_token_id] + [config.video_token_id] * per_frame
-                    ids += [config.vision_end_token_id]
-                    kinds += [0] * n_stamp + [0] + [2] * per_frame + [0]
+                    ids += text(n_stamp) + start + [config.video_token_id] * per_frame + end
+                    kinds += [0] * n_stamp + edge + [2] * per_frame + edge
         rows.append(ids)
         types.append(kinds)
 
@@ -123,9 +125,11 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         attention_mask[b, span] = 1
         mm_token_type_ids[b, span] = torch.tensor(kinds, dtype=torch.long)
 
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
+    out = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if layout.token_types:
+        out["mm_token_type_ids"] = mm_token_type_ids
     out.update(pixel_inputs(vc, image_grids, video_grids, gen))
-    if video_grids and config.model_type == "qwen2_5_vl":
+    if video_grids and layout.video_time_scale:
         out["second_per_grid_ts"] = torch.tensor(seconds)
     return out
 

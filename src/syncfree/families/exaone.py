@@ -1,0 +1,53 @@
+"""EXAONE-4.5: Qwen2.5-VL's windowed vision tower before EXAONE-4.0's text model, without 3D positions.
+
+The tower (``Exaone4_5_VisionModel``) is Qwen2.5-VL's code with grouped-query attention; the multimodal
+forward is Qwen2.5-VL's minus the rotary index: the text model numbers tokens 0..S-1 itself, so the plan
+computes no positions and the forward takes no ``mm_token_type_ids``. The processor writes only the
+placeholders (the chat template writes the markers around them, with ids the config does not name).
+"""
+
+from __future__ import annotations
+
+from ..plan.spec import Layout
+from ..rewrite.targets import Family
+from .preset import Preset
+from .qwen_vl.inputs import build_inputs
+from .shared import WINDOW_NEEDS, family_module, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+FAMILIES: tuple[Family, ...] = (
+    Family("exaone4_5", vlm_targets("Exaone4_5_VisionAttention", "Exaone4_5_VisionModel", "Exaone4_5_Model",
+                                    "Exaone4_5_ForConditionalGeneration", vision_needs=WINDOW_NEEDS, rope_needs=None),
+           Layout(family_module("exaone4_5"), windows=True, mrope=False, vision_markers=False, token_types=False)),
+)
+
+# A tiny model with the real layout rules: patch 14, merge 2, 112-pixel windows (so test images larger than
+# 4x4 merged patches get several), full attention in blocks 1 and 3, grouped-query vision attention (4 query
+# heads, 2 key/value heads, as the published 16/8), and a text model of 3 sliding-window layers and 1 full.
+_EXAONE45_TINY = dict(
+    model_type="exaone4_5", tie_word_embeddings=False, image_token_id=67, video_token_id=68,
+    vision_config=dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=4, num_key_value_heads=2,
+                       out_hidden_size=64, hidden_act="silu", in_channels=3, patch_size=14, spatial_merge_size=2,
+                       temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3]),
+    text_config=dict(model_type="exaone4", vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu",
+                     max_position_embeddings=4096, rms_norm_eps=1e-5, sliding_window=16, sliding_window_pattern=4,
+                     bos_token_id=None, eos_token_id=None),
+)
+
+PRESETS: dict[str, Preset] = {
+    "exaone4.5-tiny": Preset("exaone4.5-tiny", _EXAONE45_TINY, 0, "tiny EXAONE-4.5 for tests (window attention, GQA)"),
+}
+VISION_CLASSES = {"exaone4_5": "Exaone4_5_VisionModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return model_type == "exaone4_5"
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """Placeholders only, no ``mm_token_type_ids`` (as ``Exaone4_5_Processor`` returns them)."""
+    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)

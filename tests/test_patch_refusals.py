@@ -1,0 +1,74 @@
+"""patch() is all or nothing: a refused patch leaves the model, the classes and Transformers' modules as it found
+them; a model that only borrows a supported family's sub-model is not taken for that family."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import syncfree
+from syncfree.census import discover
+from syncfree.census.tiny import build_tiny
+
+BORROWER = "minicpmv4_6"  # its own vision tower (with the packed split) under Qwen3.5's text model
+
+
+def _snapshot(model: torch.nn.Module) -> dict:
+    """Every attribute of every loaded Transformers module and of every class they define, by identity, and
+    what each module of ``model`` holds in its own ``__dict__``."""
+    seen = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("transformers") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            seen[(name, attr)] = id(value)
+            if isinstance(value, type) and value.__module__ == name:
+                for cls_attr, cls_value in list(vars(value).items()):
+                    seen[(name, attr, cls_attr)] = id(cls_value)
+    for i, module in enumerate(model.modules()):
+        seen[("model", i)] = tuple(sorted((k, id(v)) for k, v in module.__dict__.items()))
+    return seen
+
+
+@pytest.fixture(scope="module")
+def borrower():
+    if BORROWER not in discover():
+        pytest.skip(f"this Transformers release has no {BORROWER}")
+    return build_tiny(BORROWER)
+
+
+@pytest.fixture(scope="module")
+def qwen35_text_model():
+    return build_tiny("qwen3_5").model.language_model  # a Qwen3.5 text model alone: no class syncfree patches
+
+
+def test_a_model_borrowing_a_families_text_model_gets_the_generic_fix(borrower, capsys):
+    syncfree.unpatch()
+    try:
+        patched = syncfree.patch(borrower, verbose=True)
+        said = capsys.readouterr().out
+        assert syncfree.is_patched(patched)
+        assert "generic fix" in said and "VisionAttention.forward" in said
+        assert not any("Qwen3_5" in type(m).__name__ for m in patched.modules()
+                       if any(getattr(v, "__func__", None) is not None for v in m.__dict__.values()))
+    finally:
+        syncfree.unpatch(borrower)
+
+
+@pytest.mark.parametrize("case", ["text model of a family", "vision_every_step on the generic fix",
+                                  "vision_attention on the generic fix"])
+def test_a_refused_patch_leaves_the_process_as_it_found_it(case, borrower, qwen35_text_model):
+    syncfree.unpatch()  # (restores the module-level functions an earlier instance patch installed)
+    model, kwargs, match = {
+        "text model of a family": (qwen35_text_model, {}, "no supported model"),
+        "vision_every_step on the generic fix": (borrower, {"vision_every_step": True}, "vision_every_step"),
+        "vision_attention on the generic fix": (borrower, {"vision_attention": "grouped"}, "vision_attention"),
+    }[case]
+    before = _snapshot(model)
+    with pytest.raises(ValueError, match=match):
+        syncfree.patch(model, **kwargs)
+    after = _snapshot(model)
+    assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == set()
+    assert not syncfree.is_patched(model)
