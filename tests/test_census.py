@@ -14,11 +14,11 @@ from syncfree.census import census_family, discover
 from syncfree.census.tiny import build_tiny, qwen_vl_style_batch
 
 FAMILIES = discover()
-GENERIC = "glm4v"  # Qwen2-VL's vision attention under GLM's own rope and text model
+GENERIC = "glm_ocr"  # Qwen2-VL's vision attention under GLM-OCR's own tower (its blocks take no **kwargs)
 
 
 @pytest.fixture(scope="module")
-def glm4v():
+def generic():
     if GENERIC not in FAMILIES:
         pytest.skip(f"this Transformers release has no {GENERIC}")
     stock = build_tiny(GENERIC)
@@ -43,11 +43,11 @@ def test_discovery_reads_the_installed_sources():
     assert "llama" not in FAMILIES  # no vision attention split there
 
 
-def test_generic_fix_reads_the_split_once_per_tower_call_and_changes_no_output(glm4v, capsys):
-    stock, batch = glm4v
+def test_generic_fix_reads_the_split_once_per_tower_call_and_changes_no_output(generic, capsys):
+    stock, batch = generic
     patched = syncfree.patch(copy.deepcopy(stock), verbose=True)
     said = capsys.readouterr().out
-    assert "generic fix" in said and "Glm4vVisionAttention.forward" in said and "keeps its syncs" in said
+    assert "generic fix" in said and "GlmOcrVisionAttention.forward" in said and "keeps its syncs" in said
     stock_report, expected = _syncs(stock, batch)
     patched_report, got = _syncs(patched, batch)
     assert torch.equal(got, expected)
@@ -58,8 +58,8 @@ def test_generic_fix_reads_the_split_once_per_tower_call_and_changes_no_output(g
     assert len(patched_report.syncs) == len(stock_report.syncs) - 3 * depth + 1
 
 
-def test_a_generically_patched_model_pickles_patched(glm4v):
-    stock, batch = glm4v
+def test_a_generically_patched_model_pickles_patched(generic):
+    stock, batch = generic
     restored = pickle.loads(pickle.dumps(syncfree.patch(copy.deepcopy(stock))))
     assert syncfree.is_patched(restored)
     report, _ = _syncs(restored, batch)

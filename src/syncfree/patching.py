@@ -99,11 +99,15 @@ def _build(family: str, where: str, target: Target, stock):
     return fn
 
 
+def _is_tower(target: Target) -> bool:
+    return (target.wrap or "").startswith("make_vision_forward")
+
+
 def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
     """Check every target first, then build every replacement: all or nothing."""
-    module = importlib.import_module(family.modeling)
     found = []
     for target in family.targets:
+        module = importlib.import_module(target.module or family.modeling)
         cls = getattr(module, target.cls, None)
         if cls is None and target.fallback_cls:
             cls = getattr(module, target.fallback_cls, None)
@@ -118,7 +122,7 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
             if not target.optional:
                 raise
     for _cls, target, _, replacement in found:
-        _origin[replacement] = (family.modeling, target.cls, target.attr)
+        _origin[replacement] = (family.modeling, target.cls, target.attr)  # (the family's module: _rebind finds it)
     return found
 
 
@@ -172,8 +176,10 @@ def _family_classes(family: Family) -> tuple[type, ...]:
     """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
     if importlib.util.find_spec(family.modeling) is None:
         return ()
-    module = importlib.import_module(family.modeling)
-    found = (getattr(module, t.cls, None) or getattr(module, t.fallback_cls or "", None) for t in family.targets)
+    modules = {t.module or family.modeling: importlib.import_module(t.module or family.modeling)
+               for t in family.targets}
+    found = (getattr(modules[t.module or family.modeling], t.cls, None)
+             or getattr(modules[t.module or family.modeling], t.fallback_cls or "", None) for t in family.targets)
     return tuple(cls for cls in found if isinstance(cls, type))
 
 
@@ -242,7 +248,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             if (cls, target.attr) not in _class_patches:
                 _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
             setattr(cls, target.attr, replacement)
-            if target.wrap == "make_vision_forward":
+            if _is_tower(target):
                 _set_backend(cls, vision_attention)
         if verbose:
             print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions)")
@@ -253,7 +259,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     if family is not None:
         found = _replacements(family)
         replacements = {(cls, t.attr): r for cls, t, _, r in found}
-        towers = tuple(cls for cls, t, _, _ in found if t.wrap == "make_vision_forward")
+        towers = tuple(cls for cls, t, _, _ in found if _is_tower(t))
         module_functions = _module_replacements()
     else:
         if vision_every_step:

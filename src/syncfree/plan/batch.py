@@ -75,9 +75,11 @@ class Plan(DeviceFields):
     # The batch's placeholder runs do not match its grids (or a row is all padding): the forward runs stock's
     # own get_rope_index, which fails or places positions its own way (reading the device: only for such batches).
     stock_rope: bool = False
+    # Where the tower sees each video frame as its own (1, h, w) grid row (GLM-4.1V): the plan for those rows.
+    video_frames: VisionPlan | None = None
 
     _TENSORS = ("position_ids", "rope_deltas", "checksums")
-    _PARTS = ("image", "video", "audio")
+    _PARTS = ("image", "video", "audio", "video_frames")
 
     @property
     def n_visual_tokens(self) -> int:
@@ -206,7 +208,11 @@ def placeholder_runs(types: np.ndarray) -> Runs:
 
 
 def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | None:
-    """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given."""
+    """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given (from
+    mm_token_type_ids where video frames are written with the image placeholder: only they tell them apart)."""
+    if (spec.video_frames_as_images and mm_token_type_ids is not None and mm_token_type_ids.dim() == 2
+            and (input_ids is None or input_ids.shape == mm_token_type_ids.shape)):
+        return host_array(mm_token_type_ids).astype(np.int64)
     if input_ids is not None and input_ids.dim() == 2:
         ids = host_array(input_ids)
         return (ids == spec.image_token_id).astype(np.int64) + 2 * (ids == spec.video_token_id)
@@ -227,10 +233,19 @@ class Draft:
     runs: Runs
     image: VisionPlan | None
     video: VisionPlan | None
+    video_frames: VisionPlan | None = None  # (Layout.video_frames_as_images: the tower's per-frame grid rows)
 
     def count(self, kind: int) -> int:
         """Placeholders of ``kind`` in the tokens (every position, masked or not: stock counts them so)."""
         return int(self.runs.lengths[self.runs.kinds == kind].sum())
+
+    def stock_count(self, kind: int) -> int:
+        """What stock's get_placeholder_mask counts for ``kind``: where video frames are written with the image
+        placeholder, both kinds count every image placeholder (so a batch with both fails stock's check)."""
+        ids = self.host["input_ids"]
+        if self.spec.video_frames_as_images and ids is not None and ids.dim() == 2:
+            return int(np.count_nonzero(host_array(ids) == self.spec.image_token_id))
+        return self.count(kind)
 
 
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
@@ -251,7 +266,12 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
     image = vision_plan(host["image_grid_thw"], spec, "image_grid_thw") if image_grid_thw is not None else None
     video = vision_plan(host["video_grid_thw"], spec, "video_grid_thw") if video_grid_thw is not None else None
-    return Draft(spec, host, types, mask, placeholder_runs(types), image, video)
+    frames = None
+    if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
+        grid = video.grid_thw
+        rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
+        frames = vision_plan(torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), spec, "video_grid_thw")
+    return Draft(spec, host, types, mask, placeholder_runs(types), image, video, frames)
 
 
 def build_plan(spec: ModelSpec, *, use_audio_in_video: bool = False, **inputs) -> Plan:
@@ -273,7 +293,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
                      stock_rope=stock_rope)
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
-        n_image_tokens=draft.count(1), n_video_tokens=draft.count(2),
+        n_image_tokens=draft.stock_count(1), n_video_tokens=draft.stock_count(2), video_frames=draft.video_frames,
         position_ids=position_ids, rope_deltas=rope_deltas, host_mask=mask, host=host, checksums=host_checksums(host),
         **extra,
     )

@@ -33,6 +33,11 @@ class Layout:
     vision_markers: bool = True
     # The processor returns (and the forward takes) mm_token_type_ids.
     token_types: bool = True
+    # Video frames are written with the image placeholder and typed 2 only by mm_token_type_ids; stock counts
+    # "video" placeholders as image tokens, and the tower sees each frame as its own (1, h, w) grid row (GLM-4.1V).
+    video_frames_as_images: bool = False
+    # The module holding the vision tower, where it is not the family's own (GLM-4.6V runs GLM-4.1V's tower).
+    vision_modeling: str | None = None
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -74,6 +79,7 @@ class ModelSpec:
     rope_class: str | None = None  # the class whose stock get_rope_index the plan runs on the host
     rope_key: tuple = ()  # the config values that index reads
     mrope: bool = True  # the family has a 3D rotary index (Layout.mrope)
+    video_frames_as_images: bool = False  # (Layout.video_frames_as_images)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -83,7 +89,7 @@ class ModelSpec:
         if layout is None:
             raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
         vc = config.vision_config
-        module = layout.modeling
+        module = layout.vision_modeling or layout.modeling
         omni = {}
         if layout.audio:
             ac = config.audio_config
@@ -96,7 +102,8 @@ class ModelSpec:
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
-            truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope, **omni,
+            truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
+            video_frames_as_images=layout.video_frames_as_images, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:

@@ -36,7 +36,10 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask,
             raise ValueError(f"input_ids {tuple(ids.shape)} and mm_token_type_ids {tuple(types.shape)} must have the "
                              "same shape")
         ids_np, types_np = host_array(ids), host_array(types)
-        for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
+        kinds = ((1, spec.image_token_id), (2, spec.video_token_id))
+        if spec.video_frames_as_images:  # video frames are image placeholders typed 2: both kinds mark image tokens
+            types_np, kinds = np.where(types_np == 2, 1, types_np), kinds[:1]
+        for kind, token in kinds:
             marked, found = types_np == kind, ids_np == token
             if not np.array_equal(marked, found):
                 source = (f"the {_KIND[kind]}_token_id syncfree assumed); pass the model or its config as "
@@ -77,7 +80,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                              "the positions of a row without tokens (drop the row)")
     for kind, name, vp, pixels in ((1, "image", draft.image, pixel_values),
                                    (2, "video", draft.video, pixel_values_videos)):
-        tokens = draft.count(kind)
+        tokens = draft.stock_count(kind)
         if vp is None:
             if pixels is not None:
                 raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without "

@@ -25,6 +25,7 @@ class Target:
     inherited: bool = False  # the stock function may come from a base class (GenerationMixin.generate)
     optional: bool = False  # skipped where the stock function or the edited code is absent (older releases)
     fallback_cls: str | None = None  # the class holding the function in releases without ``cls``
+    module: str | None = None  # the modeling module holding ``cls``, where not the family's (a borrowed tower)
 
 
 @dataclass(frozen=True)

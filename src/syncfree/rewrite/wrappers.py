@@ -36,7 +36,7 @@ from .helpers import host_padding_mask
 from .host_read import read_to_host_syncs_once, send_plan_back
 from .vision_in_step import vision_in_step
 
-__all__ = ["make_model_forward", "make_vision_forward", "make_generate", "make_get_rope_index",
+__all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid", "make_generate", "make_get_rope_index",
            "make_ignore_causal_mask_sdpa"]
 
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # (and the Omni thinkers' audio)
@@ -180,13 +180,19 @@ def _vision_plan_for(grid_thw):
     entry = active.current()
     if entry is None or not isinstance(grid_thw, torch.Tensor):
         return None
-    for vp in (entry.plan.image, entry.plan.video):
+    for vp in (entry.plan.image, entry.plan.video, entry.plan.video_frames):
         if vp is not None and same_host_values(grid_thw, vp.grid_thw):
             return vp
     return None
 
 
-def make_vision_forward(stock):
+def make_vision_forward_device_grid(stock):
+    """``make_vision_forward`` for a tower that indexes its grid with device tensors (GLM-4.1V's learned
+    positions: ``image_shapes[seq_ids, 1]``): it is handed the plan's copy of the grid on the device."""
+    return make_vision_forward(stock, device_grid=True)
+
+
+def make_vision_forward(stock, device_grid: bool = False):
     names = positional_names(stock)
 
     @functools.wraps(stock)
@@ -216,7 +222,8 @@ def make_vision_forward(stock):
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)
-        return stock(self, hidden_states, *args, grid_thw=vp.grid_thw, **{**extra, **kwargs})
+        grid = vp.device_grid if device_grid else vp.grid_thw
+        return stock(self, hidden_states, *args, grid_thw=grid, **{**extra, **kwargs})
 
     return forward
 

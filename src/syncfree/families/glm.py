@@ -1,0 +1,137 @@
+"""GLM-4.1V, GLM-4.5V (MoE) and GLM-4.6V: Qwen2-VL's packed tower with learned positions resampled by
+``grid_sample``, Qwen3-VL's rotary index (one run per frame), and video frames written with the image placeholder.
+
+What is their own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* a video frame is ``<|begin_of_image|>`` + image placeholders + ``<|end_of_image|>`` + its timestamp, inside
+  ``<|begin_of_video|>``..``<|end_of_video|>``; only ``mm_token_type_ids`` marks those placeholders 2, and stock
+  counts image and video placeholders alike (a batch with both fails stock's check, and the plan's);
+* ``get_video_features`` hands the tower one ``(1, h, w)`` grid row per frame (the plan has those rows too);
+* the tower's embeddings index the grid with device tensors (``image_shapes[seq_ids, 1]``), so the patched tower
+  is handed the plan's copy of the grid on the device, never the host one;
+* GLM-4.6V has no tower of its own: it runs GLM-4.1V's classes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.targets import Family
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video, _grid, _timestamps, pixel_inputs
+from .shared import family_module, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs"]
+
+# The tower's code the wrapper relies on: it passes its grid to the embeddings, which index it on the device.
+_TOWER_NEEDS = ("self.embeddings(", "grid_thw,")
+_ROPE_NEEDS = ("video_grid_thw[:, 0] = 1",)
+
+
+def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_module: str | None = None) -> Family:
+    tower = tower_prefix or prefix
+    targets = vlm_targets(f"{tower}VisionAttention", f"{tower}VisionModel", f"{prefix}Model",
+                          f"{prefix}ForConditionalGeneration", vision_needs=_TOWER_NEEDS, rope_needs=_ROPE_NEEDS,
+                          vision_module=tower_module, vision_wrap="make_vision_forward_device_grid")
+    return Family(model_type, targets, Layout(family_module(model_type), frames_as_runs=True,
+                                              video_frames_as_images=True, vision_modeling=tower_module))
+
+
+FAMILIES: tuple[Family, ...] = (
+    _glm("glm4v", "Glm4v"),
+    _glm("glm4v_moe", "Glm4vMoe"),
+    _glm("glm46v", "Glm46V", tower_prefix="Glm4v", tower_module=family_module("glm4v")),
+)
+
+# Tiny models with the real layout rules: patch 14, temporal patch 2, merge 2, a learned 8x8 position table
+# (image_size 112) resampled to every grid, M-RoPE over half of each text head (as the published 0.5).
+_TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, in_channels=3,
+                    image_size=112, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, hidden_act="silu")
+_TINY_ROPE = dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1], partial_rotary_factor=0.5)
+_TINY_TEXT = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_parameters=_TINY_ROPE,
+                  bos_token_id=None, eos_token_id=None)
+_TINY_IDS = dict(image_token_id=1000, video_token_id=1001, image_start_token_id=1002, image_end_token_id=1003,
+                 video_start_token_id=1004, video_end_token_id=1005)
+_GLM4V_TINY = dict(model_type="glm4v", **_TINY_IDS, vision_config=_TINY_VISION, text_config=_TINY_TEXT)
+_GLM4V_MOE_TINY = dict(model_type="glm4v_moe", **_TINY_IDS, vision_config=_TINY_VISION,
+                       text_config=dict(_TINY_TEXT, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+                                        head_dim=16))
+_GLM46V_TINY = dict(model_type="glm46v", **_TINY_IDS, vision_config=dict(_TINY_VISION, model_type="glm4v_vision"),
+                    text_config=dict(_TINY_TEXT, model_type="glm4v_text"))
+
+PRESETS: dict[str, Preset] = {
+    "glm4.1v-tiny": Preset("glm4.1v-tiny", _GLM4V_TINY, 0, "tiny GLM-4.1V for tests (learned positions)"),
+    "glm4.5v-tiny": Preset("glm4.5v-tiny", _GLM4V_MOE_TINY, 0, "tiny GLM-4.5V for tests (MoE text model)"),
+    "glm4.6v-tiny": Preset("glm4.6v-tiny", _GLM46V_TINY, 0, "tiny GLM-4.6V for tests (GLM-4.1V's tower)"),
+}
+VISION_CLASSES = {"glm4v": "Glm4vVisionModel", "glm4v_moe": "Glm4vMoeVisionModel", "glm46v": "Glm4vVisionModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return any(f.model_type == model_type for f in FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_glm_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                     pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as the GLM-4.1V/4.6V processors lay them out: an image is begin-of-image, its
+    placeholders, end-of-image; a video is begin-of-video, then per temporal patch begin-of-image, that frame's
+    image placeholders, end-of-image and its timestamp in text, then end-of-video. ``mm_token_type_ids`` marks
+    image placeholders 1, and 2 inside a video."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    image, begin, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
+    specials = {image, config.video_token_id, begin, end, config.video_start_token_id, config.video_end_token_id}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, types, image_grids, video_grids = [], [], [], []
+    for sample in samples:
+        ids, kinds = [], []
+        for item in sample:
+            if isinstance(item, Text):
+                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
+                continue
+            t, h, w = _grid(item, patch, merge, tpatch)
+            per_frame = h * w // (merge * merge)
+            if isinstance(item, Image):
+                image_grids.append((t, h, w))
+                ids += [begin] + [image] * per_frame + [end]
+                kinds += [0] + [1] * per_frame + [0]
+                continue
+            assert isinstance(item, Video)
+            video_grids.append((t, h, w))
+            ids, kinds = ids + [config.video_start_token_id], kinds + [0]
+            for stamp in _timestamps(item.frames, item.fps, tpatch):
+                n_stamp = len(str(int(stamp)))  # the processor writes int(seconds) after each frame
+                ids += [begin] + [image] * per_frame + [end] + text(n_stamp)
+                kinds += [0] + [2] * per_frame + [0] + [0] * n_stamp
+            ids, kinds = ids + [config.video_end_token_id], kinds + [0]
+        rows.append(ids)
+        types.append(kinds)
+    length = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    mm_token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    for b, (ids, kinds) in enumerate(zip(rows, types)):
+        span = slice(length - len(ids), length) if padding_side == "left" else slice(0, len(ids))
+        input_ids[b, span] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[b, span] = 1
+        mm_token_type_ids[b, span] = torch.tensor(kinds, dtype=torch.long)
+    out = {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    return out
