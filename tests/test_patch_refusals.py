@@ -72,3 +72,12 @@ def test_a_refused_patch_leaves_the_process_as_it_found_it(case, borrower, qwen3
     after = _snapshot(model)
     assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == set()
     assert not syncfree.is_patched(model)
+
+
+def test_a_patch_that_would_change_nothing_says_so_and_patches_nothing():
+    if "inkling2" not in discover():
+        pytest.skip("this Transformers release has no inkling2")
+    model = build_tiny("inkling2")  # its tower makes cu_seqlens from image_grid_thw.cpu(): the split reads the host
+    with pytest.warns(UserWarning, match="patched nothing: Inkling2VisionModel makes its attention's cu_seqlens"):
+        assert syncfree.patch(model) is model
+    assert not syncfree.is_patched(model)

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import types
+import warnings
 
 import torch
 
@@ -24,7 +25,7 @@ from .families import FAMILIES, MODULE_TARGETS
 from .rewrite import helpers
 from .rewrite.attention import check_backend
 from .rewrite.edits import GENERIC_SPLIT
-from .rewrite.generic import GENERIC_NOTE, has_split, split_attention_targets
+from .rewrite.generic import GENERIC_NOTE, has_split, host_seqlens_towers, split_attention_targets
 from .rewrite.rewriter import RewriteError, rewrite
 from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
@@ -269,6 +270,12 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             raise ValueError(f"syncfree.patch: vision_attention={vision_attention!r} needs a fully supported "
                              f"family; {type(model).__name__} gets the generic split fix only")
         replacements, towers, module_functions = _generic_replacements(model), (), {}
+        on_host = host_seqlens_towers(model)
+        if replacements and on_host:
+            warnings.warn(f"syncfree.patch: {type(model).__name__} patched nothing: {', '.join(on_host)} makes its "
+                          "attention's cu_seqlens from a host copy of the grid, so its vision attention split reads "
+                          "no device value and the generic fix would remove no sync", stacklevel=2)
+            return model
         if not replacements:
             raise ValueError(f"syncfree.patch: no supported model in {type(model).__name__} (model types found: "
                              f"{_model_types(model) or 'none'}; supported: {', '.join(FAMILIES)}), and no vision "

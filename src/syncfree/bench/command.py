@@ -149,7 +149,8 @@ def run_bench(args: argparse.Namespace, dtypes: dict) -> int:
 
     def save(run, plot: bool = False) -> dict:
         # Rewritten after every scenario, so a run stopped by a timeout still leaves its results.
-        return write_results(out, name, config, run.records, plot=plot, errors=run.errors, not_run=run.not_run)
+        return write_results(out, name, config, run.records, plot=plot, errors=run.errors, not_run=run.not_run,
+                             skipped=run.skipped)
 
     try:
         run = run_matrix(cfg, progress=progress, on_update=save)
@@ -163,6 +164,8 @@ def run_bench(args: argparse.Namespace, dtypes: dict) -> int:
         print(note)
     for e in run.errors:
         print(f"\nFAILED {e['model']} {e['attn']} {e['scenario'] or '(building the model)'}: {e['error']}")
+    for c in run.skipped:
+        print(f"\nskipped {c['model']} {c['attn']} {c['scenario']}: {c['why']}")
     if run.not_run:
         print(f"\nnot run (past the {cfg.deadline_s:g} s deadline): "
               + ", ".join(f"{c['model']}/{c['attn']}/{c['scenario']}" for c in run.not_run))

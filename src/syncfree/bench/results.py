@@ -128,16 +128,18 @@ def machine(device: str) -> dict:
 
 
 def write_results(out_dir: str, name: str, config: dict, records: list[dict], plot: bool = True,
-                  errors: list[dict] = (), not_run: list[dict] = ()) -> dict:
+                  errors: list[dict] = (), not_run: list[dict] = (), skipped: list[dict] = ()) -> dict:
     """Write ``<name>.json``, ``<name>.csv`` and (with matplotlib) ``<name>.png``; returns the paths.
 
-    ``errors`` (scenarios that failed) and ``not_run`` (cut by a deadline) go into the JSON too.
+    ``errors`` (scenarios that failed), ``not_run`` (cut by a deadline) and ``skipped`` (scenarios a family
+    cannot take) go into the JSON too.
     """
     os.makedirs(out_dir, exist_ok=True)
     rows = pairs(records)
     result = {"benchmark": "syncfree bench", "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": machine(config.get("device", "cpu")), "config": config, "pairs": rows, "records": records,
-              "errors": list(errors), "not_run": list(not_run)}
+              "errors": list(errors), "not_run": list(not_run),
+              "skipped": list(skipped)}
     paths = {"json": os.path.join(out_dir, f"{name}.json"), "csv": os.path.join(out_dir, f"{name}.csv")}
     with open(paths["json"], "w") as f:
         json.dump(result, f, indent=2)

@@ -31,6 +31,8 @@ from ..compare.train import labels_for
 from ..compare.varlen import VARLEN, use_torch_varlen
 from ..inputs import batch_to, processor_batch
 from ..patching import patch, unpatch
+from ..plan.errors import InputsNotTaken
+from ..plan.spec import layout_of
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model
 from .scenarios import SCENARIOS
@@ -97,6 +99,20 @@ def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = 
     return out
 
 
+def _tower_call(model, kind: str, grid: torch.Tensor, plan) -> tuple:
+    """The grid the vision tower is handed for ``kind``, as the model's own get_*_features hands it, and the plan
+    for it: where the tower sees each video frame as a (1, h, w) row (GLM-4.1V), those rows (stock: made from the
+    device grid, with stock's reads; patched: the plan's host rows)."""
+    if plan is not None:
+        vp = plan.video_frames if kind == "video" and plan.video_frames is not None else getattr(plan, kind)
+        return vp.grid_thw, {"syncfree_vision_plan": vp}
+    layout = layout_of(model.config.model_type)
+    if kind == "video" and layout is not None and layout.video_frames_as_images:
+        rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
+        return torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), {}
+    return grid, {}
+
+
 def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
     """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
     visual = getattr(model.model, "visual", None) or model.visual  # (an Omni thinker in 5.17 holds it itself)
@@ -125,8 +141,8 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
             for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                        ("pixel_values_videos", "video_grid_thw", "video")):
                 if pixels in kwargs:
-                    extra = {"syncfree_vision_plan": getattr(plan, kind)} if plan is not None else {}
-                    visual(kwargs[pixels].to(model.dtype), grid_thw=kwargs[grid], **extra)
+                    tower_grid, extra = _tower_call(model, kind, kwargs[grid], plan)
+                    visual(kwargs[pixels].to(model.dtype), grid_thw=tower_grid, **extra)
         elif keep_last:
             model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
         else:  # (Omni thinkers take no logits_to_keep)
@@ -193,6 +209,7 @@ class MatrixRun:
     records: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     not_run: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # scenarios a family cannot take (stock refuses them too)
 
 
 def plan_cost(model, batch: dict, repeats: int = 5) -> dict:
@@ -319,6 +336,9 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
             try:
                 run.records += _scenario(model, model_name, attn, scenario_name, cfg, counter, progress, measured)
                 pending += measured
+            except InputsNotTaken as exc:
+                unpatch(model)
+                run.skipped.append({"model": model_name, "attn": attn, "scenario": scenario_name, "why": str(exc)})
             except Exception as exc:
                 if not cfg.keep_going:
                     raise

@@ -39,8 +39,11 @@ class CensusRow:
 
 
 def discover() -> list[str]:
-    """Model types whose installed modeling code has the packed vision split, sorted."""
+    """Model types whose installed modeling code has the packed vision split, and the fully supported ones whose
+    tower is another family's (GLM-4.6V runs GLM-4.1V's), sorted."""
     import transformers
+
+    from ..families import FAMILIES
 
     root = os.path.join(os.path.dirname(transformers.__file__), "models")
     found = []
@@ -48,7 +51,7 @@ def discover() -> list[str]:
         path = os.path.join(root, family, f"modeling_{family}.py")
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
-                if PATTERN in f.read():
+                if PATTERN in f.read() or family in FAMILIES:
                     found.append(family)
     return found
 

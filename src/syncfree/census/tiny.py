@@ -108,7 +108,9 @@ def tiny_config(model_type: str):
     subs = {k: v for k, v in vars(config).items() if isinstance(v, PretrainedConfig)}
     text = subs.get("text_config")
     if text is not None:
-        _shrink(text, sections=_default_mrope_section(model_type))
+        # (A text model borrowed from another family, GLM-4.6V's glm4v_text: that family's code has the default.)
+        owner = getattr(text, "model_type", "").removesuffix("_text")
+        _shrink(text, sections=_default_mrope_section(model_type) or _default_mrope_section(owner))
     for name, sub in subs.items():
         if name != "text_config":
             _shrink(sub, out_width=getattr(text, "hidden_size", None))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
 from ..rewrite.targets import Family
 from .preset import Preset
@@ -77,6 +78,10 @@ def handles(config) -> bool:
 
 
 def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    kinds = {type(item) for sample in samples for item in sample}
+    if Image in kinds and Video in kinds:
+        raise InputsNotTaken(f"{config.model_type} cannot take images and videos in one batch: its video frames use the "
+                         "image placeholder and stock Transformers refuses the mix; choose images or videos")
     return build_glm_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
 
 

@@ -6,7 +6,7 @@ call still catches a bad grid when syncfree finds it first)."""
 
 from __future__ import annotations
 
-__all__ = ["GridError", "GridDtypeError", "MaskShapeError"]
+__all__ = ["GridError", "GridDtypeError", "MaskShapeError", "InputsNotTaken"]
 
 
 class GridError(ValueError, RuntimeError):
@@ -21,3 +21,8 @@ class GridDtypeError(ValueError, NotImplementedError, TypeError):
 
 class MaskShapeError(ValueError, IndexError):
     """A 2D attention mask whose shape is not the tokens': stock's boolean-mask indexing raises ``IndexError``."""
+
+
+class InputsNotTaken(ValueError):
+    """A kind of batch a family's model cannot take at all (GLM-4.1V: images and videos together), raised where
+    syncfree builds processor-style inputs, so a benchmark or census lists it as not applicable."""

@@ -18,7 +18,7 @@ import torch
 from .edits import GENERIC_SPLIT
 from .targets import Target
 
-__all__ = ["split_attention_targets", "has_split", "GENERIC_NOTE"]
+__all__ = ["split_attention_targets", "has_split", "host_seqlens_towers", "GENERIC_NOTE"]
 
 GENERIC_NOTE = ("the vision attention split is read once per vision-tower call instead of in every block; the "
                 "rest of the forward (rope index, placeholder checks, feature split, masks) is stock and keeps "
@@ -45,3 +45,19 @@ def split_attention_targets(model: torch.nn.Module) -> list[tuple[type, Target]]
         if has_split(fn):
             found.append((cls, Target(cls.__name__, "forward", edits=GENERIC_SPLIT)))
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def _makes_host_seqlens(fn) -> bool:
+    try:
+        source = inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return False
+    return "grid_thw.cpu()" in source and "cu_seqlens = " in source
+
+
+def host_seqlens_towers(model: torch.nn.Module) -> list[str]:
+    """Classes in ``model`` whose forward makes the attention's ``cu_seqlens`` from a host copy of its grid
+    (Inkling2): their split reads the host, so the generic fix has nothing to remove there."""
+    return [cls.__name__ for cls in dict.fromkeys(type(m) for m in model.modules())
+            if _makes_host_seqlens(cls.__dict__.get("forward"))]
