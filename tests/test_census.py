@@ -14,7 +14,7 @@ from syncfree.census import census_family, discover
 from syncfree.census.tiny import build_tiny, qwen_vl_style_batch
 
 FAMILIES = discover()
-GENERIC = "glm_ocr"  # Qwen2-VL's vision attention under GLM-OCR's own tower (its blocks take no **kwargs)
+GENERIC = "cosmos3_edge"  # Qwen2-VL's vision split in a SigLIP-style tower, under Cosmos3-Edge's own rope
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +47,12 @@ def test_generic_fix_reads_the_split_once_per_tower_call_and_changes_no_output(g
     stock, batch = generic
     patched = syncfree.patch(copy.deepcopy(stock), verbose=True)
     said = capsys.readouterr().out
-    assert "generic fix" in said and "GlmOcrVisionAttention.forward" in said and "keeps its syncs" in said
+    assert "generic fix" in said and "Cosmos3EdgeVisionAttention.forward" in said and "keeps its syncs" in said
     stock_report, expected = _syncs(stock, batch)
     patched_report, got = _syncs(patched, batch)
     assert torch.equal(got, expected)
-    depth = stock.config.vision_config.depth
+    vc = stock.config.vision_config
+    depth = getattr(vc, "depth", None) or vc.num_hidden_layers
     split = [e for e in stock_report.syncs if "lengths.tolist()" in e.where.code]
     assert len(split) == 3 * depth  # q, k and v in every block, stock
     assert len([e for e in patched_report.syncs if "lengths.tolist()" in e.where.code]) == 1

@@ -20,7 +20,7 @@ from syncfree.plan.rope_host import rope_index_host
 from syncfree.plan.spec import ModelSpec
 from syncfree.presets import build_model
 
-PRESETS = ("glm4.1v-tiny", "glm4.5v-tiny", "glm4.6v-tiny")
+PRESETS = ("glm4.1v-tiny", "glm4.5v-tiny", "glm4.6v-tiny", "glm-ocr-tiny")
 DTYPE = {"glm4.5v-tiny": torch.bfloat16}  # MoE experts are sync-free on the grouped-matmul path (bf16)
 _pairs: dict = {}
 
@@ -110,8 +110,9 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_the_tower_gets_it
     if dtype != torch.float32:
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
     grids = []
-    # The embeddings index the grid with device tensors: a host grid would fail on a real GPU.
-    hook = patched.model.visual.embeddings.register_forward_pre_hook(lambda m, args: grids.append(args[2].device))
+    # The embeddings index the grid with device tensors: a host grid would fail on a real GPU (GLM-OCR has none).
+    embeddings = getattr(patched.model.visual, "embeddings", None) or torch.nn.Identity()
+    hook = embeddings.register_forward_pre_hook(lambda m, args: grids.append(args[2].device))
     try:
         with torch.no_grad():
             expected = stock(**batch).logits
@@ -131,7 +132,32 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_the_tower_gets_it
     assert torch.equal(logits, expected)
     assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
     assert len(moved.syncs) == 1
-    assert grids and all(d.type == "cuda" for d in grids)
+    assert all(d.type == "cuda" for d in grids) and (bool(grids) == hasattr(patched.model.visual, "embeddings"))
+
+
+def test_glm_ocr_blocks_get_the_chosen_attention_backend():
+    """GLM-OCR's tower calls its blocks without **kwargs: the backend must still reach the attention (one SDPA
+    call for four equal images with "grouped", one per image with stock's split)."""
+    stock, _ = _pair("glm-ocr-tiny")
+    grid = torch.tensor([[1, 4, 4]] * 4)
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
+    counts = {}
+    for backend in ("split", "grouped"):
+        tower = syncfree.patch(build_model("glm-ocr-tiny").model.visual, vision_attention=backend)
+        tower.load_state_dict(stock.model.visual.state_dict())
+        with torch.no_grad(), emulate_cuda():
+            tower.to("cuda")
+            try:
+                with audit() as report:
+                    out = tower(pixels.to("cuda"), grid_thw=grid).pooler_output
+                out = out.cpu()
+            finally:
+                tower.to("cpu")
+        with torch.no_grad():
+            assert torch.equal(out, stock.model.visual(pixels, grid_thw=grid).pooler_output)
+        counts[backend] = report.launch_ops.get("aten::scaled_dot_product_attention", 0)
+    depth = stock.config.vision_config.depth
+    assert counts == {"split": 4 * depth, "grouped": depth}
 
 
 @pytest.mark.parametrize("layout", ["images", "video"])

@@ -1,4 +1,4 @@
-"""GLM-4.1V, GLM-4.5V (MoE) and GLM-4.6V: Qwen2-VL's packed tower with learned positions resampled by
+"""GLM-4.1V, GLM-4.5V (MoE), GLM-4.6V and GLM-OCR: Qwen2-VL's packed tower with learned positions resampled by
 ``grid_sample``, Qwen3-VL's rotary index (one run per frame), and video frames written with the image placeholder.
 
 What is their own, beside the Qwen-VL pieces ``vlm_targets`` declares:
@@ -18,6 +18,7 @@ import torch
 
 from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
+from ..rewrite.edits import BLOCK_KWARGS
 from ..rewrite.targets import Family
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, _grid, _timestamps, pixel_inputs
@@ -30,11 +31,16 @@ _TOWER_NEEDS = ("self.embeddings(", "grid_thw,")
 _ROPE_NEEDS = ("video_grid_thw[:, 0] = 1",)
 
 
-def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_module: str | None = None) -> Family:
+def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_module: str | None = None,
+         ocr: bool = False) -> Family:
     tower = tower_prefix or prefix
+    # GLM-OCR's tower has no learned positions (its grid is read by nothing but the helpers, so the host grid
+    # serves) and calls its blocks without **kwargs (BLOCK_KWARGS passes syncfree's own keys on).
+    tower_options = (dict(vision_edits=BLOCK_KWARGS) if ocr
+                     else dict(vision_needs=_TOWER_NEEDS, vision_wrap="make_vision_forward_device_grid"))
     targets = vlm_targets(f"{tower}VisionAttention", f"{tower}VisionModel", f"{prefix}Model",
-                          f"{prefix}ForConditionalGeneration", vision_needs=_TOWER_NEEDS, rope_needs=_ROPE_NEEDS,
-                          vision_module=tower_module, vision_wrap="make_vision_forward_device_grid")
+                          f"{prefix}ForConditionalGeneration", rope_needs=_ROPE_NEEDS, vision_module=tower_module,
+                          **tower_options)
     return Family(model_type, targets, Layout(family_module(model_type), frames_as_runs=True,
                                               video_frames_as_images=True, vision_modeling=tower_module))
 
@@ -43,6 +49,7 @@ FAMILIES: tuple[Family, ...] = (
     _glm("glm4v", "Glm4v"),
     _glm("glm4v_moe", "Glm4vMoe"),
     _glm("glm46v", "Glm46V", tower_prefix="Glm4v", tower_module=family_module("glm4v")),
+    _glm("glm_ocr", "GlmOcr", ocr=True),
 )
 
 # Tiny models with the real layout rules: patch 14, temporal patch 2, merge 2, a learned 8x8 position table
@@ -60,6 +67,8 @@ _GLM4V_MOE_TINY = dict(model_type="glm4v_moe", **_TINY_IDS, vision_config=_TINY_
                        text_config=dict(_TINY_TEXT, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
                                         head_dim=16))
+_GLM_OCR_TINY = dict(model_type="glm_ocr", **_TINY_IDS, vision_config=dict(_TINY_VISION, attention_bias=True),
+                     text_config=_TINY_TEXT)
 _GLM46V_TINY = dict(model_type="glm46v", **_TINY_IDS, vision_config=dict(_TINY_VISION, model_type="glm4v_vision"),
                     text_config=dict(_TINY_TEXT, model_type="glm4v_text"))
 
@@ -67,8 +76,10 @@ PRESETS: dict[str, Preset] = {
     "glm4.1v-tiny": Preset("glm4.1v-tiny", _GLM4V_TINY, 0, "tiny GLM-4.1V for tests (learned positions)"),
     "glm4.5v-tiny": Preset("glm4.5v-tiny", _GLM4V_MOE_TINY, 0, "tiny GLM-4.5V for tests (MoE text model)"),
     "glm4.6v-tiny": Preset("glm4.6v-tiny", _GLM46V_TINY, 0, "tiny GLM-4.6V for tests (GLM-4.1V's tower)"),
+    "glm-ocr-tiny": Preset("glm-ocr-tiny", _GLM_OCR_TINY, 0, "tiny GLM-OCR for tests"),
 }
-VISION_CLASSES = {"glm4v": "Glm4vVisionModel", "glm4v_moe": "Glm4vMoeVisionModel", "glm46v": "Glm4vVisionModel"}
+VISION_CLASSES = {"glm4v": "Glm4vVisionModel", "glm4v_moe": "Glm4vMoeVisionModel", "glm46v": "Glm4vVisionModel",
+                  "glm_ocr": "GlmOcrVisionModel"}
 MODEL_CLASSES: dict = {}
 
 

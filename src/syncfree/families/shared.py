@@ -40,7 +40,7 @@ ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positi
 
 def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vision_needs: tuple = (),
                 rope_needs: tuple | None = (), model_edits: tuple = (), vision_module: str | None = None,
-                vision_wrap: str = "make_vision_forward") -> tuple[Target, ...]:
+                vision_wrap: str = "make_vision_forward", vision_edits: tuple = ()) -> tuple[Target, ...]:
     """The targets of a model with Qwen2-VL's packed vision tower and multimodal forward, by class name:
     the vision attention's split, the tower (handed the plan's tensors), the placeholder counts, the feature
     scatter, generate(), and the 3D rotary index with its generation-time check. ``rope_needs=None``: a family
@@ -48,7 +48,7 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
     ``vision_module``: where the tower's classes live when the family borrows another's tower."""
     targets = (
         Target(attention, "forward", edits=VISION_ATTENTION, module=vision_module),
-        Target(vision, "forward", wrap=vision_wrap, params=("hidden_states", "grid_thw"),
+        Target(vision, "forward", edits=vision_edits, wrap=vision_wrap, params=("hidden_states", "grid_thw"),
                needs=VISION_NEEDS + vision_needs, module=vision_module),
         Target(model, "get_placeholder_mask", edits=PLACEHOLDER_MASK),
         Target(generation, "generate", wrap="make_generate", inherited=True),

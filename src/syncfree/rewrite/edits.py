@@ -10,7 +10,7 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR"]
+           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -36,6 +36,17 @@ VISION_ATTENTION = (
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
              max_seqlen=max_seqlen)"""),
+)
+
+# A tower that calls its blocks without its own **kwargs (GLM-OCR): the plan's segment sizes and the chosen
+# attention backend, which the wrapper hands the tower in kwargs, are passed on to the blocks (whose attention
+# takes them, as in every other family); nothing else of the caller's kwargs is.
+BLOCK_KWARGS = (
+    Edit("stmt", """
+         hidden_states = blk(hidden_states, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                             position_embeddings=position_embeddings,)""", """
+         hidden_states = blk(hidden_states, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                             position_embeddings=position_embeddings, **_syncfree.planned_kwargs(kwargs))"""),
 )
 
 # The same split in a family syncfree does not plan for: the sizes are read once per tower call. The

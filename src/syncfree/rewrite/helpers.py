@@ -22,7 +22,7 @@ from .segments import segment_lengths  # noqa: F401  (called from the generic sp
 
 __all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to"]
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to", "planned_kwargs"]
 
 
 def _compiling() -> bool:
@@ -205,3 +205,9 @@ def host_scalar_to(tensor: torch.Tensor, device) -> torch.Tensor:
             and torch.device(device).type != "cpu" and not _compiling()):
         return torch.full((), tensor.item(), dtype=tensor.dtype, device=device)
     return tensor.to(device)
+
+
+def planned_kwargs(kwargs: dict) -> dict:
+    """The keyword arguments syncfree's tower wrapper added for the vision attention (segment sizes, backend),
+    out of a tower's ``kwargs``: for a tower that passes its blocks no ``**kwargs`` of its own."""
+    return {k: kwargs[k] for k in ("syncfree_seqlens", "syncfree_attention") if k in kwargs}
