@@ -22,7 +22,8 @@ from .segments import segment_lengths  # noqa: F401  (called from the generic sp
 
 __all__ = ["segment_attention", "split_segments", "host_padding_mask", "all_ones", "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to", "planned_kwargs"]
+           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
+           "planned_kwargs"]
 
 
 def _compiling() -> bool:
