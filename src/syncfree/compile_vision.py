@@ -34,6 +34,10 @@ def compile_vision(model, buckets: tuple[int, ...] | None = None, *, mode: str |
     if not towers:
         raise ValueError("syncfree.compile_vision needs a fully supported model (a vision tower syncfree plans for)")
     for visual in towers:
+        if not getattr(getattr(visual.forward, "__func__", visual.forward), "syncfree_buckets_ok", True):
+            raise ValueError(f"syncfree.compile_vision does not support {type(visual).__name__} yet (its tower takes "
+                             "its grid on the device, or no rotary ids); torch.compile the patched tower itself, "
+                             "which compiles whole with inputs from syncfree.prepare")
         chosen = tuple(buckets) if buckets is not None else default_buckets(visual)
         unit = visual.config.spatial_merge_size ** 2
         if not chosen or list(chosen) != sorted(set(chosen)) or any(b <= 0 or b % unit for b in chosen):

@@ -88,6 +88,9 @@ def _build(family: str, where: str, target: Target, stock):
     if stock is None:
         raise _refuse(family, where, "it does not exist")
     fn = stock
+    if target.check_only:
+        _check_wrap(family, where, target, stock)
+        return stock
     if target.edits:
         try:
             fn = rewrite(fn, list(target.edits), helpers, where)
@@ -117,11 +120,13 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
                                           f"no {target.cls}. Nothing was patched.")
         stock = stock_function(cls, target.attr, target.inherited)
         try:
-            found.append((cls, target, stock, _build(family.model_type, f"{cls.__name__}.{target.attr}", target,
-                                                     stock)))
+            built = _build(family.model_type, f"{cls.__name__}.{target.attr}", target, stock)
         except UnsupportedTransformers:
             if not target.optional:
                 raise
+            continue
+        if not target.check_only:
+            found.append((cls, target, stock, built))
     for _cls, target, _, replacement in found:
         _origin[replacement] = (family.modeling, target.cls, target.attr)  # (the family's module: _rebind finds it)
     return found

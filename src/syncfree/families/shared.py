@@ -40,16 +40,20 @@ ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positi
 
 def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vision_needs: tuple = (),
                 rope_needs: tuple | None = (), model_edits: tuple = (), vision_module: str | None = None,
-                vision_wrap: str = "make_vision_forward", vision_edits: tuple = ()) -> tuple[Target, ...]:
+                vision_wrap: str = "make_vision_forward", vision_edits: tuple = (),
+                attention_edits: tuple = VISION_ATTENTION, vision_params: tuple = ("hidden_states", "grid_thw"),
+                base_vision_needs: tuple = VISION_NEEDS) -> tuple[Target, ...]:
     """The targets of a model with Qwen2-VL's packed vision tower and multimodal forward, by class name:
     the vision attention's split, the tower (handed the plan's tensors), the placeholder counts, the feature
     scatter, generate(), and the 3D rotary index with its generation-time check. ``rope_needs=None``: a family
     without a 3D rotary index (its text model numbers tokens itself; the forward takes no mm_token_type_ids).
-    ``vision_module``: where the tower's classes live when the family borrows another's tower."""
+    ``vision_module``: where the tower's classes live when the family borrows another's tower. The rest say
+    how a tower differs from Qwen2-VL's (its wrapper, its own edits, the attention's edits, what the wrapper
+    relies on: ``base_vision_needs + vision_needs``)."""
     targets = (
-        Target(attention, "forward", edits=VISION_ATTENTION, module=vision_module),
-        Target(vision, "forward", edits=vision_edits, wrap=vision_wrap, params=("hidden_states", "grid_thw"),
-               needs=VISION_NEEDS + vision_needs, module=vision_module),
+        Target(attention, "forward", edits=attention_edits, module=vision_module),
+        Target(vision, "forward", edits=vision_edits, wrap=vision_wrap, params=vision_params,
+               needs=base_vision_needs + vision_needs, module=vision_module),
         Target(model, "get_placeholder_mask", edits=PLACEHOLDER_MASK),
         Target(generation, "generate", wrap="make_generate", inherited=True),
     )

@@ -79,6 +79,12 @@ class VisionPlan(DeviceFields):
             seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
         return seqlens
 
+    def seqlen_kwargs(self) -> dict:
+        """Keyword arguments for a tower whose only stock helper is the attention's ``cu_seqlens`` (Cosmos3-Edge:
+        no rotary ids, its own position resampling): the per-patch tables are not made at all."""
+        return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
+                "syncfree_seqlens": self.seqlens_by_length()}
+
     def vision_kwargs(self) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
         tables = self.tables()

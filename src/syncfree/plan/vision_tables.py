@@ -119,7 +119,10 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec) -> dict:
 def host_tables(grid_thw: torch.Tensor, spec: TableSpec) -> dict:
     """The same tables from the installed stock helpers, on the host (the fallback, and the reference)."""
     module = _module(spec.module)
-    tables = {"position_ids": module.get_vision_position_ids(grid_thw, spec.merge)}
+    # (A tower without rotary ids, Cosmos3-Edge's, imports no such helper; its plan never hands the ids over.)
+    position_ids = (getattr(module, "get_vision_position_ids", None)
+                    or _module("transformers.vision_utils").get_vision_position_ids)
+    tables = {"position_ids": position_ids(grid_thw, spec.merge)}
     if spec.side is not None:
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
             grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=True, spatial_merge_size=spec.merge)

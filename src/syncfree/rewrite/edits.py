@@ -10,7 +10,7 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS"]
+           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -36,6 +36,23 @@ VISION_ATTENTION = (
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
              max_seqlen=max_seqlen)"""),
+)
+
+# The same split where the per-segment calls are concatenated in one statement (Cosmos3-Edge's SigLIP-style
+# attention, whose scale and dropout attributes are named ``scale`` and ``dropout``).
+VISION_ATTENTION_CAT = VISION_ATTENTION[:2] + (
+    Edit("stmt", """
+         attn_output = torch.cat([attention_interface(self, query, key, value, attention_mask=None, scaling=self.scale,
+                                                      dropout=0.0 if not self.training else self.dropout,
+                                                      is_causal=False, **kwargs)[0]
+                                  for query, key, value in zip(*splits)], dim=1)""", """
+         attn_output = torch.cat(_syncfree.segment_attention(
+             lambda q, k, v, attention_mask=None: attention_interface(
+                 self, q, k, v, attention_mask=attention_mask, scaling=self.scale,
+                 dropout=0.0 if not self.training else self.dropout, is_causal=False, **kwargs)[0],
+             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
+             scaling=self.scale, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen), dim=1)"""),
 )
 
 # A tower that calls its blocks without its own **kwargs (GLM-OCR): the plan's segment sizes and the chosen

@@ -26,6 +26,7 @@ class Target:
     optional: bool = False  # skipped where the stock function or the edited code is absent (older releases)
     fallback_cls: str | None = None  # the class holding the function in releases without ``cls``
     module: str | None = None  # the modeling module holding ``cls``, where not the family's (a borrowed tower)
+    check_only: bool = False  # only checked (its ``needs``: code a wrapper elsewhere relies on), never replaced
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ from .helpers import host_padding_mask
 from .host_read import read_to_host_syncs_once, send_plan_back
 from .vision_in_step import vision_in_step
 
-__all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid", "make_generate", "make_get_rope_index",
+__all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
+           "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index",
            "make_ignore_causal_mask_sdpa"]
 
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # (and the Omni thinkers' audio)
@@ -192,11 +193,25 @@ def make_vision_forward_device_grid(stock):
     return make_vision_forward(stock, device_grid=True)
 
 
-def make_vision_forward(stock, device_grid: bool = False):
+def make_vision_forward_seqlens_only(stock):
+    """``make_vision_forward`` for a tower whose only stock helper is the attention's ``cu_seqlens`` (Cosmos3-Edge):
+    it is handed those, not the rotary ids (which would travel on, through its layers' ``**kwargs``, into the
+    attention function, where flash attention reads ``position_ids``)."""
+    return make_vision_forward(stock, seqlens_only=True)
+
+
+def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = False):
     names = positional_names(stock)
+    first = names[0]  # the pixels ("hidden_states"; "pixel_values" in SigLIP-style towers), by position or name
 
     @functools.wraps(stock)
-    def forward(self, hidden_states, *args, **kwargs):
+    def forward(self, *args, **kwargs):
+        if args:
+            hidden_states, args = args[0], args[1:]
+        elif first in kwargs:
+            hidden_states = kwargs.pop(first)
+        else:
+            return stock(self, *args, **kwargs)  # (stock's own error for the missing argument)
         vp = kwargs.pop("syncfree_vision_plan", None)
         given = given_args(names[1:], args, kwargs)
         grid_thw = given.get("grid_thw")
@@ -215,16 +230,19 @@ def make_vision_forward(stock, device_grid: bool = False):
             vp = send_plan_back(vp, hidden_states.device)
         # Stock helpers pop these precomputed values from kwargs instead of deriving them from grid_thw,
         # so grid_thw is never read on the device (and may stay on the host).
-        if getattr(self, "_syncfree_buckets", None) and set(kwargs) <= {"return_dict"} and not args:
+        if buckets_ok and getattr(self, "_syncfree_buckets", None) and set(kwargs) <= {"return_dict"} and not args:
             # compile_vision(): one static graph per bucket
             return run_bucketed(self, hidden_states, vp, kwargs)
-        extra = vp.vision_kwargs()
+        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs()
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)
         grid = vp.device_grid if device_grid else vp.grid_thw
         return stock(self, hidden_states, *args, grid_thw=grid, **{**extra, **kwargs})
 
+    # compile_vision's padded buckets hand the stock forward the host grid and every table: not for these towers.
+    buckets_ok = not (device_grid or seqlens_only)
+    forward.syncfree_buckets_ok = buckets_ok
     return forward
 
 

@@ -71,7 +71,8 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     vc, tc = config.vision_config, config.text_config
-    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    # (SigLIP-style towers, Cosmos3-Edge's: one frame per temporal step.)
+    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, getattr(vc, "temporal_patch_size", 1)
     layout = layout_of(config.model_type) or Layout("")
     # Families whose chat template (not the config) names the markers get none: the processor adds none.
     start, end = ([config.vision_start_token_id], [config.vision_end_token_id]) if layout.vision_markers else ([], [])
@@ -137,7 +138,8 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
 def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch.Generator) -> dict:
     """Random flattened patches and their grids, as the image and video processors return them."""
     vc = vision_config
-    features = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
+    channels = getattr(vc, "in_channels", None) or vc.num_channels  # (SigLIP-style configs: num_channels)
+    features = channels * getattr(vc, "temporal_patch_size", 1) * vc.patch_size * vc.patch_size
     out = {}
     for grids, pixels, name in ((image_grids, "pixel_values", "image_grid_thw"),
                                 (video_grids, "pixel_values_videos", "video_grid_thw")):

@@ -1,0 +1,70 @@
+"""Cosmos3-Edge: a SigLIP2-style packed vision tower (no rotary ids; its own antialiased resampling of a learned
+position table per grid row), Qwen2-VL's attention split, and Qwen3-VL's rotary index (one run per frame).
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* the tower (``Cosmos3EdgeVisionModel.forward(pixel_values, grid_thw)``) leaves the attention's ``cu_seqlens`` to
+  its encoder's stock helper, and hands every other keyword on to the attention function: the wrapper passes only
+  the segment sizes (``make_vision_forward_seqlens_only``), never rotary ids, which flash attention would read;
+* its position resampling loops over ``grid_thw.tolist()``: with the plan's host grid that is no read;
+* the attention concatenates its per-segment calls in one statement (``VISION_ATTENTION_CAT``);
+* pixels are ``(patches, channels * patch * patch)``, one frame per temporal step (no temporal patch).
+"""
+
+from __future__ import annotations
+
+from ..plan.spec import Layout
+from ..rewrite.edits import VISION_ATTENTION_CAT
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import build_inputs
+from .shared import family_module, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+
+def _cosmos() -> Family:
+    targets = vlm_targets(
+        "Cosmos3EdgeVisionAttention", "Cosmos3EdgeVisionModel", "Cosmos3EdgeModel",
+        "Cosmos3EdgeForConditionalGeneration", rope_needs=("video_grid_thw[:, 0] = 1",),
+        attention_edits=VISION_ATTENTION_CAT, vision_wrap="make_vision_forward_seqlens_only",
+        vision_params=("pixel_values", "grid_thw"),
+        base_vision_needs=("self.encoder(hidden_states, grid_thw=grid_thw, **kwargs)",))
+    # What the wrapper relies on beyond the tower's own code: the encoder takes the planned cu_seqlens from its
+    # kwargs, and the position resampling reads the grid on the host (the wrapper hands it the host grid).
+    targets += (Target("Cosmos3EdgeEncoder", "forward", check_only=True,
+                       needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,")),
+                Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", check_only=True,
+                       needs=("for temporal, height, width in grid_thw.tolist():",)))
+    return Family("cosmos3_edge", targets, Layout(family_module("cosmos3_edge"), frames_as_runs=True))
+
+
+FAMILIES: tuple[Family, ...] = (_cosmos(),)
+
+# A tiny model with the real layout rules: patch 16, merge 2, a learned 4x4 position table (num_patches 16)
+# resampled to every grid row, one frame per temporal step, Qwen3-VL-style M-RoPE.
+_COSMOS_TINY = dict(
+    model_type="cosmos3_edge", image_token_id=1000, video_token_id=1001, vision_start_token_id=1002,
+    vision_end_token_id=1003, projector_hidden_size=64,
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_channels=3, patch_size=16, num_patches=16, spatial_merge_size=2),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                     rope_parameters=dict(rope_type="default", rope_theta=5_000_000, mrope_section=[2, 3, 3])),
+)
+PRESETS: dict[str, Preset] = {
+    "cosmos3-edge-tiny": Preset("cosmos3-edge-tiny", _COSMOS_TINY, 0, "tiny Cosmos3-Edge for tests"),
+}
+VISION_CLASSES = {"cosmos3_edge": "Cosmos3EdgeVisionModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return model_type == "cosmos3_edge"
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """Qwen3-VL's layout (markers around each image; per frame a timestamp, then its marked placeholders), with
+    Cosmos's pixels: ``Cosmos3EdgeProcessor`` writes videos so, and its chat template marks images so."""
+    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)

@@ -1,0 +1,144 @@
+"""Cosmos3-Edge: a SigLIP-style tower handed only the planned segment sizes, its attention's one-statement split,
+Qwen3-VL's rotary index (with Cosmos's clone) against the family's stock function, no syncs and no blocking copies
+with prepare(), generate, gradients, backends."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import syncfree
+from family_checks import check_generate_and_backward_equal_stock
+from syncfree.audit import audit, emulate_cuda
+from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
+from syncfree.plan.rope import rope_index
+from syncfree.plan.rope_host import rope_index_host
+from syncfree.plan.spec import ModelSpec
+from syncfree.presets import build_model
+
+pytest.importorskip("transformers.models.cosmos3_edge.modeling_cosmos3_edge")
+NAME = "cosmos3-edge-tiny"
+_pairs: dict = {}
+
+
+def _pair(attn: str = "sdpa"):
+    if attn not in _pairs:
+        _pairs[attn] = build_model(NAME, attn=attn), syncfree.patch(build_model(NAME, attn=attn))
+    return _pairs[attn]
+
+
+# Pixels are multiples of 32 (patch 16 x merge 2); one frame per temporal step.
+LAYOUTS = {
+    "one image": [[Text(4), Image(64, 96), Text(3)]],
+    "images of different sizes": [[Text(2), Image(32, 64), Text(1), Image(96, 32), Text(1), Image(32, 32), Text(2)]],
+    "video": [[Text(3), Video(3, 64, 32), Text(2)]],
+    "image and video": [[Text(2), Image(64, 64), Text(1), Video(2, 32, 64), Text(2)]],
+    "padding and a text-only row": [[Text(2), Image(64, 32), Text(5)], [Text(1), Video(2, 32, 32), Text(1)],
+                                    [Text(3)]],
+}
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_equals_stock(attn, layout, padding):
+    stock, patched = _pair(attn)
+    batch = build_inputs(stock.config, LAYOUTS[layout], padding_side=padding)  # (Cosmos's processor layout)
+    with torch.no_grad():
+        expected = stock(**batch).logits
+        deltas = stock.model.rope_deltas
+        assert not expected.isnan().any()
+        assert torch.equal(patched(**batch).logits, expected)
+        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, expected)
+        assert torch.equal(patched.model.rope_deltas, deltas)
+
+
+side = st.integers(1, 3).map(lambda n: 32 * n)
+items = st.one_of(st.builds(Text, st.integers(1, 5)), st.builds(Image, side, side),
+                  st.builds(Video, st.integers(1, 3), side, side, st.sampled_from([1.0, 2.0])))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(samples=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), seed=st.integers(0, 2**16))
+def test_rope_index_matches_the_familys_stock_function(samples, seed):
+    stock, _ = _pair()
+    batch = processor_batch(stock.config, samples, seed=seed)
+    args = tuple(batch.get(k) for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
+                                        "attention_mask"))
+    want = stock.model.get_rope_index(*args)
+    options = ModelSpec.from_config(stock.config).rope_options()
+    for got in (rope_index(*args, **options), rope_index_host(*args, **options)):
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_the_attention_gets_no_rotary_ids():
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, LAYOUTS["image and video"] + LAYOUTS["one image"])
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, args, kwargs: seen.append(set(kwargs)), with_kwargs=True)
+             for m in patched.modules() if type(m).__name__ == "Cosmos3EdgeVisionAttention"]
+    try:
+        with torch.no_grad():
+            expected = stock(**batch).logits
+            with emulate_cuda():
+                patched.to("cuda")
+                try:
+                    with audit() as prepared:
+                        logits = patched(**syncfree.prepare(batch, "cuda", patched)).logits
+                    logits = logits.cpu()
+                    with audit() as moved:
+                        patched(**{k: v.to("cuda") for k, v in batch.items()})
+                finally:
+                    patched.to("cpu")
+                    patched.model.rope_deltas = None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert torch.equal(logits, expected)
+    assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
+    assert len(moved.syncs) == 1
+    # Everything the tower is handed travels on to the attention function: flash attention reads position_ids.
+    assert seen and all("syncfree_seqlens" in keys and "position_ids" not in keys for keys in seen)
+
+
+@pytest.mark.parametrize("backend", ["grouped", "block_diagonal"])
+def test_attention_backends_equal_stock(backend):
+    tower = _pair()[0].model.visual
+    grid = torch.tensor([[1, 2, 2], [1, 2, 2], [3, 2, 4]])
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = tower(pixels, grid_thw=grid).last_hidden_state
+        got = syncfree.patch(copy.deepcopy(tower), vision_attention=backend)(pixels, grid_thw=grid).last_hidden_state
+    if backend == "block_diagonal":
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    else:
+        assert torch.equal(got, expected)
+
+
+def test_generate_and_backward_equal_stock():
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, [[Text(2), Image(64, 32), Text(2), Video(2, 32, 32), Text(1)],
+                                           [Text(1), Image(32, 32), Text(2)]])
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    with torch.no_grad():
+        static = dict(options, cache_implementation="static")
+        assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **static),
+                           stock.generate(**batch, **static))
+
+
+def test_the_towers_graph_breaks_are_only_its_per_grid_row_resampling():
+    """Whole-graph compile of this tower is out of reach: its antialiased resampling loops over
+    ``grid_thw.tolist()`` (a host read with the plan's host grid, but data-dependent for Dynamo)."""
+    _, patched = _pair()
+    batch = processor_batch(patched.config, [[Image(64, 96), Image(32, 64)]])
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
+    explained = torch._dynamo.explain(patched.model.visual)(batch["pixel_values"], grid_thw=plan.grid_thw,
+                                                            syncfree_vision_plan=plan)
+    assert explained.graph_break_count > 0
+    assert all("resize_positional_embeddings" in str(r.user_stack) for r in explained.break_reasons)
