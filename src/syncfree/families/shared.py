@@ -42,28 +42,32 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
                 rope_needs: tuple | None = (), model_edits: tuple = (), vision_module: str | None = None,
                 vision_wrap: str = "make_vision_forward", vision_edits: tuple = (),
                 attention_edits: tuple = VISION_ATTENTION, vision_params: tuple = ("hidden_states", "grid_thw"),
-                base_vision_needs: tuple = VISION_NEEDS) -> tuple[Target, ...]:
+                base_vision_needs: tuple = VISION_NEEDS, image_only: bool = False) -> tuple[Target, ...]:
     """The targets of a model with Qwen2-VL's packed vision tower and multimodal forward, by class name:
     the vision attention's split, the tower (handed the plan's tensors), the placeholder counts, the feature
     scatter, generate(), and the 3D rotary index with its generation-time check. ``rope_needs=None``: a family
     without a 3D rotary index (its text model numbers tokens itself; the forward takes no mm_token_type_ids).
     ``vision_module``: where the tower's classes live when the family borrows another's tower. The rest say
     how a tower differs from Qwen2-VL's (its wrapper, its own edits, the attention's edits, what the wrapper
-    relies on: ``base_vision_needs + vision_needs``)."""
+    relies on: ``base_vision_needs + vision_needs``). ``image_only``: a forward that takes no videos (its
+    placeholder and scatter code has only the image lines)."""
+    placeholders, scatter = (PLACEHOLDER_MASK[:1], FEATURE_SCATTER[:1]) if image_only else (PLACEHOLDER_MASK,
+                                                                                          FEATURE_SCATTER)
+    params = tuple(p for p in MODEL_PARAMS if not (image_only and p in ("pixel_values_videos", "video_grid_thw")))
     targets = (
         Target(attention, "forward", edits=attention_edits, module=vision_module),
         Target(vision, "forward", edits=vision_edits, wrap=vision_wrap, params=vision_params,
                needs=base_vision_needs + vision_needs, module=vision_module),
-        Target(model, "get_placeholder_mask", edits=PLACEHOLDER_MASK),
+        Target(model, "get_placeholder_mask", edits=placeholders),
         Target(generation, "generate", wrap="make_generate", inherited=True),
     )
     if rope_needs is None:
         return targets + (
-            Target(model, "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward",
-                   params=tuple(p for p in MODEL_PARAMS if p != "mm_token_type_ids"),
+            Target(model, "forward", edits=scatter + model_edits, wrap="make_model_forward",
+                   params=tuple(p for p in params if p != "mm_token_type_ids"),
                    needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),)
     return targets + (
-        Target(model, "forward", edits=FEATURE_SCATTER + model_edits, wrap="make_model_forward", params=MODEL_PARAMS,
+        Target(model, "forward", edits=scatter + model_edits, wrap="make_model_forward", params=params,
                needs=MODEL_NEEDS),
         Target(model, "get_rope_index", wrap="make_get_rope_index", params=ROPE_PARAMS, needs=ROPE_NEEDS + rope_needs),
         Target(generation, "_prepare_position_ids_for_generation", edits=GENERATION_POSITIONS, optional=True),

@@ -38,6 +38,13 @@ class Layout:
     video_frames_as_images: bool = False
     # The module holding the vision tower, where it is not the family's own (GLM-4.6V runs GLM-4.1V's tower).
     vision_modeling: str | None = None
+    # A tower that merges patches only after its encoder (PaddleOCR-VL: its helpers take merge 1, its learned table
+    # is resampled with align_corners=False and is image_size // patch_size on a side).
+    tower_merge: int | None = None
+    interp_align_corners: bool = True
+    table_side_from_image_size: bool = False
+    pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
+    image_only: bool = False  # the forward takes no videos
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -80,6 +87,8 @@ class ModelSpec:
     rope_key: tuple = ()  # the config values that index reads
     mrope: bool = True  # the family has a 3D rotary index (Layout.mrope)
     video_frames_as_images: bool = False  # (Layout.video_frames_as_images)
+    tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
+    align_corners: bool = True  # (Layout.interp_align_corners)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -96,14 +105,14 @@ class ModelSpec:
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
                         rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
         return cls(
-            model_type, vc.spatial_merge_size,
-            int(vc.num_position_embeddings**0.5) if layout.learned_positions else None,
+            model_type, vc.spatial_merge_size, _table_side(vc, layout),
             config.image_token_id, config.video_token_id, module,
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
-            video_frames_as_images=layout.video_frames_as_images, **omni,
+            video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
+            align_corners=layout.interp_align_corners, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -119,11 +128,26 @@ class ModelSpec:
         """The vision-side values, from a vision tower alone (token ids unknown: -1)."""
         vc = visual.config
         module = type(visual).__module__
+        model_type = module.rsplit(".", 1)[-1].removeprefix("modeling_")
+        layout = _LAYOUTS.get(model_type)
+        if layout is not None and (layout.tower_merge or not layout.interp_align_corners):  # (PaddleOCR-VL)
+            return cls(model_type, vc.spatial_merge_size, _table_side(vc, layout), -1, -1, module,
+                       patch_size=vc.patch_size, tower_merge=layout.tower_merge,
+                       align_corners=layout.interp_align_corners)
         return cls(
-            module.rsplit(".", 1)[-1].removeprefix("modeling_"), vc.spatial_merge_size,
+            model_type, vc.spatial_merge_size,
             getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
         )
+
+
+def _table_side(vc, layout: Layout) -> int | None:
+    """The side of the tower's learned position table, where the plan resamples it (else None)."""
+    if not layout.learned_positions:
+        return None
+    if layout.table_side_from_image_size:
+        return vc.image_size // vc.patch_size
+    return int(vc.num_position_embeddings**0.5)
 
 
 @functools.lru_cache(maxsize=None)

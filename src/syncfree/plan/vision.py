@@ -108,7 +108,9 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw")
     on the device, from the grid rows)."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
     merge = spec.spatial_merge_size
-    table_spec = TableSpec(spec.vision_module, merge, spec.num_grid_per_side, spec.window_size, spec.patch_size)
+    # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
+    table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
+                           spec.patch_size, spec.align_corners)
     extra = {}
     if spec.window_size is not None:
         windows = window_seqlens(rows, table_spec)

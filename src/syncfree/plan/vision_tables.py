@@ -43,6 +43,7 @@ class TableSpec(NamedTuple):
     side: int | None  # learned position table side (Qwen3-VL), else None
     window: int | None  # window size in pixels (Qwen2.5-VL), else None
     patch: int
+    align_corners: bool = True  # how the learned table is resampled (False: PaddleOCR-VL)
 
 
 def window_seqlens(rows, spec: TableSpec) -> list[int]:
@@ -106,8 +107,10 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec) -> dict:
     if spec.side is not None:
         helper = _module(spec.module).get_vision_interpolation_indices_and_weights
         kernel = _module(helper.__module__)  # where stock's per-axis kernel lives
-        h_taps, h_weights = kernel._interpolation_axis_taps_weights(row, heights, spec.side, "bilinear", True)
-        w_taps, w_weights = kernel._interpolation_axis_taps_weights(col, widths, spec.side, "bilinear", True)
+        h_taps, h_weights = kernel._interpolation_axis_taps_weights(row, heights, spec.side, "bilinear",
+                                                                    spec.align_corners)
+        w_taps, w_weights = kernel._interpolation_axis_taps_weights(col, widths, spec.side, "bilinear",
+                                                                    spec.align_corners)
         n = h_taps.shape[1]
         tables["interp_indices"] = (h_taps[:, :, None] * spec.side + w_taps[:, None, :]).reshape(-1, n * n)
         tables["interp_weights"] = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, n * n)
@@ -125,7 +128,8 @@ def host_tables(grid_thw: torch.Tensor, spec: TableSpec) -> dict:
     tables = {"position_ids": position_ids(grid_thw, spec.merge)}
     if spec.side is not None:
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
-            grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=True, spatial_merge_size=spec.merge)
+            grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=spec.align_corners,
+            spatial_merge_size=spec.merge)
     if spec.window is not None:
         tables["window_index"] = module.get_vision_window_index(
             grid_thw, spatial_merge_size=spec.merge, window_size=spec.window, patch_size=spec.patch)[0]

@@ -26,7 +26,8 @@ import torch
 
 from .segments import segment_lengths
 
-__all__ = ["BACKENDS", "AttentionChoice", "segment_attention", "split_segments", "check_backend"]
+__all__ = ["BACKENDS", "AttentionChoice", "segment_attention", "segment_attention_with_weights", "split_segments",
+           "check_backend"]
 
 BACKENDS = ("split", "grouped", "block_diagonal", "varlen", "auto")
 
@@ -169,3 +170,17 @@ def segment_attention(call, splits, qkv, cu_seqlens, choice, scaling=None, train
     if choice.mode(sizes, qkv[0], training) == "grouped":
         return _grouped(call, splits, qkv, eager)
     return [call(q, k, v) for q, k, v in zip(*splits)]
+
+
+def segment_attention_with_weights(call, splits, qkv, cu_seqlens, choice, scaling=None, training: bool = False,
+                                   eager: bool = False, max_seqlen=None) -> tuple[list, list]:
+    """``segment_attention`` for an attention that also collects each segment's weights (``call`` returns
+    ``(output, weights)``): stock's two lists with stock's split; other backends give no per-segment weights
+    (None for each output: what SDPA gives stock too)."""
+    if choice is None or choice.backend == "split":
+        pairs = [call(q, k, v) for q, k, v in zip(*splits)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    outputs = segment_attention(lambda q, k, v, attention_mask=None: call(q, k, v, attention_mask=attention_mask)[0],
+                                splits, qkv, cu_seqlens, choice, scaling=scaling, training=training, eager=eager,
+                                max_seqlen=max_seqlen)
+    return outputs, [None] * len(outputs)

@@ -10,7 +10,8 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT"]
+           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
+           "VISION_ATTENTION_WEIGHTS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -53,6 +54,25 @@ VISION_ATTENTION_CAT = VISION_ATTENTION[:2] + (
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scale, training=self.training, eager=self.config._attn_implementation == "eager",
              max_seqlen=max_seqlen), dim=1)"""),
+)
+
+# The same split where the per-segment calls are a loop that also collects each segment's attention weights
+# (PaddleOCR-VL's SigLIP-style attention, which returns them for output_attentions).
+VISION_ATTENTION_WEIGHTS = VISION_ATTENTION[:2] + (
+    Edit("stmt", """
+         for q, k, v in zip(*splits):
+             attn_output, attn_weight = attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
+                                                            dropout=0.0 if not self.training else self.attention_dropout,
+                                                            is_causal=False, **kwargs)
+             attn_outputs.append(attn_output)
+             attn_weights.append(attn_weight)""", """
+         attn_outputs, attn_weights = _syncfree.segment_attention_with_weights(
+             lambda q, k, v, attention_mask=None: attention_interface(
+                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
+                 dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs),
+             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
+             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen)"""),
 )
 
 # A tower that calls its blocks without its own **kwargs (GLM-OCR): the plan's segment sizes and the chosen

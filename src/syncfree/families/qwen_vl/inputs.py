@@ -129,14 +129,16 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
     out = {"input_ids": input_ids, "attention_mask": attention_mask}
     if layout.token_types:
         out["mm_token_type_ids"] = mm_token_type_ids
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen, layout.pixels_4d))
     if video_grids and layout.video_time_scale:
         out["second_per_grid_ts"] = torch.tensor(seconds)
     return out
 
 
-def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch.Generator) -> dict:
-    """Random flattened patches and their grids, as the image and video processors return them."""
+def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch.Generator,
+                 pixels_4d: bool = False) -> dict:
+    """Random flattened patches and their grids, as the image and video processors return them (``pixels_4d``:
+    each patch as (channels, patch, patch), as PaddleOCR-VL's image processor returns it)."""
     vc = vision_config
     channels = getattr(vc, "in_channels", None) or vc.num_channels  # (SigLIP-style configs: num_channels)
     features = channels * getattr(vc, "temporal_patch_size", 1) * vc.patch_size * vc.patch_size
@@ -146,6 +148,8 @@ def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch
         if grids:
             grid = torch.tensor(grids, dtype=torch.long)
             out[pixels] = torch.randn(int(grid.prod(-1).sum()), features, generator=gen)
+            if pixels_4d:
+                out[pixels] = out[pixels].reshape(-1, channels, vc.patch_size, vc.patch_size)
             out[name] = grid
     return out
 

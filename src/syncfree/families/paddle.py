@@ -1,0 +1,80 @@
+"""PaddleOCR-VL: an image-only model with a SigLIP-style packed tower that merges patches only after its encoder
+(in the projector), and Qwen2-VL's rotary index.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* the tower's helpers take merge 1 (rotary ids are plain (row, col)) and its learned 27x27 table (image_size //
+  patch_size on a side) is resampled with ``align_corners=False``: the plan's tables are made so
+  (``Layout.tower_merge``, ``interp_align_corners``, ``table_side_from_image_size``);
+* the helpers live in nested modules (``PaddleOCRVisionModel`` -> ``...Transformer`` -> ``...Embeddings`` /
+  ``...Encoder``): the wrapper sits on the outer tower, and check-only targets pin the code it relies on;
+* ``get_image_features`` calls the tower by keyword (``pixel_values=``), with pixels (1, patches, C, P, P);
+* the attention collects each segment's weights in its loop (``VISION_ATTENTION_WEIGHTS``);
+* no video: the image lines of the placeholder and scatter edits only.
+"""
+
+from __future__ import annotations
+
+from ..plan.errors import InputsNotTaken
+from ..plan.spec import Layout
+from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Video, build_inputs
+from .shared import family_module, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+
+def _paddle() -> Family:
+    targets = vlm_targets(
+        "PaddleOCRVisionAttention", "PaddleOCRVisionModel", "PaddleOCRVLModel", "PaddleOCRVLForConditionalGeneration",
+        attention_edits=VISION_ATTENTION_WEIGHTS, vision_params=("pixel_values", "grid_thw"),
+        base_vision_needs=("self.vision_model(pixel_values=pixel_values, grid_thw=grid_thw, **kwargs)",),
+        image_only=True)
+    targets += (
+        Target("PaddleOCRVisionTransformer", "forward", check_only=True,
+               needs=("self.embeddings(pixel_values, grid_thw=grid_thw, **kwargs)", "grid_thw=grid_thw,")),
+        Target("PaddleOCRVisionEmbeddings", "forward", check_only=True,
+               needs=("get_vision_interpolation_indices_and_weights(", "spatial_merge_size=1", "kwargs=kwargs")),
+        Target("PaddleOCRVisionEncoder", "forward", check_only=True,
+               needs=("get_vision_position_ids(grid_thw, 1, kwargs=kwargs)",
+                      "get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)")),
+    )
+    layout = Layout(family_module("paddleocr_vl"), learned_positions=True, tower_merge=1, interp_align_corners=False,
+                    table_side_from_image_size=True, pixels_4d=True, image_only=True)
+    return Family("paddleocr_vl", targets, layout)
+
+
+FAMILIES: tuple[Family, ...] = (_paddle(),)
+
+# A tiny model with the real layout rules: patch 14, merge 2 in the projector, a learned 4x4 table (image_size 56)
+# resampled to every image with align_corners=False.
+_PADDLE_TINY = dict(
+    model_type="paddleocr_vl", image_token_id=1000, video_token_id=1001, vision_start_token_id=1002,
+    vision_end_token_id=1003,
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_channels=3, image_size=56, patch_size=14, spatial_merge_size=2),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                     rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[2, 3, 3]),
+                     pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "paddleocr-vl-tiny": Preset("paddleocr-vl-tiny", _PADDLE_TINY, 0, "tiny PaddleOCR-VL for tests (images only)"),
+}
+VISION_CLASSES = {"paddleocr_vl": "PaddleOCRVisionModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return model_type == "paddleocr_vl"
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """Markers around each image's placeholders, pixels (patches, C, P, P): as the processor and chat template
+    lay them out. Images only."""
+    if any(isinstance(item, Video) for sample in samples for item in sample):
+        raise InputsNotTaken("paddleocr_vl takes images only (its forward has no video inputs)")
+    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
