@@ -68,19 +68,20 @@ def test_the_towers_attention_weights_equal_stock():
 
 @settings(max_examples=40, deadline=None)
 @given(grid=st.lists(st.tuples(st.integers(1, 5), st.integers(1, 5)), min_size=1, max_size=3))
-def test_the_plans_tables_are_the_towers_own_merge_1_and_half_pixel_ones(grid):
-    """What the tower's helpers would compute (merge 1; align_corners=False on a 4x4 table): the plan's tables,
-    made on the device, equal them; a merge-2 or align_corners=True table would not."""
+def test_the_plans_tables_are_the_towers_own_merge_1_and_resampling_ones(grid):
+    """What the tower's helpers compute (merge 1; the installed embeddings' align_corners on a 4x4 table): the
+    plan's tables, made on the device, equal them; a merge-2 table, or the other align_corners, would not."""
     _, patched = _pair()
     grid_thw = torch.tensor([[1, 2 * h, 2 * w] for h, w in grid])
     plan = vision_plan(grid_thw, ModelSpec.from_config(patched.config))
-    assert plan.tables_by_device and plan.table_spec.merge == 1 and not plan.table_spec.align_corners
+    align = patched.model.visual.vision_model.embeddings.interpolation_align_corners
+    assert plan.tables_by_device and plan.table_spec.merge == 1 and plan.table_spec.align_corners == align
     for name, table in host_tables(grid_thw, plan.table_spec).items():
         assert torch.equal(plan.tables()[name], table), name
     from transformers.models.paddleocr_vl import modeling_paddleocr_vl as m
 
     indices, weights = m.get_vision_interpolation_indices_and_weights(
-        grid_thw, num_grid_per_side=4, mode="bilinear", align_corners=False, spatial_merge_size=1)
+        grid_thw, num_grid_per_side=4, mode="bilinear", align_corners=align, spatial_merge_size=1)
     assert torch.equal(plan.interp_indices, indices) and torch.equal(plan.interp_weights, weights)
     assert torch.equal(plan.position_ids, m.get_vision_position_ids(grid_thw, 1))
 

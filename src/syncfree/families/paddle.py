@@ -4,8 +4,9 @@
 What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * the tower's helpers take merge 1 (rotary ids are plain (row, col)) and its learned 27x27 table (image_size //
-  patch_size on a side) is resampled with ``align_corners=False``: the plan's tables are made so
-  (``Layout.tower_merge``, ``interp_align_corners``, ``table_side_from_image_size``);
+  patch_size on a side) is resampled as its embeddings say (``align_corners=False`` since 5.2x, True in 5.17, read
+  from the installed code): the plan's tables are made so (``Layout.tower_merge``, ``interp_align_corners_from``,
+  ``table_side_from_image_size``);
 * the helpers live in nested modules (``PaddleOCRVisionModel`` -> ``...Transformer`` -> ``...Embeddings`` /
   ``...Encoder``): the wrapper sits on the outer tower, and check-only targets pin the code it relies on;
 * ``get_image_features`` calls the tower by keyword (``pixel_values=``), with pixels (1, patches, C, P, P);
@@ -36,13 +37,16 @@ def _paddle() -> Family:
         Target("PaddleOCRVisionTransformer", "forward", check_only=True,
                needs=("self.embeddings(pixel_values, grid_thw=grid_thw, **kwargs)", "grid_thw=grid_thw,")),
         Target("PaddleOCRVisionEmbeddings", "forward", check_only=True,
-               needs=("get_vision_interpolation_indices_and_weights(", "spatial_merge_size=1", "kwargs=kwargs")),
+               needs=("get_vision_interpolation_indices_and_weights(", "spatial_merge_size=1", "kwargs=kwargs",
+                      "align_corners=self.interpolation_align_corners")),
         Target("PaddleOCRVisionEncoder", "forward", check_only=True,
                needs=("get_vision_position_ids(grid_thw, 1, kwargs=kwargs)",
                       "get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)")),
     )
-    layout = Layout(family_module("paddleocr_vl"), learned_positions=True, tower_merge=1, interp_align_corners=False,
-                    table_side_from_image_size=True, pixels_4d=True, image_only=True)
+    # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
+    layout = Layout(family_module("paddleocr_vl"), learned_positions=True, tower_merge=1,
+                    interp_align_corners_from="PaddleOCRVisionEmbeddings", table_side_from_image_size=True,
+                    pixels_4d=True, image_only=True)
     return Family("paddleocr_vl", targets, layout)
 
 

@@ -42,6 +42,8 @@ class Layout:
     # is resampled with align_corners=False and is image_size // patch_size on a side).
     tower_merge: int | None = None
     interp_align_corners: bool = True
+    # The class whose ``self.interpolation_align_corners = ...`` sets it instead (it changed between releases).
+    interp_align_corners_from: str | None = None
     table_side_from_image_size: bool = False
     pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
     image_only: bool = False  # the forward takes no videos
@@ -112,7 +114,7 @@ class ModelSpec:
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
-            align_corners=layout.interp_align_corners, **omni,
+            align_corners=_align_corners(module, layout), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -130,15 +132,35 @@ class ModelSpec:
         module = type(visual).__module__
         model_type = module.rsplit(".", 1)[-1].removeprefix("modeling_")
         layout = _LAYOUTS.get(model_type)
-        if layout is not None and (layout.tower_merge or not layout.interp_align_corners):  # (PaddleOCR-VL)
+        if layout is not None and layout.tower_merge:  # (PaddleOCR-VL)
             return cls(model_type, vc.spatial_merge_size, _table_side(vc, layout), -1, -1, module,
                        patch_size=vc.patch_size, tower_merge=layout.tower_merge,
-                       align_corners=layout.interp_align_corners)
+                       align_corners=_align_corners(module, layout))
         return cls(
             model_type, vc.spatial_merge_size,
             getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
         )
+
+
+def _align_corners(module_name: str, layout: Layout) -> bool:
+    """How the tower resamples its learned table: the layout's value, or read from the installed class."""
+    if layout.interp_align_corners_from is None:
+        return layout.interp_align_corners
+    return _align_corners_in(module_name, layout.interp_align_corners_from)
+
+
+@functools.lru_cache(maxsize=None)
+def _align_corners_in(module_name: str, cls_name: str) -> bool:
+    import inspect
+    import re
+
+    source = inspect.getsource(getattr(importlib.import_module(module_name), cls_name).__init__)
+    found = re.findall(r"self\.interpolation_align_corners\s*=\s*(True|False)\b", source)
+    if len(found) != 1:
+        raise ValueError(f"syncfree cannot tell how {cls_name} in the installed Transformers resamples its position "
+                         "table (no single `self.interpolation_align_corners = True/False`); please report the version")
+    return found[0] == "True"
 
 
 def _table_side(vc, layout: Layout) -> int | None:
