@@ -14,7 +14,9 @@ from syncfree.census import census_family, discover
 from syncfree.census.tiny import build_tiny, qwen_vl_style_batch
 
 FAMILIES = discover()
-GENERIC = "cosmos3_edge"  # Qwen2-VL's vision split in a SigLIP-style tower, under Cosmos3-Edge's own rope
+# A family with the generic fix whose tiny model takes the census's Qwen-VL-style batch (none in Transformers 5.17:
+# the ones it has are fully supported now, or need other inputs).
+GENERIC = "lfm3_vl"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,8 @@ def _syncs(model, batch):
             return report, out.cpu()
         finally:
             model.to("cpu")
-            model.model.rope_deltas = None  # the forward caches it on the model: an emulated tensor otherwise
+            if hasattr(model.model, "rope_deltas"):  # the forward caches it on the model: an emulated tensor otherwise
+                model.model.rope_deltas = None
 
 
 def test_discovery_reads_the_installed_sources():
@@ -47,16 +50,15 @@ def test_generic_fix_reads_the_split_once_per_tower_call_and_changes_no_output(g
     stock, batch = generic
     patched = syncfree.patch(copy.deepcopy(stock), verbose=True)
     said = capsys.readouterr().out
-    assert "generic fix" in said and "Cosmos3EdgeVisionAttention.forward" in said and "keeps its syncs" in said
+    assert "generic fix" in said and "Lfm3VlVisionAttention.forward" in said and "keeps its syncs" in said
     stock_report, expected = _syncs(stock, batch)
     patched_report, got = _syncs(patched, batch)
     assert torch.equal(got, expected)
-    vc = stock.config.vision_config
-    depth = getattr(vc, "depth", None) or vc.num_hidden_layers
+    # Stock reads the sizes for q, k and v in every block the tower runs (LFM3-VL's runs all but its last).
     split = [e for e in stock_report.syncs if "lengths.tolist()" in e.where.code]
-    assert len(split) == 3 * depth  # q, k and v in every block, stock
+    assert len(split) % 3 == 0 and len(split) >= 3
     assert len([e for e in patched_report.syncs if "lengths.tolist()" in e.where.code]) == 1
-    assert len(patched_report.syncs) == len(stock_report.syncs) - 3 * depth + 1
+    assert len(patched_report.syncs) == len(stock_report.syncs) - len(split) + 1
 
 
 def test_a_generically_patched_model_pickles_patched(generic):

@@ -113,6 +113,20 @@ def _reason(exc: BaseException) -> str:
 OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-tiny"}
 
 
+def _family_batch(model) -> dict | None:
+    """A fully supported family's own processor layout (its pixels, markers, token types) with the census's two
+    images of different sizes; None for the others (they get the Qwen-VL-style batch)."""
+    from ..families import FAMILIES
+    from ..inputs import Image, Text, processor_batch
+
+    if model.config.model_type not in FAMILIES:
+        return None
+    vc = model.config.vision_config
+    unit = vc.patch_size * vc.spatial_merge_size
+    return processor_batch(model.config, [[Text(6), Image(2 * unit, 2 * unit), Text(6), Image(4 * unit, 4 * unit),
+                                           Text(6)]])
+
+
 def _omni_thinker(family: str):
     from ..inputs import omni_layout, processor_batch
     from ..presets import build_model
@@ -132,7 +146,7 @@ def census_family(family: str) -> CensusRow:
     row = CensusRow(family, "not built", support=support_level(family))
     try:
         stock, batch = _omni_thinker(family) if family in OMNI_TINY else (build_tiny(family), None)
-        batch = batch or qwen_vl_style_batch(stock)
+        batch = batch or _family_batch(stock) or qwen_vl_style_batch(stock)
     except Exception as exc:  # a family the generic shrinker or input builder does not fit
         row.reason, row.seconds = _reason(exc), time.perf_counter() - start
         return row
