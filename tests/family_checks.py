@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 
 import syncfree
-from syncfree.audit import assert_no_sync, emulate_cuda
+from syncfree.audit import assert_no_sync, audit, emulate_cuda
+from syncfree.plan.rope import rope_index
+from syncfree.plan.rope_host import rope_index_host
+from syncfree.plan.spec import ModelSpec
 from syncfree.presets import build_model
 
 _pairs: dict = {}
@@ -36,6 +39,39 @@ def check_prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batc
                 assert torch.equal(logits.cpu(), expected)
             finally:
                 patched.to("cpu")
+
+
+def check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch, **forward) -> None:
+    """0 syncs and 0 blocking copies with prepare(), 1 sync with inputs moved by hand, and the logits of stock
+    (emulated device; ``forward``: extra keyword arguments of the prepared forward)."""
+    with torch.no_grad():
+        expected = stock(**batch).logits
+        with emulate_cuda():
+            patched.to("cuda")
+            try:
+                with audit() as prepared:
+                    logits = patched(**syncfree.prepare(batch, "cuda", patched), **forward).logits
+                logits = logits.cpu()  # (after the audit: reading the result is not the forward's doing)
+                with audit() as moved:
+                    patched(**{k: v.to("cuda") for k, v in batch.items()})
+            finally:
+                patched.to("cpu")
+                if hasattr(getattr(patched, "model", None), "rope_deltas"):
+                    patched.model.rope_deltas = None  # (cached by the forward: an emulated tensor otherwise)
+    assert torch.equal(logits, expected)
+    assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
+    assert len(moved.syncs) == 1
+
+
+def check_rope_index_matches_stock(stock, batch: dict) -> None:
+    """syncfree's rotary index (the device one and the plan's NumPy one) against the family's own stock function."""
+    args = tuple(batch.get(k) for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
+                                        "attention_mask"))
+    want = stock.model.get_rope_index(*args)
+    options = ModelSpec.from_config(stock.config).rope_options()
+    for got in (rope_index(*args, **options), rope_index_host(*args, **options)):
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g, w)
 
 
 def check_generate_and_backward_equal_stock(stock, patched, batch, options: dict, prepared: dict) -> None:

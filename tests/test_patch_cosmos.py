@@ -12,23 +12,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock
-from syncfree.audit import audit, emulate_cuda
+from family_checks import (
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    check_rope_index_matches_stock,
+    model_pair,
+)
 from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
-from syncfree.plan.rope import rope_index
-from syncfree.plan.rope_host import rope_index_host
-from syncfree.plan.spec import ModelSpec
-from syncfree.presets import build_model
 
 pytest.importorskip("transformers.models.cosmos3_edge.modeling_cosmos3_edge")
 NAME = "cosmos3-edge-tiny"
-_pairs: dict = {}
 
 
 def _pair(attn: str = "sdpa"):
-    if attn not in _pairs:
-        _pairs[attn] = build_model(NAME, attn=attn), syncfree.patch(build_model(NAME, attn=attn))
-    return _pairs[attn]
+    return model_pair(NAME, attn)
 
 
 # Pixels are multiples of 32 (patch 16 x merge 2); one frame per temporal step.
@@ -66,14 +63,7 @@ items = st.one_of(st.builds(Text, st.integers(1, 5)), st.builds(Image, side, sid
 @given(samples=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), seed=st.integers(0, 2**16))
 def test_rope_index_matches_the_familys_stock_function(samples, seed):
     stock, _ = _pair()
-    batch = processor_batch(stock.config, samples, seed=seed)
-    args = tuple(batch.get(k) for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
-                                        "attention_mask"))
-    want = stock.model.get_rope_index(*args)
-    options = ModelSpec.from_config(stock.config).rope_options()
-    for got in (rope_index(*args, **options), rope_index_host(*args, **options)):
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and torch.equal(g, w)
+    check_rope_index_matches_stock(stock, processor_batch(stock.config, samples, seed=seed))
 
 
 def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_the_attention_gets_no_rotary_ids():
@@ -83,25 +73,10 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_the_attention_get
     hooks = [m.register_forward_pre_hook(lambda m, args, kwargs: seen.append(set(kwargs)), with_kwargs=True)
              for m in patched.modules() if type(m).__name__ == "Cosmos3EdgeVisionAttention"]
     try:
-        with torch.no_grad():
-            expected = stock(**batch).logits
-            with emulate_cuda():
-                patched.to("cuda")
-                try:
-                    with audit() as prepared:
-                        logits = patched(**syncfree.prepare(batch, "cuda", patched)).logits
-                    logits = logits.cpu()
-                    with audit() as moved:
-                        patched(**{k: v.to("cuda") for k, v in batch.items()})
-                finally:
-                    patched.to("cpu")
-                    patched.model.rope_deltas = None
+        check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
     finally:
         for hook in hooks:
             hook.remove()
-    assert torch.equal(logits, expected)
-    assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
-    assert len(moved.syncs) == 1
     # Everything the tower is handed travels on to the attention function: flash attention reads position_ids.
     assert seen and all("syncfree_seqlens" in keys and "position_ids" not in keys for keys in seen)
 

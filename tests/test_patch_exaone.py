@@ -15,21 +15,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock
-from syncfree.audit import audit, emulate_cuda
+from family_checks import (
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    model_pair,
+)
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan.spec import ModelSpec
 from syncfree.plan.vision import vision_plan
-from syncfree.presets import build_model
 
 NAME = "exaone4.5-tiny"
-_pairs: dict = {}
 
 
 def _pair(attn: str = "sdpa"):
-    if attn not in _pairs:
-        _pairs[attn] = build_model(NAME, attn=attn), syncfree.patch(build_model(NAME, attn=attn))
-    return _pairs[attn]
+    return model_pair(NAME, attn)
 
 
 # Pixels are multiples of 28 (patch 14 x merge 2); 112 px is one 4x4 window of merged patches.
@@ -121,21 +120,8 @@ def test_every_attention_backend_handles_grouped_query_heads(backend):
 def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_moved_inputs_one_sync():
     stock, patched = _pair()
     batch = build_inputs(stock.config, LAYOUTS["image and video"] + LAYOUTS["one image"])
-    with torch.no_grad():
-        expected = stock(**batch).logits
-        with emulate_cuda():
-            patched.to("cuda")
-            try:
-                with audit() as prepared:  # (the generation cache's sliding-window layers are made here too)
-                    logits = patched(**syncfree.prepare(batch, "cuda", patched), use_cache=True).logits
-                logits = logits.cpu()
-                with audit() as moved:
-                    patched(**{k: v.to("cuda") for k, v in batch.items()})
-            finally:
-                patched.to("cpu")
-    assert torch.equal(logits, expected)
-    assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
-    assert len(moved.syncs) == 1
+    # (use_cache: the generation cache's sliding-window layers are made in this forward too)
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch, use_cache=True)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

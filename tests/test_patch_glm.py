@@ -11,25 +11,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock
+from family_checks import (
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    check_rope_index_matches_stock,
+    model_pair,
+)
 from syncfree.audit import audit, emulate_cuda
 from syncfree.families.glm import build_glm_inputs
 from syncfree.inputs import Image, Text, Video
-from syncfree.plan.rope import rope_index
-from syncfree.plan.rope_host import rope_index_host
-from syncfree.plan.spec import ModelSpec
 from syncfree.presets import build_model
 
 PRESETS = ("glm4.1v-tiny", "glm4.5v-tiny", "glm4.6v-tiny", "glm-ocr-tiny")
 DTYPE = {"glm4.5v-tiny": torch.bfloat16}  # MoE experts are sync-free on the grouped-matmul path (bf16)
-_pairs: dict = {}
 
 
 def _pair(name: str, attn: str = "sdpa", dtype=torch.float32):
-    if (name, attn, dtype) not in _pairs:
-        _pairs[name, attn, dtype] = (build_model(name, attn=attn, dtype=dtype),
-                                     syncfree.patch(build_model(name, attn=attn, dtype=dtype)))
-    return _pairs[name, attn, dtype]
+    return model_pair(name, attn, dtype)
 
 
 # Pixels are multiples of 28 (patch 14 x merge 2). Stock accepts a batch with images or with videos, not both.
@@ -92,14 +90,8 @@ videos = st.lists(st.one_of(st.builds(Text, st.integers(1, 4)),
        left=st.booleans(), seed=st.integers(0, 2**16), name=st.sampled_from(PRESETS))
 def test_rope_index_matches_each_familys_stock_function(kind, left, seed, name):
     stock, _ = _pair(name)
-    batch = build_glm_inputs(stock.config, kind, padding_side="left" if left else "right", seed=seed)
-    args = tuple(batch.get(k) for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
-                                        "attention_mask"))
-    want = stock.model.get_rope_index(*args)
-    options = ModelSpec.from_config(stock.config).rope_options()
-    for got in (rope_index(*args, **options), rope_index_host(*args, **options)):
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and torch.equal(g, w)
+    check_rope_index_matches_stock(stock, build_glm_inputs(stock.config, kind, padding_side="left" if left else "right",
+                                                           seed=seed))
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -114,24 +106,9 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_the_tower_gets_it
     embeddings = getattr(patched.model.visual, "embeddings", None) or torch.nn.Identity()
     hook = embeddings.register_forward_pre_hook(lambda m, args: grids.append(args[2].device))
     try:
-        with torch.no_grad():
-            expected = stock(**batch).logits
-            with emulate_cuda():
-                patched.to("cuda")
-                try:
-                    with audit() as prepared:
-                        logits = patched(**syncfree.prepare(batch, "cuda", patched)).logits
-                    logits = logits.cpu()  # (after the audit: reading the result is not the forward's doing)
-                    with audit() as moved:
-                        patched(**{k: v.to("cuda") for k, v in batch.items()})
-                finally:
-                    patched.to("cpu")
-                    patched.model.rope_deltas = None
+        check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
     finally:
         hook.remove()
-    assert torch.equal(logits, expected)
-    assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
-    assert len(moved.syncs) == 1
     assert all(d.type == "cuda" for d in grids) and (bool(grids) == hasattr(patched.model.visual, "embeddings"))
 
 

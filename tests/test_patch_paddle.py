@@ -13,25 +13,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock
-from syncfree.audit import audit, emulate_cuda
+from family_checks import (
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    check_rope_index_matches_stock,
+    model_pair,
+)
 from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
 from syncfree.plan.errors import InputsNotTaken
-from syncfree.plan.rope import rope_index
-from syncfree.plan.rope_host import rope_index_host
 from syncfree.plan.spec import ModelSpec
 from syncfree.plan.vision import vision_plan
 from syncfree.plan.vision_tables import host_tables
-from syncfree.presets import build_model
 
 NAME = "paddleocr-vl-tiny"
-_pairs: dict = {}
 
 
 def _pair(attn: str = "sdpa"):
-    if attn not in _pairs:
-        _pairs[attn] = build_model(NAME, attn=attn), syncfree.patch(build_model(NAME, attn=attn))
-    return _pairs[attn]
+    return model_pair(NAME, attn)
 
 
 LAYOUTS = {  # pixels: multiples of 28 (patch 14, merge 2 in the projector)
@@ -95,35 +93,14 @@ images = st.lists(st.one_of(st.builds(Text, st.integers(1, 4)),
 @given(samples=st.lists(images, min_size=1, max_size=3), left=st.booleans(), seed=st.integers(0, 2**16))
 def test_rope_index_matches_the_familys_stock_function(samples, left, seed):
     stock, _ = _pair()
-    batch = build_inputs(stock.config, samples, padding_side="left" if left else "right", seed=seed)
-    args = tuple(batch.get(k) for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
-                                        "attention_mask"))
-    want = stock.model.get_rope_index(*args)
-    options = ModelSpec.from_config(stock.config).rope_options()
-    for got in (rope_index(*args, **options), rope_index_host(*args, **options)):
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and torch.equal(g, w)
+    check_rope_index_matches_stock(stock, build_inputs(stock.config, samples, padding_side="left" if left else "right",
+                                                       seed=seed))
 
 
 def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_moved_inputs_one_sync():
     stock, patched = _pair()
-    batch = processor_batch(stock.config, LAYOUTS["images of different sizes"] + LAYOUTS["one image"])
-    with torch.no_grad():
-        expected = stock(**batch).logits
-        with emulate_cuda():
-            patched.to("cuda")
-            try:
-                with audit() as prepared:
-                    logits = patched(**syncfree.prepare(batch, "cuda", patched)).logits
-                logits = logits.cpu()
-                with audit() as moved:
-                    patched(**{k: v.to("cuda") for k, v in batch.items()})
-            finally:
-                patched.to("cpu")
-                patched.model.rope_deltas = None
-    assert torch.equal(logits, expected)
-    assert (len(prepared.syncs), len(prepared.blocking_copies)) == (0, 0)
-    assert len(moved.syncs) == 1
+    check_prepared_prefill_is_sync_and_copy_free(
+        stock, patched, processor_batch(stock.config, LAYOUTS["images of different sizes"] + LAYOUTS["one image"]))
 
 
 def test_videos_are_not_a_paddleocr_vl_input():

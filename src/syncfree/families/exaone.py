@@ -12,7 +12,7 @@ from ..plan.spec import Layout
 from ..rewrite.targets import Family
 from .preset import Preset
 from .qwen_vl.inputs import build_inputs
-from .shared import WINDOW_NEEDS, family_module, vlm_targets
+from .shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -44,8 +44,7 @@ MODEL_CLASSES: dict = {}
 
 
 def handles(config) -> bool:
-    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
-    return model_type == "exaone4_5"
+    return handled_by(config, FAMILIES)
 
 
 def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:

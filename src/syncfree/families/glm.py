@@ -21,8 +21,8 @@ from ..plan.spec import Layout
 from ..rewrite.edits import BLOCK_KWARGS
 from ..rewrite.targets import Family
 from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, _grid, _timestamps, pixel_inputs
-from .shared import family_module, vlm_targets
+from .qwen_vl.inputs import Image, Text, Video, frame_timestamps, item_grid, pack_rows, pixel_inputs
+from .shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs"]
 
@@ -84,8 +84,7 @@ MODEL_CLASSES: dict = {}
 
 
 def handles(config) -> bool:
-    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
-    return any(f.model_type == model_type for f in FAMILIES)
+    return handled_by(config, FAMILIES)
 
 
 def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
@@ -122,7 +121,7 @@ def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left",
             if isinstance(item, Text):
                 ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
                 continue
-            t, h, w = _grid(item, patch, merge, tpatch)
+            t, h, w = item_grid(item, patch, merge, tpatch)
             per_frame = h * w // (merge * merge)
             if isinstance(item, Image):
                 image_grids.append((t, h, w))
@@ -132,22 +131,13 @@ def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left",
             assert isinstance(item, Video)
             video_grids.append((t, h, w))
             ids, kinds = ids + [config.video_start_token_id], kinds + [0]
-            for stamp in _timestamps(item.frames, item.fps, tpatch):
+            for stamp in frame_timestamps(item.frames, item.fps, tpatch):
                 n_stamp = len(str(int(stamp)))  # the processor writes int(seconds) after each frame
                 ids += [begin] + [image] * per_frame + [end] + text(n_stamp)
                 kinds += [0] + [2] * per_frame + [0] + [0] * n_stamp
             ids, kinds = ids + [config.video_end_token_id], kinds + [0]
         rows.append(ids)
         types.append(kinds)
-    length = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-    mm_token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
-    for b, (ids, kinds) in enumerate(zip(rows, types)):
-        span = slice(length - len(ids), length) if padding_side == "left" else slice(0, len(ids))
-        input_ids[b, span] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[b, span] = 1
-        mm_token_type_ids[b, span] = torch.tensor(kinds, dtype=torch.long)
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
+    out = pack_rows(rows, types, pad, padding_side)
     out.update(pixel_inputs(vc, image_grids, video_grids, gen))
     return out

@@ -22,7 +22,7 @@ from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Video, build_inputs
-from .shared import family_module, vlm_targets
+from .shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -72,8 +72,7 @@ MODEL_CLASSES: dict = {}
 
 
 def handles(config) -> bool:
-    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
-    return model_type == "paddleocr_vl"
+    return handled_by(config, FAMILIES)
 
 
 def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:

@@ -15,7 +15,13 @@ from ..rewrite.edits import (
 from ..rewrite.targets import Target
 
 __all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets"]
+           "vlm_targets", "handled_by"]
+
+
+def handled_by(config, families) -> bool:
+    """True for a config (or model type) of one of ``families`` (a group module's ``handles``)."""
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    return any(f.model_type == model_type for f in families)
 
 
 def family_module(folder: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, _grid, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pixel_inputs
 
 __all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
            "omni_forward_kwargs", "END_TOKENS", "is_omni"]
@@ -119,12 +119,12 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
                 clips.append(item.frames)
                 ids += [ids_of["as_"]] + [ids_of["audio"]] * audio_tokens(config, item.frames) + [ids_of["ae"]]
             elif isinstance(item, Image):
-                t, h, w = _grid(item, patch, merge, tpatch)
+                t, h, w = item_grid(item, patch, merge, tpatch)
                 image_grids.append((t, h, w))
                 ids += [ids_of["vs"]] + [ids_of["image"]] * (h * w // merge**2) + [ids_of["ve"]]
             elif isinstance(item, (Video, VideoWithAudio)):
                 video = item.video if isinstance(item, VideoWithAudio) else item
-                t, h, w = _grid(video, patch, merge, tpatch)
+                t, h, w = item_grid(video, patch, merge, tpatch)
                 video_grids.append((t, h, w))
                 seconds.append(tpatch / video.fps)
                 per_frame = h * w // merge**2

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...plan.spec import Layout
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
-from ..shared import WINDOW_NEEDS, family_module, vlm_targets
+from ..shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
@@ -58,8 +58,7 @@ FAMILIES: tuple[Family, ...] = (
 
 def handles(config) -> bool:
     """True for a config (or model type) whose batches this group's processors lay out."""
-    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
-    return any(f.model_type == model_type for f in FAMILIES)
+    return handled_by(config, FAMILIES)
 
 
 def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:

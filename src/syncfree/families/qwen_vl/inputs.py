@@ -22,7 +22,8 @@ import torch
 
 from ...plan.spec import Layout, layout_of
 
-__all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES"]
+__all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES", "item_grid", "frame_timestamps",
+           "pack_rows", "pixel_inputs"]
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,13 @@ class Text:
 Item = Union[Image, Video, Text]
 
 
-def _timestamps(frames: int, fps: float, temporal_patch: int) -> list[float]:
+def frame_timestamps(frames: int, fps: float, temporal_patch: int) -> list[float]:
     # The processor averages the times of the frames merged into one temporal patch.
     times = [i / fps for i in range(frames)]
     return [(times[i] + times[i + temporal_patch - 1]) / 2 for i in range(0, frames, temporal_patch)]
 
 
-def _grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) -> tuple[int, int, int]:
+def item_grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) -> tuple[int, int, int]:
     unit = patch * merge
     if item.height % unit or item.width % unit or item.height <= 0 or item.width <= 0:
         raise ValueError(f"{item}: height and width must be positive multiples of {unit} pixels")
@@ -95,7 +96,7 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
                 ids += text(item.tokens)
                 kinds += [0] * item.tokens
                 continue
-            t, h, w = _grid(item, patch, merge, tpatch)
+            t, h, w = item_grid(item, patch, merge, tpatch)
             per_frame = h * w // (merge * merge)
             edge = [0] * len(start)
             if isinstance(item, Image):
@@ -109,13 +110,24 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
                 kinds += edge + [2] * (t * per_frame) + edge
             else:
                 video_grids.append((t, h, w))
-                for stamp in _timestamps(item.frames, item.fps, tpatch):
+                for stamp in frame_timestamps(item.frames, item.fps, tpatch):
                     n_stamp = len(f"<{stamp:.1f} seconds>") // 3  # about as many tokens as a tokenizer makes
                     ids += text(n_stamp) + start + [config.video_token_id] * per_frame + end
                     kinds += [0] * n_stamp + edge + [2] * per_frame + edge
         rows.append(ids)
         types.append(kinds)
 
+    out = pack_rows(rows, types, pad, padding_side)
+    if not layout.token_types:
+        del out["mm_token_type_ids"]
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen, layout.pixels_4d))
+    if video_grids and layout.video_time_scale:
+        out["second_per_grid_ts"] = torch.tensor(seconds)
+    return out
+
+
+def pack_rows(rows: list[list[int]], types: list[list[int]], pad: int, padding_side: str) -> dict:
+    """``input_ids``, ``attention_mask`` and ``mm_token_type_ids`` for token rows padded to the longest."""
     length = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
@@ -125,14 +137,7 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
         input_ids[b, span] = torch.tensor(ids, dtype=torch.long)
         attention_mask[b, span] = 1
         mm_token_type_ids[b, span] = torch.tensor(kinds, dtype=torch.long)
-
-    out = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if layout.token_types:
-        out["mm_token_type_ids"] = mm_token_type_ids
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen, layout.pixels_4d))
-    if video_grids and layout.video_time_scale:
-        out["second_per_grid_ts"] = torch.tensor(seconds)
-    return out
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
 
 
 def pixel_inputs(vision_config, image_grids: list, video_grids: list, gen: torch.Generator,
