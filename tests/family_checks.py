@@ -41,6 +41,18 @@ def check_prepared_prefill_has_no_sync_and_moved_inputs_one(stock, patched, batc
                 patched.to("cpu")
 
 
+def check_forward_equals_stock(stock, patched, batch) -> None:
+    """Stock's logits (not NaN) from the patched model, without and with prepare(), and stock's cached rope deltas."""
+    with torch.no_grad():
+        expected = stock(**batch).logits
+        deltas = getattr(stock.model, "rope_deltas", None)
+        assert not expected.isnan().any()
+        assert torch.equal(patched(**batch).logits, expected)
+        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, expected)
+        if deltas is not None:
+            assert torch.equal(patched.model.rope_deltas, deltas)
+
+
 def check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch, **forward) -> None:
     """0 syncs and 0 blocking copies with prepare(), 1 sync with inputs moved by hand, and the logits of stock
     (emulated device; ``forward``: extra keyword arguments of the prepared forward)."""

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
@@ -45,13 +46,7 @@ LAYOUTS = {
 def test_forward_equals_stock(attn, layout, padding):
     stock, patched = _pair(attn)
     batch = build_inputs(stock.config, LAYOUTS[layout], padding_side=padding)  # (Cosmos's processor layout)
-    with torch.no_grad():
-        expected = stock(**batch).logits
-        deltas = stock.model.rope_deltas
-        assert not expected.isnan().any()
-        assert torch.equal(patched(**batch).logits, expected)
-        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, expected)
-        assert torch.equal(patched.model.rope_deltas, deltas)
+    check_forward_equals_stock(stock, patched, batch)
 
 
 side = st.integers(1, 3).map(lambda n: 32 * n)

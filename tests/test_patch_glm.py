@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
@@ -56,13 +57,7 @@ def test_video_frames_are_image_placeholders_typed_video():
 def test_forward_equals_stock(name, attn, layout, padding):
     stock, patched = _pair(name, attn)
     batch = build_glm_inputs(stock.config, LAYOUTS[layout], padding_side=padding)
-    with torch.no_grad():
-        expected = stock(**batch).logits
-        expected_deltas = stock.model.rope_deltas
-        assert not expected.isnan().any()
-        assert torch.equal(patched(**batch).logits, expected)
-        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, expected)
-        assert torch.equal(patched.model.rope_deltas, expected_deltas)
+    check_forward_equals_stock(stock, patched, batch)
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
@@ -46,11 +47,7 @@ def test_forward_equals_stock(attn, layout, padding):
     stock, patched = _pair(attn)
     batch = build_inputs(stock.config, LAYOUTS[layout], padding_side=padding)
     assert batch["pixel_values"].dim() == 4  # (patches, channels, patch, patch), as the image processor gives
-    with torch.no_grad():
-        expected = stock(**batch).logits
-        assert not expected.isnan().any()
-        assert torch.equal(patched(**batch).logits, expected)
-        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, expected)
+    check_forward_equals_stock(stock, patched, batch)
 
 
 def test_the_towers_attention_weights_equal_stock():
