@@ -9,7 +9,7 @@ import torch
 import syncfree
 from syncfree.audit import emulate_cuda
 from syncfree.compare.train import labels_for
-from syncfree.inputs import Image, Text, build_inputs
+from syncfree.inputs import Image, Text, processor_batch
 from syncfree.presets import PRESETS, build_model, load_config
 
 
@@ -17,7 +17,7 @@ def _batch(preset: str, layout: str) -> dict:
     config = load_config(preset)
     unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size
     samples = {"text-only": [[Text(9)], [Text(5)]], "image": [[Text(2), Image(2 * unit, 2 * unit), Text(3)]]}[layout]
-    batch = build_inputs(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+    batch = processor_batch(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
     batch["labels"] = labels_for(batch)
     return batch
 
@@ -29,7 +29,8 @@ def _tower_calls(model) -> list:
 
 
 @pytest.mark.parametrize("layout", ["text-only", "image"])
-@pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny", "qwen3.5-tiny"])
+@pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny", "qwen3.5-tiny", "exaone4.5-tiny",
+                                    "glm4.1v-tiny"])
 def test_training_forwards_make_both_tower_passes_with_stock_numbers_and_no_sync(preset, layout):
     batch = _batch(preset, layout)
     stock = build_model(preset, dtype=torch.float32, seed=0).train()
@@ -72,3 +73,11 @@ def test_inference_is_untouched():
 def test_refused_where_it_cannot_apply():
     with pytest.raises(ValueError, match="applies to a model instance"):
         syncfree.patch(vision_every_step=True)
+
+
+@pytest.mark.parametrize("preset", ["cosmos3-edge-tiny", "paddleocr-vl-tiny"])
+def test_families_with_a_projector_outside_the_tower_are_refused(preset):
+    model = build_model(preset)
+    with pytest.raises(ValueError, match="vision_every_step=True does not support .* projector sits outside"):
+        syncfree.patch(model, vision_every_step=True)
+    assert not syncfree.is_patched(model)

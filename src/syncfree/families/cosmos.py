@@ -36,7 +36,8 @@ def _cosmos() -> Family:
                        needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,")),
                 Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", check_only=True,
                        needs=("for temporal, height, width in grid_thw.tolist():",)))
-    return Family("cosmos3_edge", targets, Layout(family_module("cosmos3_edge"), frames_as_runs=True))
+    return Family("cosmos3_edge", targets, Layout(family_module("cosmos3_edge"), frames_as_runs=True,
+                                                  tower_holds_projector=False))
 
 
 FAMILIES: tuple[Family, ...] = (_cosmos(),)

@@ -46,6 +46,9 @@ class Layout:
     interp_align_corners_from: str | None = None
     table_side_from_image_size: bool = False
     pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
+    # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows
+    # (Cosmos3-Edge, PaddleOCR-VL): vision_every_step's one-unit tower pass would not reach that projector.
+    tower_holds_projector: bool = True
     image_only: bool = False  # the forward takes no videos
 
 
