@@ -81,3 +81,16 @@ def test_a_patch_that_would_change_nothing_says_so_and_patches_nothing():
     with pytest.warns(UserWarning, match="patched nothing: Inkling2VisionModel makes its attention's cu_seqlens"):
         assert syncfree.patch(model) is model
     assert not syncfree.is_patched(model)
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in __import__("syncfree.presets", fromlist=["PRESETS"]).PRESETS
+                                          if p.endswith("-tiny")))
+def test_every_tiny_presets_tower_builds_alone_and_patches_alone(preset):
+    """``build_vision_model`` gives the full model's tower class (GLM-4.6V's is GLM-4.1V's), and patch() takes it."""
+    from syncfree.presets import build_model, build_vision_model
+
+    tower = build_vision_model(preset)
+    full = build_model(preset)
+    inner = getattr(full, "model", full)
+    assert type(tower) is type(getattr(inner, "visual", None) or inner.visual)
+    assert syncfree.is_patched(syncfree.patch(tower))

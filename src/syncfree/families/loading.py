@@ -122,7 +122,8 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
         built = build_model(model, attn=attn, dtype=dtype)
         return getattr(built.model, "visual", None) or built.visual
     config = load_config(model, attn=attn)
-    module = importlib.import_module(FAMILIES[config.model_type].modeling)
+    layout = FAMILIES[config.model_type].layout
+    module = importlib.import_module(layout.vision_modeling or layout.modeling)  # (GLM-4.6V: GLM-4.1V's tower)
     cls = getattr(module, VISION_CLASSES[config.model_type])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
