@@ -6,6 +6,8 @@ import io
 import json
 import re
 
+import pytest
+
 from syncfree.cli import main
 from syncfree.presets import load_config
 
@@ -164,3 +166,16 @@ def test_audit_compare_for_an_omni_thinker_with_a_videos_audio_track(tmp_path):
 def test_audio_inputs_for_a_model_without_audio_are_a_clear_error(capsys):
     assert main(["audit", "--model", "qwen3-vl-tiny", "--inputs", "audio"]) == 2
     assert "--inputs audio needs an Omni thinker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["exaone4.5-tiny", "glm4.1v-tiny", "glm-ocr-tiny", "cosmos3-edge-tiny",
+                                    "paddleocr-vl-tiny"])
+def test_audit_compare_for_the_families_beyond_qwen(preset, tmp_path):
+    """Every command path (the batch, the report's vision depth, the three variants) for a family whose config or
+    pixels are not Qwen's: SigLIP-style configs name their depth num_hidden_layers."""
+    path = tmp_path / "audit.json"
+    assert main(["audit", "--compare", "--model", preset, "--inputs", "images", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["run"]["vision_depth"] == (4 if preset == "exaone4.5-tiny" else 2)
+    assert data["stock"]["summary"]["syncs"] > data["patched"]["summary"]["syncs"] == 1
+    assert (data["patched+prepare"]["summary"]["syncs"], data["patched+prepare"]["summary"]["blocking_copies"]) == (0, 0)

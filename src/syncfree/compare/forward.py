@@ -54,6 +54,12 @@ class AuditSpec:
 VARIANTS = ("stock", "patched", "patched+prepare")
 
 
+
+def vision_depth(config) -> int:
+    """The vision tower's block count (``depth`` in Qwen-style configs, ``num_hidden_layers`` in SigLIP-style ones)."""
+    vc = config.vision_config
+    return getattr(vc, "depth", None) or vc.num_hidden_layers
+
 def _forward(model, batch: dict, scope: str) -> None:
     plan = plan_of(batch)  # the plan prepare() keeps beside the tensors it returned (None for stock)
     if scope == "vision":
@@ -183,7 +189,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
         "scope": spec.scope,
         "engine": report.engine,
         "variants": list(variants),
-        "vision_depth": config.vision_config.depth,
+        "vision_depth": vision_depth(config),
         "text_layers": spec.text_layers or config.text_config.num_hidden_layers,
         "grids": {k: v.tolist() for k, v in batch.items() if k.endswith("grid_thw")},
         "sequence": list(batch["input_ids"].shape),

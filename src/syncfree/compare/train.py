@@ -18,7 +18,7 @@ import torch
 from ..audit import Report, audit, emulate_cuda
 from ..inputs import batch_to
 from ..presets import PRESETS, build_model, load_config
-from .forward import VARIANTS, AuditSpec, _resolve_engine, spec_batch
+from .forward import VARIANTS, AuditSpec, _resolve_engine, spec_batch, vision_depth
 from .progress import layer_progress
 
 __all__ = ["GRAD_CKPT", "OPTIMIZERS", "labels_for", "train_step", "run_train_compare"]
@@ -125,7 +125,7 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
     about = {
         "model": spec.model, "inputs": spec.inputs, "attn": spec.attn, "scope": "train",
         "grad_ckpt": grad_ckpt, "optimizer": optimizer, "engine": report.engine, "variants": list(variants),
-        "vision_depth": config.vision_config.depth,
+        "vision_depth": vision_depth(config),
         "text_layers": spec.text_layers or config.text_config.num_hidden_layers,
         "grids": {k: v.tolist() for k, v in batch.items() if k.endswith("grid_thw")},
         "sequence": list(batch["input_ids"].shape),
