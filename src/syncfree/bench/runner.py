@@ -99,18 +99,22 @@ def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = 
     return out
 
 
-def _tower_call(model, kind: str, grid: torch.Tensor, plan) -> tuple:
-    """The grid the vision tower is handed for ``kind``, as the model's own get_*_features hands it, and the plan
-    for it: where the tower sees each video frame as a (1, h, w) row (GLM-4.1V), those rows (stock: made from the
-    device grid, with stock's reads; patched: the plan's host rows)."""
+def _tower_call(model, kind: str, pixels: torch.Tensor, grid: torch.Tensor, plan) -> tuple:
+    """The pixels and grid the vision tower is handed for ``kind``, as the model's own get_*_features hands them,
+    and the plan for them: where the tower sees each video frame as a (1, h, w) row (GLM-4.1V), those rows (stock:
+    made from the device grid, with stock's reads; patched: the plan's host rows); a tower that takes
+    (1, patches, C, P, P) pixels (PaddleOCR-VL) gets them so."""
+    layout = layout_of(model.config.model_type)
+    pixels = pixels.to(model.dtype)
+    if layout is not None and layout.pixels_4d:
+        pixels = pixels.unsqueeze(0)
     if plan is not None:
         vp = plan.video_frames if kind == "video" and plan.video_frames is not None else getattr(plan, kind)
-        return vp.grid_thw, {"syncfree_vision_plan": vp}
-    layout = layout_of(model.config.model_type)
+        return pixels, vp.grid_thw, {"syncfree_vision_plan": vp}
     if kind == "video" and layout is not None and layout.video_frames_as_images:
         rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
-        return torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), {}
-    return grid, {}
+        return pixels, torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), {}
+    return pixels, grid, {}
 
 
 def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
@@ -141,8 +145,8 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
             for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                        ("pixel_values_videos", "video_grid_thw", "video")):
                 if pixels in kwargs:
-                    tower_grid, extra = _tower_call(model, kind, kwargs[grid], plan)
-                    visual(kwargs[pixels].to(model.dtype), grid_thw=tower_grid, **extra)
+                    tower_pixels, tower_grid, extra = _tower_call(model, kind, kwargs[pixels], kwargs[grid], plan)
+                    visual(tower_pixels, grid_thw=tower_grid, **extra)
         elif keep_last:
             model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
         else:  # (Omni thinkers take no logits_to_keep)
@@ -194,11 +198,9 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
     plan = plan_of(kwargs)
     if "pixel_values" not in kwargs:
         return None
-    extra = {"syncfree_vision_plan": plan.image} if plan is not None else {}
+    pixels, grid, extra = _tower_call(model, "image", kwargs["pixel_values"], kwargs["image_grid_thw"], plan)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model.model.visual)(kwargs["pixel_values"].to(model.dtype),
-                                                          grid_thw=kwargs["image_grid_thw"],
-                                                          **extra)
+    explained = torch._dynamo.explain(model.model.visual)(pixels, grid_thw=grid, **extra)
     return explained.graph_break_count
 
 
