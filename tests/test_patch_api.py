@@ -225,3 +225,13 @@ def test_prepare_without_a_model_or_token_types_says_to_pass_the_model(patched):
     batch["mm_token_type_ids"][0, 0] = 1  # disagrees with input_ids whatever the ids are
     with pytest.raises(ValueError, match=r"pass the model or its config as syncfree.prepare\(batch, device, model\)"):
         syncfree.prepare(batch)
+
+
+def test_class_unpatch_also_removes_the_chosen_attention_backend(modeling):
+    syncfree.patch(families=("qwen3_vl",), vision_attention="grouped")
+    try:
+        assert modeling.Qwen3VLVisionModel.__dict__["_syncfree_attention"] == "grouped"
+    finally:
+        syncfree.unpatch()
+    assert "_syncfree_attention" not in modeling.Qwen3VLVisionModel.__dict__
+    assert not syncfree.is_patched(build_model("qwen3-vl-tiny"))

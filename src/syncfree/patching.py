@@ -333,11 +333,6 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
     """Undo ``patch``: restore the stock functions exactly (on the instance, or on the classes)."""
     _check_module(model, "unpatch", allow_none=True)
     if model is None:
-        for (cls, attr), stock in list(_class_patches.items()):
-            if stock is _INHERITED:
-                delattr(cls, attr)
-            else:
-                setattr(cls, attr, stock)
         for cls, _attr in list(_class_patches):
             if "_syncfree_attention" in cls.__dict__:
                 delattr(cls, "_syncfree_attention")
