@@ -91,6 +91,6 @@ def test_every_tiny_presets_tower_builds_alone_and_patches_alone(preset):
 
     tower = build_vision_model(preset)
     full = build_model(preset)
-    inner = getattr(full, "model", full)
-    assert type(tower) is type(getattr(inner, "visual", None) or inner.visual)
+    # (An Omni thinker in Transformers 5.17 holds its tower itself; its .model is the text model.)
+    assert type(tower) is type(getattr(getattr(full, "model", None), "visual", None) or full.visual)
     assert syncfree.is_patched(syncfree.patch(tower))
