@@ -103,6 +103,13 @@ def _build(family: str, where: str, target: Target, stock):
     return fn
 
 
+def _target_class(family: Family, target: Target) -> type | None:
+    """The installed class ``target`` names (its own module's, else the family's; the fallback name in older
+    releases), or None."""
+    module = importlib.import_module(target.module or family.modeling)
+    return getattr(module, target.cls, None) or getattr(module, target.fallback_cls or "", None)
+
+
 def _is_tower(target: Target) -> bool:
     return (target.wrap or "").startswith("make_vision_forward")
 
@@ -111,10 +118,7 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
     """Check every target first, then build every replacement: all or nothing."""
     found = []
     for target in family.targets:
-        module = importlib.import_module(target.module or family.modeling)
-        cls = getattr(module, target.cls, None)
-        if cls is None and target.fallback_cls:
-            cls = getattr(module, target.fallback_cls, None)
+        cls = _target_class(family, target)
         if cls is None:
             raise UnsupportedTransformers(f"syncfree cannot patch {family.model_type}: Transformers {_version()} has "
                                           f"no {target.cls}. Nothing was patched.")
@@ -134,18 +138,19 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
 
 def _module_replacements() -> dict[tuple[str, str], tuple]:
     """Build (without installing) the module-level replacements not installed yet: (module, function) ->
-    (stock, replacement). Raises, having changed nothing, where a required one does not match."""
+    (stock, replacement, the class holding it for a method, else None). Raises, having changed nothing, where a
+    required one does not match."""
     built = {}
     for (module_name, name), target in MODULE_TARGETS.items():
         if (module_name, name) in _module_patches:
             continue
         owner = importlib.import_module(module_name)
+        holder = None
         if "." in name:  # a method of a class every model shares ("DynamicSlidingWindowLayer.lazy_initialization")
-            cls_name, _, attr = name.partition(".")
-            owner = getattr(owner, cls_name, None)
+            holder = owner = getattr(owner, name.partition(".")[0], None)
         stock = vars(owner).get(name.rpartition(".")[2]) if owner is not None else None
         try:
-            built[(module_name, name)] = (stock, _build("transformers", f"{module_name}.{name}", target, stock))
+            built[(module_name, name)] = (stock, _build("transformers", f"{module_name}.{name}", target, stock), holder)
         except UnsupportedTransformers:
             if not target.optional:
                 raise
@@ -157,14 +162,11 @@ def _install_module_functions(built: dict[tuple[str, str], tuple]) -> None:
     (at every patch(): a family module imported since then gets them too). Nothing here can fail."""
     import sys
 
-    for key, (stock, replacement) in built.items():
-        _module_patches[key] = (stock, replacement, [])
-        module_name, name = key
-        if "." in name:  # a class's method: the class is its one holder
-            cls_name, _, attr = name.partition(".")
-            holder = getattr(importlib.import_module(module_name), cls_name)
-            setattr(holder, attr, replacement)
-            _module_patches[key][2].append(holder)
+    for (module_name, name), (stock, replacement, holder) in built.items():
+        _module_patches[(module_name, name)] = (stock, replacement, [])
+        if holder is not None:  # a class's method: the class is its one holder
+            setattr(holder, name.rpartition(".")[2], replacement)
+            _module_patches[(module_name, name)][2].append(holder)
     for (_module_name, name), (stock, replacement, holders) in _module_patches.items():
         if "." in name:
             continue
@@ -182,11 +184,7 @@ def _family_classes(family: Family) -> tuple[type, ...]:
     """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
     if importlib.util.find_spec(family.modeling) is None:
         return ()
-    modules = {t.module or family.modeling: importlib.import_module(t.module or family.modeling)
-               for t in family.targets}
-    found = (getattr(modules[t.module or family.modeling], t.cls, None)
-             or getattr(modules[t.module or family.modeling], t.fallback_cls or "", None) for t in family.targets)
-    return tuple(cls for cls in found if isinstance(cls, type))
+    return tuple(cls for cls in (_target_class(family, t) for t in family.targets) if isinstance(cls, type))
 
 
 def _family_of(model: torch.nn.Module) -> Family | None:

@@ -16,6 +16,7 @@ forward reads them without ever asking the device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -242,10 +243,16 @@ class Draft:
     def stock_count(self, kind: int) -> int:
         """What stock's get_placeholder_mask counts for ``kind``: where video frames are written with the image
         placeholder, both kinds count every image placeholder (so a batch with both fails stock's check)."""
+        shared = self._image_placeholders
+        return self.count(kind) if shared is None else shared
+
+    @functools.cached_property
+    def _image_placeholders(self) -> int | None:
+        """The image placeholders in input_ids where video frames use them too (counted once), else None."""
         ids = self.host["input_ids"]
         if self.spec.video_frames_as_images and ids is not None and ids.dim() == 2:
             return int(np.count_nonzero(host_array(ids) == self.spec.image_token_id))
-        return self.count(kind)
+        return None
 
 
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
@@ -268,9 +275,10 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     video = vision_plan(host["video_grid_thw"], spec, "video_grid_thw") if video_grid_thw is not None else None
     frames = None
     if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
-        grid = video.grid_thw
-        rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
-        frames = vision_plan(torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), spec, "video_grid_thw")
+        grid = host_array(video.grid_thw)
+        rows = np.repeat(grid, grid[:, 0], axis=0)
+        rows[:, 0] = 1
+        frames = vision_plan(torch.from_numpy(rows), spec, "video_grid_thw")
     return Draft(spec, host, types, mask, placeholder_runs(types), image, video, frames)
 
 

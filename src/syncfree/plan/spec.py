@@ -39,17 +39,16 @@ class Layout:
     # The module holding the vision tower, where it is not the family's own (GLM-4.6V runs GLM-4.1V's tower).
     vision_modeling: str | None = None
     # A tower that merges patches only after its encoder (PaddleOCR-VL: its helpers take merge 1, its learned table
-    # is resampled with align_corners=False and is image_size // patch_size on a side).
+    # is image_size // patch_size on a side).
     tower_merge: int | None = None
-    interp_align_corners: bool = True
-    # The class whose ``self.interpolation_align_corners = ...`` sets it instead (it changed between releases).
+    # The class whose ``self.interpolation_align_corners = ...`` says how the learned table is resampled (it
+    # changed between releases); None: align_corners=True, as Qwen3-VL's helpers take it.
     interp_align_corners_from: str | None = None
     table_side_from_image_size: bool = False
     pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
     # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows
     # (Cosmos3-Edge, PaddleOCR-VL): vision_every_step's one-unit tower pass would not reach that projector.
     tower_holds_projector: bool = True
-    image_only: bool = False  # the forward takes no videos
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -93,7 +92,7 @@ class ModelSpec:
     mrope: bool = True  # the family has a 3D rotary index (Layout.mrope)
     video_frames_as_images: bool = False  # (Layout.video_frames_as_images)
     tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
-    align_corners: bool = True  # (Layout.interp_align_corners)
+    align_corners: bool = True  # (Layout.interp_align_corners_from)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -135,21 +134,21 @@ class ModelSpec:
         module = type(visual).__module__
         model_type = module.rsplit(".", 1)[-1].removeprefix("modeling_")
         layout = _LAYOUTS.get(model_type)
-        if layout is not None and layout.tower_merge:  # (PaddleOCR-VL)
-            return cls(model_type, vc.spatial_merge_size, _table_side(vc, layout), -1, -1, module,
-                       patch_size=vc.patch_size, tower_merge=layout.tower_merge,
-                       align_corners=_align_corners(module, layout))
+        # (A tower that merges after its encoder, PaddleOCR-VL's, keeps its table on a nested module: its layout says.)
+        nested = layout is not None and layout.tower_merge is not None
         return cls(
             model_type, vc.spatial_merge_size,
-            getattr(visual, "num_grid_per_side", None), -1, -1, module,
+            _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
+            tower_merge=layout.tower_merge if nested else None,
+            align_corners=_align_corners(module, layout) if nested else True,
         )
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:
-    """How the tower resamples its learned table: the layout's value, or read from the installed class."""
+    """How the tower resamples its learned table: read from the installed class where the layout names one."""
     if layout.interp_align_corners_from is None:
-        return layout.interp_align_corners
+        return True
     return _align_corners_in(module_name, layout.interp_align_corners_from)
 
 
