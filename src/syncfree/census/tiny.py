@@ -50,7 +50,10 @@ def _shrink_rope(config, head_dim: int, default_sections: list[int] | None = Non
     sections = list(rope["mrope_section"])
     total = sum(sections)
     scaled = [max(0, s * half // total) for s in sections]
-    scaled[0] += half - sum(scaled)  # the rounding remainder goes to the first (temporal) section
+    # The rounding remainder goes to a section no other equals (Qwen's temporal [16, 24, 24], ERNIE-4.5-VL's
+    # [22, 22, 20]: its height and width sections are stacked, so they must stay equal), else the first.
+    unique = [i for i, s in enumerate(sections) if sections.count(s) == 1]
+    scaled[unique[0] if unique else 0] += half - sum(scaled)
     rope["mrope_section"] = scaled
     # The attribute may hand out a standardized copy: set it back.
     _set(config, "rope_parameters" if getattr(config, "rope_parameters", None) is not None else "rope_scaling", rope)

@@ -38,8 +38,11 @@ __all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "
 PLAN_KEY = "syncfree_plan"
 
 
+# (``moe_mm_token_type_ids``: ERNIE-4.5-VL's MoE routes each token to text or vision experts by it; the plan keeps a
+# host copy so the MoE blocks know how many tokens each kind has without asking the device.)
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids")
+               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
+               "moe_mm_token_type_ids")
 
 
 @dataclass
@@ -138,7 +141,7 @@ class Plan(DeviceFields):
                 n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()
                 if n != "position_ids"}).to(self.device)
         tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
-                  for n in ("input_ids", "mm_token_type_ids", "attention_mask")}
+                  for n in ("input_ids", "mm_token_type_ids", "attention_mask", "moe_mm_token_type_ids")}
         grids = {}
         for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
                               ("second_per_grid_ts", self.videos_per_row)):
@@ -257,14 +260,14 @@ class Draft:
 
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
-               position_ids=None) -> Draft:
+               position_ids=None, moe_mm_token_type_ids=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
             "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
             "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid),
             # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
-            "position_ids": _host(position_ids)}
+            "position_ids": _host(position_ids), "moe_mm_token_type_ids": _host(moe_mm_token_type_ids)}
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
         raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
@@ -272,7 +275,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
     image = vision_plan(host["image_grid_thw"], spec, "image_grid_thw") if image_grid_thw is not None else None
-    video = vision_plan(host["video_grid_thw"], spec, "video_grid_thw") if video_grid_thw is not None else None
+    video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge)
+             if video_grid_thw is not None else None)
     frames = None
     if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
         grid = host_array(video.grid_thw)

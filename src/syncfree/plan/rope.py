@@ -98,7 +98,8 @@ def check_options(tokens_per_second, second_per_grid_ts, truncate_seconds: bool,
 
 def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
                *, spatial_merge_size: int, split_video_frames: bool = True, tokens_per_second: int | None = None,
-               second_per_grid_ts=None, truncate_seconds: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               second_per_grid_ts=None, truncate_seconds: bool = False,
+               video_temporal_merge: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Same result as stock ``get_rope_index`` of Qwen3-VL (default), Qwen2-VL or Qwen2.5-VL, with no host sync.
 
     Args:
@@ -114,6 +115,8 @@ def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw
             processor gives it, or a list of Python numbers); None counts 1 second per video. Expected >= 0.
         truncate_seconds: older Transformers (5.17 does, 5.24 does not): ``int(seconds)`` before scaling
             (a 0.5 s grid gets step 0). False: scale the seconds as they are, truncate the product.
+        video_temporal_merge: frames per video token (ERNIE-4.5-VL: 2; its run holds t // 2 frames). Nothing
+            here depends on it: a run's frame is its offset over the frame's area, whatever t is.
 
     Returns (position_ids of shape (3, B, S) with dtype input_ids.dtype on input_ids.device,
     deltas of shape (B, 1) int64 on input_ids.device). Padding positions are 0.

@@ -26,10 +26,12 @@ _STEP_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
 def rope_index_host(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
                     *, spatial_merge_size: int, split_video_frames: bool = True, tokens_per_second=None,
-                    second_per_grid_ts=None, truncate_seconds: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    second_per_grid_ts=None, truncate_seconds: bool = False,
+                    video_temporal_merge: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``rope_index`` (same arguments, same results) for host tensors."""
     tensors = (input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, attention_mask)
-    options = dict(spatial_merge_size=spatial_merge_size, split_video_frames=split_video_frames)
+    options = dict(spatial_merge_size=spatial_merge_size, split_video_frames=split_video_frames,
+                   video_temporal_merge=video_temporal_merge)
     if tokens_per_second is not None or second_per_grid_ts is not None or truncate_seconds:
         options.update(tokens_per_second=tokens_per_second, second_per_grid_ts=second_per_grid_ts,
                        truncate_seconds=truncate_seconds)
@@ -51,7 +53,7 @@ def rope_index_host(input_ids, mm_token_type_ids, image_grid_thw=None, video_gri
         keep = None
     grids = [None if g is None or g.shape[0] == 0 else host_array(g).astype(np.int64) for g in (image_grid_thw,
                                                                                             video_grid_thw)]
-    pos, deltas = _positions(types, keep, *grids, steps, spatial_merge_size, split_video_frames)
+    pos, deltas = _positions(types, keep, *grids, steps, spatial_merge_size, split_video_frames, video_temporal_merge)
     return torch.from_numpy(pos).to(input_ids.dtype), torch.from_numpy(deltas)[:, None]
 
 
@@ -66,8 +68,9 @@ def runs_of(values: np.ndarray, row_starts: np.ndarray) -> tuple[np.ndarray, np.
     return starts, ends - starts
 
 
-def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames: bool, steps):
-    """Each run's (t, h, w) and video time step (1 elsewhere): grids taken in order across the batch."""
+def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames: bool, steps, temporal_merge: int):
+    """Each run's (t, h, w) and video time step (1 elsewhere): grids taken in order across the batch. A whole-video
+    run covers t // ``temporal_merge`` frames (ERNIE-4.5-VL merges them in pairs after its tower)."""
     h = np.full(kinds.shape[0], merge, dtype=np.int64)  # text: a harmless merge x merge grid (one merged patch)
     w = h.copy()
     step = None
@@ -92,7 +95,7 @@ def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames
     if n_video_runs:
         h[video_runs], w[video_runs] = videos[video_of, 1], videos[video_of, 2]
         if not split_video_frames:
-            t[video_runs] = videos[video_of, 0]
+            t[video_runs] = videos[video_of, 0] // temporal_merge
     if steps is not None:
         values, n_steps = steps
         if n_steps is not None and n_video_runs > n_steps:
@@ -102,7 +105,7 @@ def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames
     return t, h, w, step
 
 
-def _positions(types, keep, images, videos, steps, merge: int, split_video_frames: bool):
+def _positions(types, keep, images, videos, steps, merge: int, split_video_frames: bool, temporal_merge: int):
     B, S = types.shape
     if keep is None:
         kept_types, row_of = types.reshape(-1), np.repeat(np.arange(B), S)
@@ -112,7 +115,7 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
     row_starts[1:] = row_of[1:] != row_of[:-1]
     starts, lengths = runs_of(kept_types, row_starts)
     kinds, run_row = kept_types[starts], row_of[starts]
-    t, h, w, step = _run_grids(kinds, images, videos, merge, split_video_frames, steps)
+    t, h, w, step = _run_grids(kinds, images, videos, merge, split_video_frames, steps, temporal_merge)
     vision = (kinds == 1) | (kinds == 2)
     # Stock walks the grids, not the runs: where a run's length is not its grid's token count (grids listed
     # out of order, say), stock places positions its own way or fails, and where a row has no kept token it

@@ -49,6 +49,9 @@ class Layout:
     # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows
     # (Cosmos3-Edge, PaddleOCR-VL): vision_every_step's one-unit tower pass would not reach that projector.
     tower_holds_projector: bool = True
+    # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (ERNIE-4.5-VL's
+    # resampler): a video's placeholders and its temporal positions count t // that size frames.
+    video_temporal_merge: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -93,6 +96,7 @@ class ModelSpec:
     video_frames_as_images: bool = False  # (Layout.video_frames_as_images)
     tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
     align_corners: bool = True  # (Layout.interp_align_corners_from)
+    video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -116,12 +120,15 @@ class ModelSpec:
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
-            align_corners=_align_corners(module, layout), **omni,
+            align_corners=_align_corners(module, layout),
+            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
         """The keyword arguments of ``rope_index`` for this model family."""
         options = {"spatial_merge_size": self.spatial_merge_size, "split_video_frames": self.split_video_frames}
+        if self.video_temporal_merge != 1:
+            options["video_temporal_merge"] = self.video_temporal_merge
         if self.tokens_per_second is not None:
             options.update(tokens_per_second=self.tokens_per_second, second_per_grid_ts=second_per_grid_ts,
                            truncate_seconds=self.truncate_seconds)

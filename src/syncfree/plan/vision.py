@@ -103,9 +103,10 @@ def _cumulative(sizes) -> torch.Tensor:
     return torch.from_numpy(np.fromiter(itertools.accumulate(sizes, initial=0), dtype=np.int32))
 
 
-def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw") -> VisionPlan:
+def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw", temporal_merge: int = 1) -> VisionPlan:
     """Build a VisionPlan on the host: integers per image, frame and window (the per-patch tables come later,
-    on the device, from the grid rows)."""
+    on the device, from the grid rows). ``temporal_merge``: frames merged into one token after the tower (ERNIE-4.5-VL's
+    videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
     merge = spec.spatial_merge_size
     # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
@@ -118,7 +119,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw")
                      max_window_seqlen=max(windows))
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     return VisionPlan(
-        grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 for t, h, w in rows),
+        grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), **extra,
     )

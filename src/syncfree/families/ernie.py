@@ -1,0 +1,125 @@
+"""ERNIE-4.5-VL (MoE): Qwen2-VL's packed tower and rotary index, a resampler after the tower that merges each
+video's frames in pairs, and a text model whose MoE layers route text and vision tokens to separate experts.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* the tower is ``vision_tower`` and the projector is a resampler outside it (``resampler_model``), which pairs a
+  video's frames (``temporal_merge_size`` 2): a video of t frames has t // 2 frames of placeholders, positions
+  and split sizes (``Layout.video_temporal_merge``); the rotary index is Qwen2-VL's with that division;
+* the resampler builds its frame-pairing indices on the host (from the host grid) and moves them with a blocking
+  copy: pinned and non-blocking instead (``TEMPORAL_SLICES``);
+* the text model's MoE blocks route by ``moe_mm_token_type_ids`` (types that also mark the start/end tokens),
+  an input of its own the plan keeps: ``MODALITY_MOE`` answers its "any vision token?" and moves each kind's
+  rows by positions instead of boolean masks;
+* an image is ``<|IMAGE_START|>`` + placeholders + ``<|IMAGE_END|>``, a video ``<|VIDEO_START|>`` + placeholders +
+  ``<|VIDEO_END|>``, with the config's own start/end ids; pixels are (patches, C*P*P), no temporal patch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.edits import MODALITY_MOE, TEMPORAL_SLICES
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_ernie_inputs"]
+
+_P = "Ernie4_5_VLMoe"
+
+
+def _ernie() -> Family:
+    targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionTransformerPretrainedModel", f"{_P}Model",
+                          f"{_P}ForConditionalGeneration",
+                          rope_needs=("t_merge_size = 1 if modality_type == 1 else temporal_merge_size",),
+                          model_params=("moe_mm_token_type_ids",))
+    targets += (
+        Target(f"{_P}MoeBlock", "forward", edits=MODALITY_MOE),
+        Target(f"{_P}VariableResolutionResamplerModel", "_temporal_slicing", edits=TEMPORAL_SLICES),
+        # The split sizes of get_*_features: stock's own arithmetic, on the host grid the patched forward hands it.
+        Target(f"{_P}Model", "get_video_features", check_only=True,
+               needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
+    )
+    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False)
+    return Family("ernie4_5_vl_moe", targets, layout)
+
+
+FAMILIES: tuple[Family, ...] = (_ernie(),)
+
+# A tiny model with the real layout rules: patch 14, merge 2, video frames paired after the tower, a text model of
+# one dense and one MoE layer (4 text and 4 vision experts, 2 per token, one shared), M-RoPE sections (h, w, t).
+_ERNIE_TINY = dict(
+    model_type="ernie4_5_vl_moe", image_token_id=1000, video_token_id=1001, image_start_token_id=1002,
+    image_end_token_id=1003, video_start_token_id=1004, video_end_token_id=1005,
+    vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=14,
+                       spatial_merge_size=2, temporal_merge_size=2, hidden_act="quick_gelu"),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                     rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[3, 3, 2]),
+                     mlp_layer_types=["dense", "sparse"], moe_intermediate_size=[32, 32], moe_k=2, moe_num_experts=4,
+                     moe_num_shared_experts=1, pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "ernie4.5-vl-tiny": Preset("ernie4.5-vl-tiny", _ERNIE_TINY, 0,
+                               "tiny ERNIE-4.5-VL for tests (text and vision experts, paired video frames)"),
+}
+VISION_CLASSES = {"ernie4_5_vl_moe": f"{_P}VisionTransformerPretrainedModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_ernie_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                       pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``Ernie4_5_VLMoeProcessor`` lays them out: start marker, placeholders, end marker per
+    image or video (a video of t frames has t // temporal_merge_size frames of placeholders); ``mm_token_type_ids``
+    marks the placeholders 1 / 2, ``moe_mm_token_type_ids`` the placeholders and their markers."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge, tmerge = vc.patch_size, vc.spatial_merge_size, vc.temporal_merge_size
+    marks = {1: (config.image_start_token_id, config.image_token_id, config.image_end_token_id),
+             2: (config.video_start_token_id, config.video_token_id, config.video_end_token_id)}
+    specials = {i for m in marks.values() for i in m}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, types, moe_types, grids = [], [], [], {1: [], 2: []}
+    for sample in samples:
+        ids, kinds, moe = [], [], []
+        for item in sample:
+            if isinstance(item, Text):
+                ids, kinds, moe = ids + text(item.tokens), kinds + [0] * item.tokens, moe + [0] * item.tokens
+                continue
+            kind = 1 if isinstance(item, Image) else 2
+            assert isinstance(item, (Image, Video))
+            t, h, w = item_grid(item, patch, merge, 1)  # the tower sees every frame (no temporal patch)
+            if kind == 2 and t % tmerge:
+                raise ValueError(f"{item}: frames must be a positive multiple of temporal_merge_size={tmerge}")
+            grids[kind].append((t, h, w))
+            n = (t // tmerge if kind == 2 else t) * h * w // (merge * merge)
+            start, token, end = marks[kind]
+            ids += [start] + [token] * n + [end]
+            kinds += [0] + [kind] * n + [0]
+            moe += [kind] * (n + 2)
+        rows.append(ids)
+        types.append(kinds)
+        moe_types.append(moe)
+    out = pack_rows(rows, types, pad, padding_side)
+    out["moe_mm_token_type_ids"] = pack_rows(rows, moe_types, pad, padding_side)["mm_token_type_ids"]
+    out.update(pixel_inputs(vc, grids[1], grids[2], gen))
+    return out
