@@ -124,7 +124,6 @@ class Entry:
     attention_mask: object = None
     in_generate: bool = False
     given: dict = field(default_factory=dict)  # the control tensors of the call, by name
-    memo: dict = field(default_factory=dict)  # what the patched pieces make once per call (the MoE's token rows)
 
     def owns(self, input_ids) -> bool:
         """True when ``input_ids`` is the tensor this plan was matched to (so its counts apply)."""

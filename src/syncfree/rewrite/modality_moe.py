@@ -12,6 +12,7 @@ Text and vision rows never overlap, so every row of the result is written exactl
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,8 +23,6 @@ from ..plan.tensors import host_array
 
 __all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality", "host_index_to"]
 
-_MEMO_KEY = "modality_rows"
-
 
 @dataclass(frozen=True)
 class ModalityRows:
@@ -31,44 +30,55 @@ class ModalityRows:
 
     text: torch.Tensor
     vision: torch.Tensor
+    any_vision: bool
 
 
-def _host_types(moe_mm_token_type_ids) -> tuple[active.Entry, np.ndarray] | None:
-    """The active plan's host copy of ``moe_mm_token_type_ids`` when the tensor is the very one it was made for."""
-    if torch.compiler.is_compiling() or not isinstance(moe_mm_token_type_ids, torch.Tensor):
+# The rows found for a ``moe_mm_token_type_ids`` tensor, kept while that tensor lives and is unchanged: every MoE
+# layer of the forward shares them, and gradient checkpointing's recompute (which runs in the backward, after the
+# forward and its plan are gone, with the very same tensor) must take the path the forward took, or it saves
+# other tensors than the forward did and fails.
+_found: dict[int, tuple[weakref.ref, int, ModalityRows]] = {}
+
+
+def _forget(key: int):
+    def drop(_ref, found=_found):
+        found.pop(key, None)
+    return drop
+
+
+def _rows(moe_mm_token_type_ids) -> ModalityRows | None:
+    if torch.compiler.is_compiling() or not isinstance(moe_mm_token_type_ids, torch.Tensor) \
+            or moe_mm_token_type_ids.is_inference():
         return None
+    key, version = id(moe_mm_token_type_ids), moe_mm_token_type_ids._version
+    kept = _found.get(key)
+    if kept is not None and kept[0]() is moe_mm_token_type_ids and kept[1] == version:
+        return kept[2]
     entry = active.current()
     if entry is None or entry.given.get("moe_mm_token_type_ids") is not moe_mm_token_type_ids:
         return None
     host = entry.plan.host.get("moe_mm_token_type_ids")
     if not isinstance(host, torch.Tensor) or host.shape != moe_mm_token_type_ids.shape:
         return None
-    return entry, host_array(host)
+    # The counts from the plan's host copy (the plan checked it is this tensor's values), the positions on the device.
+    n_vision = int(np.count_nonzero(host_array(host)))
+    flat = moe_mm_token_type_ids.reshape(-1) != 0
+    rows = ModalityRows(torch.nonzero_static(~flat, size=flat.shape[0] - n_vision).reshape(-1),
+                        torch.nonzero_static(flat, size=n_vision).reshape(-1), n_vision > 0)
+    _found[key] = (weakref.ref(moe_mm_token_type_ids, _forget(key)), version, rows)
+    return rows
 
 
 def any_vision_token(moe_mm_token_type_ids):
     """``moe_mm_token_type_ids.any()``: a host bool from the plan's copy where there is one."""
-    found = _host_types(moe_mm_token_type_ids)
-    if found is None:
-        return moe_mm_token_type_ids.any()
-    return bool(found[1].any())
+    rows = _rows(moe_mm_token_type_ids)
+    return moe_mm_token_type_ids.any() if rows is None else rows.any_vision
 
 
 def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
-    """The positions of the text tokens (type 0) and of the vision tokens (any other type) of the running forward,
-    made on the device once per forward (every MoE layer shares them), or None without a plan for this tensor."""
-    found = _host_types(moe_mm_token_type_ids)
-    if found is None:
-        return None
-    entry, host = found
-    rows = entry.memo.get(_MEMO_KEY)
-    if rows is None:
-        n_vision = int(np.count_nonzero(host))
-        flat = moe_mm_token_type_ids.reshape(-1) != 0
-        rows = ModalityRows(torch.nonzero_static(~flat, size=flat.shape[0] - n_vision).reshape(-1),
-                            torch.nonzero_static(flat, size=n_vision).reshape(-1))
-        entry.memo[_MEMO_KEY] = rows
-    return rows
+    """The positions of the text tokens (type 0) and of the vision tokens (any other type) of ``moe_mm_token_type_ids``,
+    made on the device once for the tensor, or None where no plan describes it."""
+    return _rows(moe_mm_token_type_ids)
 
 
 def experts_by_modality(experts, hidden_states: torch.Tensor, states_mask: torch.Tensor, router_mask: torch.Tensor,

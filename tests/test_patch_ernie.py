@@ -1,0 +1,158 @@
+"""ERNIE-4.5-VL: parity with stock over the processor's layouts (a video's frames paired by the resampler), the
+rotary index against the family's stock function, the MoE's text and vision experts fed by planned rows (router
+logits and the auxiliary loss too), no syncs and no blocking copies with prepare(), generate, gradients, compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import syncfree
+from family_checks import (
+    check_forward_equals_stock,
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    check_rope_index_matches_stock,
+    model_pair,
+)
+from syncfree.families.ernie import build_ernie_inputs
+from syncfree.inputs import Image, Text, Video, processor_batch
+from syncfree.plan.active import StalePlan
+
+NAME = "ernie4.5-vl-tiny"
+
+
+def _pair(attn: str = "sdpa", dtype=torch.float32):
+    return model_pair(NAME, attn, dtype)
+
+
+# Pixels are multiples of 28 (patch 14 x merge 2); video frames come in pairs (temporal_merge_size 2).
+LAYOUTS = {
+    "one image": [[Text(4), Image(84, 112), Text(3)]],
+    "images of different sizes": [[Text(2), Image(28, 56), Text(1), Image(112, 28), Text(1), Image(28, 28), Text(2)]],
+    "video": [[Text(3), Video(6, 56, 84), Text(2)]],
+    "image and videos": [[Text(1), Video(4, 56, 56), Text(2), Image(56, 28), Text(1), Video(2, 28, 56), Text(1)]],
+    "padding and a text-only row": [[Text(2), Image(56, 84), Text(5)], [Text(1), Video(2, 28, 28), Text(1)],
+                                    [Text(3)]],
+}
+
+
+def test_the_moe_types_mark_each_items_markers_too():
+    config = _pair()[0].config
+    batch = build_ernie_inputs(config, LAYOUTS["image and videos"])
+    ids, moe = batch["input_ids"], batch["moe_mm_token_type_ids"]
+    for kind, marks in ((1, (config.image_start_token_id, config.image_token_id, config.image_end_token_id)),
+                        (2, (config.video_start_token_id, config.video_token_id, config.video_end_token_id))):
+        assert torch.equal(moe == kind, sum(ids == m for m in marks).bool())
+        assert torch.equal(batch["mm_token_type_ids"] == kind, ids == marks[1])
+    # A video of 4 frames of 2x2 merged patches pairs its frames: 2 * 4 placeholders.
+    assert int((ids == config.video_token_id).sum()) == 2 * 4 + 1 * 2
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_equals_stock(attn, layout, padding):
+    stock, patched = _pair(attn)
+    check_forward_equals_stock(stock, patched, build_ernie_inputs(stock.config, LAYOUTS[layout], padding_side=padding))
+
+
+def test_router_logits_and_the_auxiliary_loss_equal_stock():
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, LAYOUTS["image and videos"])
+    with torch.no_grad():
+        want = stock(**batch, output_router_logits=True)
+        for inputs in (batch, syncfree.prepare(batch, None, patched)):
+            got = patched(**inputs, output_router_logits=True)
+            assert len(got.router_logits) == len(want.router_logits) > 0
+            assert all(torch.equal(g, w) for g, w in zip(got.router_logits, want.router_logits))
+            assert torch.equal(got.aux_loss, want.aux_loss)
+
+
+def test_a_batch_without_moe_types_runs_every_token_through_the_text_experts_as_stock():
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, LAYOUTS["images of different sizes"])
+    del batch["moe_mm_token_type_ids"]
+    check_forward_equals_stock(stock, patched, batch)
+
+
+def test_moe_types_edited_after_prepare_are_refused():
+    _, patched = _pair()
+    kwargs = syncfree.prepare(processor_batch(patched.config, LAYOUTS["one image"]), "cpu", patched)
+    kwargs["moe_mm_token_type_ids"][0, 0] = 1
+    with pytest.raises(StalePlan, match="moe_mm_token_type_ids"):
+        patched(**kwargs)
+
+
+side = st.integers(1, 4).map(lambda n: 28 * n)
+items = st.one_of(st.builds(Text, st.integers(1, 4)), st.builds(Image, side, side),
+                  st.builds(Video, st.sampled_from([2, 4, 6]), side, side))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), left=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_rope_index_matches_the_familys_stock_function(rows, left, seed):
+    stock, _ = _pair()
+    check_rope_index_matches_stock(stock, build_ernie_inputs(stock.config, rows, padding_side="left" if left else
+                                                             "right", seed=seed))
+
+
+def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
+    # (bf16: the experts' grouped matmul has no host read there; in fp32 it reads its group sizes, as in every MoE.)
+    stock, patched = _pair(dtype=torch.bfloat16)
+    batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
+    batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+@pytest.mark.parametrize("layout", ["images", "videos"])
+def test_generate_and_backward_equal_stock(layout):
+    stock, patched = _pair()
+    samples = ([[Text(2), Image(112, 56), Text(2), Image(56, 56), Text(1)], [Text(1), Image(56, 56), Text(2)]]
+               if layout == "images" else [[Text(2), Video(4, 56, 56), Text(1)], [Text(1), Video(2, 56, 84), Text(2)]])
+    batch = build_ernie_inputs(stock.config, samples, padding_side="left")
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    with torch.no_grad():
+        static = dict(options, cache_implementation="static")
+        assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **static),
+                           stock.generate(**batch, **static))
+        beams = dict(options, num_beams=2, num_return_sequences=2)
+        assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **beams),
+                           stock.generate(**batch, **beams))
+
+
+def test_patched_vision_tower_compiles_without_graph_breaks():
+    _, patched = _pair()
+    batch = processor_batch(patched.config, [[Image(84, 112), Image(56, 28)]])
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
+    explained = torch._dynamo.explain(patched.model.vision_tower)(batch["pixel_values"], grid_thw=plan.grid_thw,
+                                                                   syncfree_vision_plan=plan)
+    assert explained.graph_break_count == 0
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_training_with_gradient_checkpointing_equals_stock(reentrant):
+    """The MoE blocks' recompute (in the backward, after the forward's plan is gone) takes the path the forward took:
+    the same tensors saved, the same loss and gradients as stock."""
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    results = []
+    for model, inputs in ((stock, batch), (patched, syncfree.prepare(batch, None, patched))):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model.train()
+        model.zero_grad()
+        try:
+            loss = model(**inputs, labels=labels).loss
+            loss.backward()
+        finally:
+            model.gradient_checkpointing_disable()
+            model.eval()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (want_loss, want), (got_loss, got) = results
+    assert torch.equal(got_loss, want_loss) and got.keys() == want.keys()
+    assert all(torch.equal(got[n], want[n]) for n in want)
