@@ -75,7 +75,7 @@ def test_refused_where_it_cannot_apply():
         syncfree.patch(vision_every_step=True)
 
 
-@pytest.mark.parametrize("preset", ["cosmos3-edge-tiny", "paddleocr-vl-tiny"])
+@pytest.mark.parametrize("preset", ["cosmos3-edge-tiny", "paddleocr-vl-tiny", "ernie4.5-vl-tiny"])
 def test_families_with_a_projector_outside_the_tower_are_refused(preset):
     model = build_model(preset)
     with pytest.raises(ValueError, match="vision_every_step=True does not support .* projector sits outside"):

@@ -7,6 +7,6 @@ ones for tests, or a local checkpoint folder. The presets live with their famili
 from __future__ import annotations
 
 from .families import PRESETS, Preset
-from .families.loading import build_model, build_vision_model, load_config
+from .families.loading import build_model, build_vision_model, load_config, vision_tower_of
 
-__all__ = ["PRESETS", "Preset", "load_config", "build_model", "build_vision_model"]
+__all__ = ["PRESETS", "Preset", "load_config", "build_model", "build_vision_model", "vision_tower_of"]

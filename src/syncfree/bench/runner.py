@@ -34,7 +34,7 @@ from ..patching import patch, unpatch
 from ..plan.errors import InputsNotTaken
 from ..plan.spec import layout_of
 from ..prepare import plan_of, prepare
-from ..presets import PRESETS, build_model
+from ..presets import PRESETS, build_model, vision_tower_of
 from .scenarios import SCENARIOS
 
 __all__ = ["BenchConfig", "MatrixRun", "run_matrix"]
@@ -119,7 +119,7 @@ def _tower_call(model, kind: str, pixels: torch.Tensor, grid: torch.Tensor, plan
 
 def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
     """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
-    visual = getattr(model.model, "visual", None) or model.visual  # (an Omni thinker in 5.17 holds it itself)
+    visual = vision_tower_of(model)
     if compiled:
         visual = torch.compile(visual, fullgraph=variant == "patched", dynamic=False)
 
@@ -200,7 +200,7 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
         return None
     pixels, grid, extra = _tower_call(model, "image", kwargs["pixel_values"], kwargs["image_grid_thw"], plan)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model.model.visual)(pixels, grid_thw=grid, **extra)
+    explained = torch._dynamo.explain(vision_tower_of(model))(pixels, grid_thw=grid, **extra)
     return explained.graph_break_count
 
 

@@ -13,6 +13,8 @@ import importlib.util
 
 import torch
 
+from ..presets import vision_tower_of
+
 __all__ = ["VARLEN", "VARLEN_ATTN", "torch_varlen_attention", "use_torch_varlen", "varlen_problem"]
 
 VARLEN = "varlen"  # what the bench calls it (--attn varlen)
@@ -57,6 +59,8 @@ def use_torch_varlen(model) -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(VARLEN_ATTN, torch_varlen_attention)
-    inner = getattr(model, "model", model)
-    visual = getattr(inner, "visual", model)
+    try:
+        visual = vision_tower_of(model)
+    except ValueError:  # a vision tower alone
+        visual = model
     visual.config._attn_implementation = VARLEN_ATTN

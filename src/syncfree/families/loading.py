@@ -13,7 +13,7 @@ import torch
 
 from . import FAMILIES, MODEL_CLASSES, PRESETS, VISION_CLASSES
 
-__all__ = ["load_config", "build_model", "build_vision_model"]
+__all__ = ["load_config", "build_model", "build_vision_model", "vision_tower_of"]
 
 
 def _looks_like_a_path(model: str) -> bool:
@@ -119,8 +119,7 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
     import importlib
 
     if model not in PRESETS:
-        built = build_model(model, attn=attn, dtype=dtype)
-        return getattr(built.model, "visual", None) or built.visual
+        return vision_tower_of(build_model(model, attn=attn, dtype=dtype))
     config = load_config(model, attn=attn)
     layout = FAMILIES[config.model_type].layout
     module = importlib.import_module(layout.vision_modeling or layout.modeling)  # (GLM-4.6V: GLM-4.1V's tower)
@@ -129,3 +128,14 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
         torch.manual_seed(seed)
         m = cls._from_config(config.vision_config, dtype=dtype, attn_implementation=attn)
     return m.eval()
+
+
+def vision_tower_of(model):
+    """The vision tower of a multimodal model (``*ForConditionalGeneration`` or its inner ``*Model``): ``visual`` in
+    the Qwen-VL families, ``vision_tower`` in ERNIE-4.5-VL; an Omni thinker in 5.17 holds it itself."""
+    for holder in (getattr(model, "model", None), model):
+        for name in ("visual", "vision_tower"):
+            tower = getattr(holder, name, None)
+            if isinstance(tower, torch.nn.Module):
+                return tower
+    raise ValueError(f"{type(model).__name__} holds no vision tower (no visual or vision_tower module)")
