@@ -87,10 +87,9 @@ def test_a_patch_that_would_change_nothing_says_so_and_patches_nothing():
                                           if p.endswith("-tiny")))
 def test_every_tiny_presets_tower_builds_alone_and_patches_alone(preset):
     """``build_vision_model`` gives the full model's tower class (GLM-4.6V's is GLM-4.1V's), and patch() takes it."""
-    from syncfree.presets import build_model, build_vision_model
+    from syncfree.presets import build_model, build_vision_model, vision_tower_of
 
     tower = build_vision_model(preset)
-    full = build_model(preset)
-    # (An Omni thinker in Transformers 5.17 holds its tower itself; its .model is the text model.)
-    assert type(tower) is type(getattr(getattr(full, "model", None), "visual", None) or full.visual)
+    # (An Omni thinker in Transformers 5.17 holds its tower itself; ERNIE-4.5-VL's is its vision_tower.)
+    assert type(tower) is type(vision_tower_of(build_model(preset)))
     assert syncfree.is_patched(syncfree.patch(tower))

@@ -22,10 +22,19 @@ import warnings
 import torch
 
 from .families import FAMILIES, MODULE_TARGETS
+from .patch_registry import INHERITED as _INHERITED
+from .patch_registry import built as _built
+from .patch_registry import class_patches as _class_patches
+from .patch_registry import family_of as _family_of
+from .patch_registry import how as _how
+from .patch_registry import model_types as _model_types
+from .patch_registry import module_patches as _module_patches
+from .patch_registry import origin as _origin
+from .patch_registry import target_class as _target_class
 from .rewrite import helpers
 from .rewrite.attention import check_backend
 from .rewrite.edits import GENERIC_SPLIT
-from .rewrite.generic import GENERIC_NOTE, has_split, host_seqlens_towers, split_attention_targets
+from .rewrite.generic import has_split, host_seqlens_towers, split_attention_targets
 from .rewrite.rewriter import RewriteError, rewrite
 from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
@@ -38,11 +47,6 @@ class UnsupportedTransformers(RuntimeError):
     """The installed Transformers' code is not the code a syncfree patch was written for."""
 
 
-_INHERITED = object()  # marks a class attribute that was inherited before the class was patched
-_class_patches: dict[tuple[type, str], object] = {}  # (class, attr) -> stock (or _INHERITED)
-_module_patches: dict[tuple[str, str], tuple] = {}  # (module, function) -> (stock, replacement, modules patched)
-_built: dict[object, object] = {}  # stock function -> its replacement
-_origin: dict[object, tuple[str, str, str]] = {}  # replacement -> (module, class, attr), for pickling
 
 
 def _version() -> str:
@@ -100,14 +104,8 @@ def _build(family: str, where: str, target: Target, stock):
         _check_wrap(family, where, target, stock)
         fn = WRAPPERS[target.wrap](fn)
     _built[stock] = fn
+    _how[fn] = target
     return fn
-
-
-def _target_class(family: Family, target: Target) -> type | None:
-    """The installed class ``target`` names (its own module's, else the family's; the fallback name in older
-    releases), or None."""
-    module = importlib.import_module(target.module or family.modeling)
-    return getattr(module, target.cls, None) or getattr(module, target.fallback_cls or "", None)
 
 
 def _is_tower(target: Target) -> bool:
@@ -180,33 +178,6 @@ def _patch_module_functions() -> None:
     _install_module_functions(_module_replacements())
 
 
-def _family_classes(family: Family) -> tuple[type, ...]:
-    """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
-    if importlib.util.find_spec(family.modeling) is None:
-        return ()
-    return tuple(cls for cls in (_target_class(family, t) for t in family.targets) if isinstance(cls, type))
-
-
-def _family_of(model: torch.nn.Module) -> Family | None:
-    held = tuple({type(m) for m in model.modules()})
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        model_type = getattr(config, "model_type", None) or ""
-        # A vision tower or text model alone carries the sub-config's type ("qwen3_vl_vision").
-        # (An Omni thinker's towers: "qwen3_omni_moe_vision_encoder", "..._audio_encoder".)
-        for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text"),
-                     model_type.replace("_vision_encoder", "_thinker"), model_type.replace("_audio_encoder", "_thinker")):
-            # A model that only borrows a family's sub-model (MiniCPM-V 4.6 runs Qwen3.5's text model under
-            # its own vision tower) is not that family: it must hold one of the classes syncfree patches.
-            if name in FAMILIES and any(issubclass(t, _family_classes(FAMILIES[name])) for t in held):
-                return FAMILIES[name]
-    return None
-
-
-def _model_types(model: torch.nn.Module) -> list[str]:
-    return sorted({getattr(getattr(m, "config", None), "model_type", None) or "" for m in model.modules()} - {""})
-
-
 def _generic_replacements(model: torch.nn.Module) -> dict:
     """Replacements for the vision attention split of a family syncfree does not fully support."""
     replacements = {}
@@ -255,7 +226,8 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             if _is_tower(target):
                 _set_backend(cls, vision_attention)
         if verbose:
-            print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions)")
+            print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions); "
+                  "syncfree.patch_report.describe_patch(model) lists them for a model")
         return None
     # Everything that can refuse is checked before anything changes: a refused patch leaves the model, the
     # classes and Transformers' modules exactly as they were.
@@ -302,12 +274,9 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         if vision_every_step and hasattr(module, "visual") and hasattr(module, "language_model"):
             module.__dict__[VISION_EVERY_STEP] = True
     if verbose:
-        what = ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in patched.items())
-        if family is not None:
-            print(f"syncfree: patched {type(model).__name__} ({family.model_type}, full support): {what}")
-        else:
-            print(f"syncfree: patched {type(model).__name__} ({', '.join(_model_types(model))}, generic fix): "
-                  f"{what}; {GENERIC_NOTE}")
+        from .patch_report import describe_patch  # (it reads this module's tables)
+
+        print("\n".join(describe_patch(model).lines()))
     return model
 
 

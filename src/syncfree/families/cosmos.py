@@ -53,7 +53,22 @@ _COSMOS_TINY = dict(
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                      rope_parameters=dict(rope_type="default", rope_theta=5_000_000, mrope_section=[2, 3, 3])),
 )
+# nvidia/Cosmos3-Edge: Transformers' config defaults (its published processor config agrees: patch 16, merge 2, one
+# frame per temporal step); a SigLIP2 tower of 27 blocks of 1152 and a 16x16 learned table, a relu2 text model.
+_COSMOS = dict(
+    model_type="cosmos3_edge", tie_word_embeddings=False, image_token_id=19, video_token_id=18,
+    vision_start_token_id=20, vision_end_token_id=21, projector_hidden_size=11520,
+    vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                       num_channels=3, patch_size=16, num_patches=256, spatial_merge_size=2,
+                       hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
+    text_config=dict(vocab_size=131072, hidden_size=2048, intermediate_size=9216, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="relu2",
+                     max_position_embeddings=131072, rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False,
+                     rope_parameters=dict(rope_type="default", rope_theta=1e8, mrope_section=[24, 20, 20]),
+                     bos_token_id=1, eos_token_id=11),
+)
 PRESETS: dict[str, Preset] = {
+    "cosmos3-edge": Preset("cosmos3-edge", _COSMOS, 0, "Cosmos3-Edge (published shapes, Transformers' defaults)"),
     "cosmos3-edge-tiny": Preset("cosmos3-edge-tiny", _COSMOS_TINY, 0, "tiny Cosmos3-Edge for tests"),
 }
 VISION_CLASSES = {"cosmos3_edge": "Cosmos3EdgeVisionModel"}

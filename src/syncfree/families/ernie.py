@@ -63,7 +63,24 @@ _ERNIE_TINY = dict(
                      mlp_layer_types=["dense", "sparse"], moe_intermediate_size=[32, 32], moe_k=2, moe_num_experts=4,
                      moe_num_shared_experts=1, pad_token_id=0, bos_token_id=None, eos_token_id=None),
 )
+# baidu/ERNIE-4.5-VL-28B-A3B in Transformers' format: Transformers' own config defaults, which its conversion script
+# from the published checkpoint confirms (rope sections [22, 22, 20]; 64 text and 64 vision experts, 6 per token,
+# widths 1536 and 512; 2 shared; layer 0 dense).
+_ERNIE_28B = dict(
+    model_type="ernie4_5_vl_moe", image_token_id=100295, video_token_id=103367, image_start_token_id=101304,
+    image_end_token_id=101305, video_start_token_id=101306, video_end_token_id=101307,
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=5120, num_heads=16, in_channels=3, patch_size=14,
+                       spatial_merge_size=2, temporal_merge_size=2, hidden_act="quick_gelu", rms_norm_eps=1e-6),
+    text_config=dict(vocab_size=103424, hidden_size=2560, intermediate_size=12288, num_hidden_layers=28,
+                     num_attention_heads=20, num_key_value_heads=4, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, rope_parameters=dict(rope_type="default", rope_theta=500000.0,
+                                                             mrope_section=[22, 22, 20]),
+                     mlp_layer_types=["dense"] + ["sparse"] * 27, moe_intermediate_size=[1536, 512], moe_k=6,
+                     moe_num_experts=64, moe_num_shared_experts=2, moe_norm_min=1e-12),
+)
 PRESETS: dict[str, Preset] = {
+    "ernie4.5-vl-28b-a3b": Preset("ernie4.5-vl-28b-a3b", _ERNIE_28B, 0,
+                                  "ERNIE-4.5-VL-28B-A3B (published shapes, as Transformers converts them)"),
     "ernie4.5-vl-tiny": Preset("ernie4.5-vl-tiny", _ERNIE_TINY, 0,
                                "tiny ERNIE-4.5-VL for tests (text and vision experts, paired video frames)"),
 }

@@ -36,7 +36,25 @@ _EXAONE45_TINY = dict(
                      bos_token_id=None, eos_token_id=None),
 )
 
+# LGAI-EXAONE/EXAONE-4.5-33B: the values of a full-size config of the (beta) checkpoint, which its GGUF metadata
+# confirms for the tower (28 blocks of 2048, 32 query and 8 key/value heads, full attention every 7th block).
+_EXAONE45_33B = dict(
+    model_type="exaone4_5", tie_word_embeddings=False, image_token_id=67, video_token_id=68,
+    vision_config=dict(depth=28, hidden_size=2048, num_heads=32, num_key_value_heads=8, intermediate_size=5120,
+                       hidden_act="silu", patch_size=14, in_channels=3, spatial_merge_size=2, temporal_patch_size=2,
+                       window_size=112, fullatt_block_indexes=[6, 13, 20, 27], out_hidden_size=5120),
+    text_config=dict(model_type="exaone4", vocab_size=153600, hidden_size=5120, intermediate_size=27392,
+                     num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                     hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=131072, sliding_window=4096,
+                     sliding_window_pattern=4,
+                     rope_parameters=dict(rope_type="llama3", rope_theta=1000000.0, factor=16.0,
+                                          high_freq_factor=4.0, low_freq_factor=1.0,
+                                          original_max_position_embeddings=8192),
+                     bos_token_id=1, eos_token_id=53),
+)
+
 PRESETS: dict[str, Preset] = {
+    "exaone4.5-33b": Preset("exaone4.5-33b", _EXAONE45_33B, 0, "EXAONE-4.5-33B (published shapes)"),
     "exaone4.5-tiny": Preset("exaone4.5-tiny", _EXAONE45_TINY, 0, "tiny EXAONE-4.5 for tests (window attention, GQA)"),
 }
 VISION_CLASSES = {"exaone4_5": "Exaone4_5_VisionModel"}

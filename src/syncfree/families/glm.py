@@ -72,7 +72,48 @@ _GLM_OCR_TINY = dict(model_type="glm_ocr", **_TINY_IDS, vision_config=dict(_TINY
 _GLM46V_TINY = dict(model_type="glm46v", **_TINY_IDS, vision_config=dict(_TINY_VISION, model_type="glm4v_vision"),
                     text_config=dict(_TINY_TEXT, model_type="glm4v_text"))
 
+# Published shapes (config.json values as published; random weights). GLM-4.1V-9B-Thinking and GLM-4.5V share the
+# tower (24 blocks of 1536, a 24x24 learned table from image_size 336); GLM-4.5V's merger is 10944 wide.
+_GLM_IDS = dict(image_start_token_id=151339, image_end_token_id=151340, video_start_token_id=151341,
+                video_end_token_id=151342)
+_GLM_VISION = dict(depth=24, hidden_size=1536, num_heads=12, attention_bias=False, hidden_act="silu", image_size=336,
+                   patch_size=14, in_channels=3, out_hidden_size=4096, spatial_merge_size=2, temporal_patch_size=2,
+                   rms_norm_eps=1e-5)
+_GLM_ROPE = dict(rope_type="default", rope_theta=10000.0, mrope_section=[8, 12, 12], partial_rotary_factor=0.5)
+_GLM41V_9B = dict(  # zai-org/GLM-4.1V-9B-Thinking
+    model_type="glm4v", tie_word_embeddings=False, image_token_id=151343, video_token_id=151344, **_GLM_IDS,
+    vision_config=dict(_GLM_VISION, intermediate_size=13696),
+    text_config=dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
+                     num_attention_heads=32, num_key_value_heads=2, attention_bias=True, hidden_act="silu",
+                     rms_norm_eps=1e-5, max_position_embeddings=65536, rope_parameters=dict(_GLM_ROPE)),
+)
+_GLM45V = dict(  # zai-org/GLM-4.5V (106B, 12B active)
+    model_type="glm4v_moe", tie_word_embeddings=False, image_token_id=151363, video_token_id=151364, **_GLM_IDS,
+    vision_config=dict(_GLM_VISION, intermediate_size=10944),
+    text_config=dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
+                     num_attention_heads=96, num_key_value_heads=8, head_dim=128, attention_bias=True,
+                     use_qk_norm=False, hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=65536,
+                     rope_parameters=dict(_GLM_ROPE), n_routed_experts=128, num_experts_per_tok=8,
+                     moe_intermediate_size=1408, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                     topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0),
+)
+_GLM_OCR = dict(  # zai-org/GLM-OCR
+    model_type="glm_ocr", tie_word_embeddings=False, image_token_id=59280, video_token_id=59281,
+    image_start_token_id=59256, image_end_token_id=59257, video_start_token_id=59258, video_end_token_id=59259,
+    vision_config=dict(depth=24, hidden_size=1024, num_heads=16, attention_bias=True, intermediate_size=4096,
+                       hidden_act="silu", image_size=336, patch_size=14, in_channels=3, out_hidden_size=1536,
+                       rms_norm_eps=1e-5, spatial_merge_size=2, temporal_patch_size=2),
+    text_config=dict(vocab_size=59392, hidden_size=1536, intermediate_size=4608, num_hidden_layers=16,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128, attention_bias=False,
+                     hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=131072,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[16, 24, 24],
+                                          partial_rotary_factor=1.0)),
+)
+
 PRESETS: dict[str, Preset] = {
+    "glm4.1v-9b": Preset("glm4.1v-9b", _GLM41V_9B, 151329, "GLM-4.1V-9B-Thinking (published shapes)"),
+    "glm4.5v": Preset("glm4.5v", _GLM45V, 151329, "GLM-4.5V, 106B MoE (published shapes)"),
+    "glm-ocr": Preset("glm-ocr", _GLM_OCR, 59246, "GLM-OCR (published shapes)"),
     "glm4.1v-tiny": Preset("glm4.1v-tiny", _GLM4V_TINY, 0, "tiny GLM-4.1V for tests (learned positions)"),
     "glm4.5v-tiny": Preset("glm4.5v-tiny", _GLM4V_MOE_TINY, 0, "tiny GLM-4.5V for tests (MoE text model)"),
     "glm4.6v-tiny": Preset("glm4.6v-tiny", _GLM46V_TINY, 0, "tiny GLM-4.6V for tests (GLM-4.1V's tower)"),

@@ -64,7 +64,21 @@ _PADDLE_TINY = dict(
                      rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[2, 3, 3]),
                      pad_token_id=0, bos_token_id=None, eos_token_id=None),
 )
+# PaddlePaddle/PaddleOCR-VL (0.9B): the text model and token ids as published; the tower's values from the
+# published remote-code config's consumers (its config.json copies we could read stop inside vision_config).
+_PADDLE = dict(
+    model_type="paddleocr_vl", tie_word_embeddings=False, image_token_id=100295, video_token_id=101307,
+    vision_start_token_id=101305, vision_end_token_id=101306,
+    vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                       num_channels=3, image_size=384, patch_size=14, spatial_merge_size=2, layer_norm_eps=1e-6,
+                       hidden_act="gelu_pytorch_tanh"),
+    text_config=dict(vocab_size=103424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
+                     num_attention_heads=16, num_key_value_heads=2, head_dim=128, hidden_act="silu",
+                     rms_norm_eps=1e-5, max_position_embeddings=131072, use_bias=False,
+                     rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[16, 24, 24])),
+)
 PRESETS: dict[str, Preset] = {
+    "paddleocr-vl": Preset("paddleocr-vl", _PADDLE, 0, "PaddleOCR-VL 0.9B (published shapes)"),
     "paddleocr-vl-tiny": Preset("paddleocr-vl-tiny", _PADDLE_TINY, 0, "tiny PaddleOCR-VL for tests (images only)"),
 }
 VISION_CLASSES = {"paddleocr_vl": "PaddleOCRVisionModel"}

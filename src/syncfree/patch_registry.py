@@ -1,0 +1,56 @@
+"""What ``syncfree.patch`` has replaced, as tables both ``patching`` (which fills them) and ``patch_report`` (which
+reads them back) use, and how a model's family is found from the classes it holds."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import torch
+
+from .families import FAMILIES
+from .rewrite.targets import Family, Target
+
+__all__ = ["INHERITED", "class_patches", "module_patches", "built", "origin", "how", "target_class", "family_classes",
+           "family_of", "model_types"]
+
+INHERITED = object()  # marks a class attribute that was inherited before the class was patched
+class_patches: dict[tuple[type, str], object] = {}  # (class, attr) -> stock (or INHERITED)
+module_patches: dict[tuple[str, str], tuple] = {}  # (module, function) -> (stock, replacement, modules patched)
+built: dict[object, object] = {}  # stock function -> its replacement
+origin: dict[object, tuple[str, str, str]] = {}  # replacement -> (module, class, attr), for pickling
+how: dict[object, Target] = {}  # replacement -> the target it was built from (what ``describe_patch`` says)
+
+
+def target_class(family: Family, target: Target) -> type | None:
+    """The installed class ``target`` names (its own module's, else the family's; the fallback name in older
+    releases), or None."""
+    module = importlib.import_module(target.module or family.modeling)
+    return getattr(module, target.cls, None) or getattr(module, target.fallback_cls or "", None)
+
+
+def family_classes(family: Family) -> tuple[type, ...]:
+    """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
+    if importlib.util.find_spec(family.modeling) is None:
+        return ()
+    return tuple(cls for cls in (target_class(family, t) for t in family.targets) if isinstance(cls, type))
+
+
+def family_of(model: torch.nn.Module) -> Family | None:
+    held = tuple({type(m) for m in model.modules()})
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        model_type = getattr(config, "model_type", None) or ""
+        # A vision tower or text model alone carries the sub-config's type ("qwen3_vl_vision").
+        # (An Omni thinker's towers: "qwen3_omni_moe_vision_encoder", "..._audio_encoder".)
+        for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text"),
+                     model_type.replace("_vision_encoder", "_thinker"), model_type.replace("_audio_encoder", "_thinker")):
+            # A model that only borrows a family's sub-model (MiniCPM-V 4.6 runs Qwen3.5's text model under
+            # its own vision tower) is not that family: it must hold one of the classes syncfree patches.
+            if name in FAMILIES and any(issubclass(t, family_classes(FAMILIES[name])) for t in held):
+                return FAMILIES[name]
+    return None
+
+
+def model_types(model: torch.nn.Module) -> list[str]:
+    return sorted({getattr(getattr(m, "config", None), "model_type", None) or "" for m in model.modules()} - {""})

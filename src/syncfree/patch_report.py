@@ -1,0 +1,109 @@
+"""What ``syncfree.patch`` did to a model, read back from the model itself: every stock function it replaced,
+which stock lines were rewritten in it and which wrapper runs it (``patch(model, verbose=True)`` prints this;
+``syncfree patch --report`` adds the syncs an emulated forward still makes, by source line)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+
+import torch
+
+from . import patch_registry as registry
+from .rewrite.generic import GENERIC_NOTE
+
+__all__ = ["PatchedFunction", "PatchDescription", "describe_patch", "WRAPPER_ROLES"]
+
+# What each wrapper does, in a line (the wrapper factories' names, ``Target.wrap``).
+WRAPPER_ROLES = {
+    "make_model_forward": "finds the batch's plan (prepare()'s, else one read of the control tensors) and runs stock "
+                          "with it, grids on the host",
+    "make_vision_forward": "hands the stock tower the plan's segment sizes and per-patch tables (the grid is not read)",
+    "make_vision_forward_device_grid": "hands the stock tower the plan's segment sizes and tables, its grid on the "
+                                       "device",
+    "make_vision_forward_seqlens_only": "hands the stock tower the plan's segment sizes (the grid is not read)",
+    "make_generate": "plans once for the whole generate() call",
+    "make_get_rope_index": "syncfree's 3D rotary index: whole-tensor ops, no host read",
+    "make_ignore_causal_mask_sdpa": "answers 'is the padding mask all ones?' from the plan's host copy",
+    "make_audio_forward": "hands the stock audio encoder the plan's window sizes",
+    "make_omni_rope_index": "the plan's 3D positions (stock's index, run on the host copies)",
+}
+
+
+@dataclass(frozen=True)
+class PatchedFunction:
+    where: str  # "Class.attr", or "module.function" for a function every model shares
+    modules: int  # modules of the model running it (0: patched on the class or module, for every model)
+    rewrote: tuple[str, ...]  # the stock code each edit replaced, one line each
+    wrapper: str | None  # the wrapper factory's name, if the function is wrapped
+
+    def line(self) -> str:
+        count = f" (x{self.modules})" if self.modules > 1 else ""
+        parts = []
+        if self.rewrote:
+            parts.append(f"rewrote {len(self.rewrote)} stock line{'s' if len(self.rewrote) > 1 else ''}: "
+                         + "; ".join(f"`{code}`" for code in self.rewrote))
+        if self.wrapper:
+            parts.append(f"wrapped: {WRAPPER_ROLES.get(self.wrapper, self.wrapper)}")
+        return f"{self.where}{count}: {'; '.join(parts) or 'replaced'}"
+
+
+@dataclass(frozen=True)
+class PatchDescription:
+    model: str  # the model's class name
+    model_types: tuple[str, ...]
+    support: str  # "full" (a family syncfree fully supports), "generic" or "none" (not patched)
+    family: str | None
+    functions: tuple[PatchedFunction, ...]  # the model's own modules
+    shared: tuple[PatchedFunction, ...]  # Transformers' module-level functions, patched for every model
+
+    def lines(self) -> list[str]:
+        if self.support == "none":
+            return [f"syncfree: {self.model} ({', '.join(self.model_types) or 'no model type'}) is not patched"]
+        kind = f"{self.family}, full support" if self.support == "full" else f"{', '.join(self.model_types)}, generic fix"
+        out = [f"syncfree: patched {self.model} ({kind}): {len(self.functions) + len(self.shared)} functions"]
+        out += [f"  {f.line()}" for f in self.functions + self.shared]
+        if self.support == "generic":
+            out.append(f"  left as stock: {GENERIC_NOTE.split('; ', 1)[1]}")
+        out.append("  (syncfree patch --report --model MODEL audits a forward on the emulated device and lists every "
+                   "sync left, by source line)")
+        return out
+
+
+def _one_line(code: str, width: int = 72) -> str:
+    text = " ".join(ast.unparse(ast.parse(textwrap.dedent(code))).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _function(where: str, modules: int, replacement) -> PatchedFunction:
+    target = registry.how.get(replacement)
+    if target is None:
+        return PatchedFunction(where, modules, (), None)
+    rewrote = tuple(_one_line(e.old) for e in target.edits if e.kind != "prepend")
+    return PatchedFunction(where, modules, rewrote, target.wrap)
+
+
+def describe_patch(model: torch.nn.Module) -> PatchDescription:
+    """What ``syncfree.patch`` replaced in ``model`` (an instance patch, or the classes its modules are of), and the
+    module-level functions it replaced for every model."""
+    counts: dict[str, tuple[int, object]] = {}
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            for attr, value in vars(cls).items():
+                if (cls, attr) in registry.class_patches and value in registry.how:
+                    where = f"{cls.__name__}.{attr}"
+                    counts[where] = (0, value)
+        for attr, value in module.__dict__.items():
+            func = getattr(value, "__func__", None)
+            if func in registry.origin:
+                where = f"{registry.origin[func][1]}.{attr}"
+                counts[where] = (counts.get(where, (0, None))[0] + 1, func)
+    functions = tuple(_function(where, n, fn) for where, (n, fn) in counts.items())
+    shared = tuple(_function(f"{module}.{name}", 0, replacement)
+                   for (module, name), (_stock, replacement, _holders) in registry.module_patches.items())
+    family = registry.family_of(model)
+    support = "none" if not functions else ("full" if family is not None else "generic")
+    return PatchDescription(type(model).__name__, tuple(registry.model_types(model)), support,
+                            family.model_type if family is not None else None, functions,
+                            shared if support == "full" else ())
