@@ -1,0 +1,56 @@
+"""What patch(verbose=True) and describe_patch say: every function syncfree replaced in the model, the stock lines
+rewritten in it and its wrapper, read back from the patched model (checked against the family tables)."""
+
+from __future__ import annotations
+
+import pytest
+
+import syncfree
+from syncfree.families import FAMILIES, MODULE_TARGETS
+from syncfree.patch_registry import target_class
+from syncfree.patch_report import WRAPPER_ROLES, describe_patch
+from syncfree.presets import build_model
+
+
+@pytest.mark.parametrize("name", ["ernie4.5-vl-tiny", "glm4.1v-tiny", "qwen2.5-vl-tiny"])
+def test_a_fully_supported_model_lists_each_target_with_its_edits_and_wrapper(name):
+    model = syncfree.patch(build_model(name))
+    said = describe_patch(model)
+    family = FAMILIES[model.config.model_type]
+    assert (said.support, said.family) == ("full", family.model_type)
+    listed = {f.where: f for f in said.functions}
+    for target in family.targets:
+        cls = target_class(family, target)
+        if target.check_only or cls is None or not any(isinstance(m, cls) for m in model.modules()):
+            continue
+        where = f"{cls.__name__}.{target.attr}"
+        if where not in listed:  # an optional target absent from this release
+            assert target.optional, where
+            continue
+        got = listed[where]
+        assert got.wrapper == target.wrap and len(got.rewrote) == len([e for e in target.edits if e.kind != "prepend"])
+        assert got.modules == sum(isinstance(m, cls) for m in model.modules())
+    assert {f.where.rsplit(".", 1)[0] for f in said.shared} <= {f"{m}.{n}".rsplit(".", 1)[0]
+                                                               for m, n in MODULE_TARGETS}
+    text = "\n".join(said.lines())
+    assert all(f.where in text for f in said.functions)
+    assert all(WRAPPER_ROLES[f.wrapper] in text for f in said.functions if f.wrapper)
+
+
+def test_verbose_prints_the_description(capsys):
+    model = syncfree.patch(build_model("ernie4.5-vl-tiny"), verbose=True)
+    assert capsys.readouterr().out.splitlines() == describe_patch(model).lines()
+
+
+def test_an_unpatched_model_is_said_to_be_unpatched():
+    said = describe_patch(build_model("qwen3-vl-tiny"))
+    assert said.support == "none" and not said.functions and "is not patched" in said.lines()[0]
+
+
+def test_the_generic_fix_says_what_it_left_as_stock():
+    from syncfree.census.tiny import build_tiny
+
+    said = describe_patch(syncfree.patch(build_tiny("lfm3_vl")))
+    assert said.support == "generic" and [f.where for f in said.functions] == ["Lfm3VlVisionAttention.forward"]
+    assert said.functions[0].rewrote and said.functions[0].wrapper is None
+    assert not said.shared and any("left as stock" in line for line in said.lines())
