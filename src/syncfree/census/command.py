@@ -68,7 +68,10 @@ def run_census_command(args: argparse.Namespace) -> int:
     print(f"syncfree census: {len(families)} families, stock vs patched, one forward each on the emulated device; "
           f"results go to {out}", flush=True)
     start = time.perf_counter()
-    rows = run_census(families, progress=lambda line: print(f"  {line}", flush=True))
+    # (--debug: each failing family's traceback too, not only its one-line reason.)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("SYNCFREE_DEBUG", "").strip().lower() not in (
+        "", "0", "false", "no", "off")
+    rows = run_census(families, progress=lambda line: print(f"  {line}", flush=True), debug=debug)
     import torch
     import transformers
 

@@ -1,10 +1,10 @@
 """The census: every model family of the installed Transformers with the packed vision split, audited.
 
 Families are found by reading the installed modeling sources (``lengths.tolist()``), not from a list.
-For each: a tiny random model from the family's own config class, a Qwen-VL-style batch, one
-forward on the emulated device stock and one patched (full support where syncfree has it, the
-generic split fix otherwise), the syncs and blocking copies of each, and whether the outputs are
-equal. A family that cannot be built or run is listed with the reason.
+For each: a tiny random model from the family's own config class, two images of different sizes packed
+as its processor packs them (``inputs``), one forward on the emulated device stock and one patched
+(full support where syncfree has it, the generic split fix otherwise), the syncs and blocking copies
+of each, and whether the outputs are equal. A family that cannot be built or run is listed with the reason (``reasons``).
 """
 
 from __future__ import annotations
@@ -103,11 +103,6 @@ def _audited(model, batch: dict, prepared: bool = False):
     return report, out.cpu()  # after the audit: reading the result back is not the forward's doing
 
 
-def _reason(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text[:240]
-
-
 # Omni families: no auto class builds them from a config, and their forward takes audio; the census
 # runs their thinker (what syncfree patches), as syncfree's tiny preset builds it, on an Omni batch.
 OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-tiny"}
@@ -115,7 +110,7 @@ OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-
 
 def _family_batch(model) -> dict | None:
     """A fully supported family's own processor layout (its pixels, markers, token types) with the census's two
-    images of different sizes; None for the others (they get the Qwen-VL-style batch)."""
+    images of different sizes; None for the others (they get ``census_batch``'s)."""
     from ..families import FAMILIES
     from ..inputs import Image, Text, processor_batch
 
@@ -136,25 +131,35 @@ def _omni_thinker(family: str):
     return model, processor_batch(model.config, omni_layout("mixed", unit=unit))
 
 
-def census_family(family: str) -> CensusRow:
-    """One row of the census (never raises: a failure is the row's reason)."""
+def _failed(row: CensusRow, exc: BaseException, debug: bool) -> None:
+    from .reasons import reason_for
+
+    row.reason = reason_for(row.family, exc)
+    if debug or os.environ.get("SYNCFREE_DEBUG"):
+        traceback.print_exc()
+
+
+def census_family(family: str, debug: bool = False) -> CensusRow:
+    """One row of the census (never raises: a failure is the row's reason; ``debug`` prints its traceback)."""
     from ..audit import emulate_cuda
     from ..patching import patch
-    from .tiny import build_tiny, qwen_vl_style_batch
+    from .inputs import census_batch
+    from .tiny import build_tiny
 
     start = time.perf_counter()
     row = CensusRow(family, "not built", support=support_level(family))
     try:
         stock, batch = _omni_thinker(family) if family in OMNI_TINY else (build_tiny(family), None)
-        batch = batch or _family_batch(stock) or qwen_vl_style_batch(stock)
+        batch = batch or _family_batch(stock) or census_batch(stock)
     except Exception as exc:  # a family the generic shrinker or input builder does not fit
-        row.reason, row.seconds = _reason(exc), time.perf_counter() - start
+        _failed(row, exc, debug)
+        row.seconds = time.perf_counter() - start
         return row
     row.status = "not run"
     try:
         patched = patch(copy.deepcopy(stock)) if row.support != "none" else None
     except ValueError as exc:
-        patched, row.reason = None, _reason(exc)
+        patched, row.reason = None, f"{type(exc).__name__}: {exc}".replace("\n", " ")[:240]
     try:
         with emulate_cuda():
             stock.to("cuda")
@@ -171,20 +176,18 @@ def census_family(family: str) -> CensusRow:
                 row.left = _where_left(report)
         row.status = "ok"
     except Exception as exc:
-        row.reason = _reason(exc)
-        if os.environ.get("SYNCFREE_DEBUG"):
-            traceback.print_exc()
+        _failed(row, exc, debug)
     row.seconds = time.perf_counter() - start
     return row
 
 
-def run_census(families: list[str] | None = None, progress=None) -> list[CensusRow]:
+def run_census(families: list[str] | None = None, progress=None, debug: bool = False) -> list[CensusRow]:
     rows = []
     chosen = families or discover()
     for i, family in enumerate(chosen, 1):
         if progress:
             progress(f"[{i}/{len(chosen)}] {family}")
-        rows.append(census_family(family))
+        rows.append(census_family(family, debug))
     return rows
 
 

@@ -14,7 +14,9 @@ import copy
 
 import torch
 
-__all__ = ["tiny_config", "build_tiny", "qwen_vl_style_batch"]
+from .fixes import fix_config, scale_sections
+
+__all__ = ["tiny_config", "build_tiny"]
 
 _LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers")
 _WIDTHS = {"hidden_size": 64, "embed_dim": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
@@ -23,7 +25,7 @@ _HEADS = {"num_attention_heads": 4, "num_heads": 4, "num_key_value_heads": 2, "e
           "linear_num_key_heads": 2, "linear_num_value_heads": 4}
 _HEAD_DIMS = ("head_dim", "linear_key_head_dim", "linear_value_head_dim", "qk_rope_head_dim", "v_head_dim")
 _EXPERTS = {"num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
-            "first_k_dense_replace": 0}
+            "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1}  # (groups of experts: one)
 
 
 def _default_mrope_section(model_type: str) -> list[int] | None:
@@ -46,15 +48,7 @@ def _shrink_rope(config, head_dim: int, default_sections: list[int] | None = Non
     if not isinstance(rope, dict) or not rope.get("mrope_section"):
         return
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
-    half = int(head_dim * factor) // 2
-    sections = list(rope["mrope_section"])
-    total = sum(sections)
-    scaled = [max(0, s * half // total) for s in sections]
-    # The rounding remainder goes to a section no other equals (Qwen's temporal [16, 24, 24], ERNIE-4.5-VL's
-    # [22, 22, 20]: its height and width sections are stacked, so they must stay equal), else the first.
-    unique = [i for i, s in enumerate(sections) if sections.count(s) == 1]
-    scaled[unique[0] if unique else 0] += half - sum(scaled)
-    rope["mrope_section"] = scaled
+    rope["mrope_section"] = scale_sections(list(rope["mrope_section"]), int(head_dim * factor) // 2)
     # The attribute may hand out a standardized copy: set it back.
     _set(config, "rope_parameters" if getattr(config, "rope_parameters", None) is not None else "rope_scaling", rope)
 
@@ -73,8 +67,24 @@ def _get(config, name: str):
         return None
 
 
-def _shrink(config, out_width: int | None = None, sections: list[int] | None = None) -> None:
-    """Shrink one (sub-)config in place."""
+# Width fields that merely restate a width, not a count or an image size; see _tie_widths.
+_NOT_WIDTHS = ("vocab_size", "patch_size", "image_size", "window_size", "sliding_window", "chunk_size")
+
+
+def _tie_widths(config, old: set[int], new: int) -> None:
+    """Fields that must equal a shrunk width (Dots3-Note's ``adapter_in_dim`` is its tower's ``hidden_size``, its
+    ``adapter_out_dim`` the text width, MiniMax-M3-VL's projector width too): every ``*_dim`` / ``*_size`` field
+    still at an old width follows it."""
+    for name, value in list(vars(config).items()):
+        if (isinstance(value, int) and not isinstance(value, bool) and value in old and value > new
+                and name.endswith(("_dim", "_size")) and name not in _NOT_WIDTHS):
+            _set(config, name, new)
+
+
+def _shrink(config, out_width: int | None = None, sections: list[int] | None = None, old: set[int] = frozenset()
+            ) -> None:
+    """Shrink one (sub-)config in place (``old``: the widths of the other configs before shrinking)."""
+    old = {*old, *(v for v in (_get(config, "hidden_size"), _get(config, "embed_dim")) if isinstance(v, int))}
     for name in _LAYERS:
         if isinstance(_get(config, name), int) and _get(config, name) > 2:
             _set(config, name, 2)
@@ -96,11 +106,21 @@ def _shrink(config, out_width: int | None = None, sections: list[int] | None = N
     width = _get(config, "hidden_size") or _get(config, "embed_dim") or 64
     head_dim = max(8, width // heads)
     for name in _HEAD_DIMS:
-        if isinstance(_get(config, name), int):
+        # (0 turns a part off, GLM-5-Next's rotary one; None for head_dim means width // heads, but not every
+        # family's code reads it so: HunYuan-VL's takes the None.)
+        if isinstance(_get(config, name), int) and _get(config, name) > 0 or name == "head_dim" and name in vars(
+                config) and _get(config, name) is None and _get(config, "num_attention_heads"):
             _set(config, name, head_dim)
+    if isinstance(_get(config, "kv_lora_rank"), int):
+        # Multi-head latent attention (DeepSeek-V3's, Kimi-K2.5's text, GLM-5-Next, HY-V4-VL): every query head has
+        # its own KV head, and the query head size its config derives once is recomputed from the shrunk parts.
+        _set(config, "num_key_value_heads", _get(config, "num_attention_heads"))
+        if isinstance(_get(config, "qk_head_dim"), int):
+            _set(config, "qk_head_dim", _get(config, "qk_rope_head_dim") + _get(config, "qk_nope_head_dim"))
     _shrink_rope(config, _get(config, "head_dim") or head_dim, sections)
     if out_width is not None and isinstance(_get(config, "out_hidden_size"), int):
         _set(config, "out_hidden_size", out_width)
+    _tie_widths(config, old, width)
 
 
 def tiny_config(model_type: str):
@@ -110,15 +130,20 @@ def tiny_config(model_type: str):
     config = copy.deepcopy(AutoConfig.for_model(model_type))
     subs = {k: v for k, v in vars(config).items() if isinstance(v, PretrainedConfig)}
     text = subs.get("text_config")
+    # Widths before shrinking, which a projector or adapter field may restate (they all shrink to the same width).
+    old = {_get(sub, name) for sub in subs.values() for name in ("hidden_size", "embed_dim")} - {None}
     if text is not None:
         # (A text model borrowed from another family, GLM-4.6V's glm4v_text: that family's code has the default.)
         owner = getattr(text, "model_type", "").removesuffix("_text")
         _shrink(text, sections=_default_mrope_section(model_type) or _default_mrope_section(owner))
     for name, sub in subs.items():
         if name != "text_config":
-            _shrink(sub, out_width=getattr(text, "hidden_size", None))
+            _shrink(sub, out_width=getattr(text, "hidden_size", None), old=old)
     if not subs:
         _shrink(config)
+    else:
+        _tie_widths(config, old, _WIDTHS["hidden_size"])  # (projector widths on the outer config)
+    fix_config(model_type, config)
     for config_ in [config, *subs.values()]:
         config_._attn_implementation = "sdpa"
     return config
@@ -139,33 +164,3 @@ def build_tiny(model_type: str, seed: int = 0):
             except ValueError as exc:
                 last = exc
     raise last
-
-
-def qwen_vl_style_batch(model, images: int = 2, text: int = 6) -> dict:
-    """Flattened patches, ``image_grid_thw``, image placeholders in ``input_ids`` and ``mm_token_type_ids``."""
-    config = model.config
-    vc = getattr(config, "vision_config", None)
-    image_token = getattr(config, "image_token_id", None)
-    if image_token is None:
-        image_token = getattr(config, "image_token_index", None)
-    if vc is None or image_token is None or not isinstance(getattr(vc, "patch_size", None), int):
-        raise ValueError("no vision_config with an int patch_size and no image token id: not a Qwen-VL-style input")
-    merge = getattr(vc, "spatial_merge_size", 1) or 1
-    temporal = getattr(vc, "temporal_patch_size", 1) or 1
-    channels = getattr(vc, "in_channels", None) or getattr(vc, "num_channels", 3)
-    gen = torch.Generator().manual_seed(0)
-    grids, ids, types = [], [], []
-    for i in range(images):
-        h = w = 2 * merge * (i + 1)
-        grids.append([1, h, w])
-        tokens = h * w // merge**2
-        ids += [11 + i] * text + [image_token] * tokens
-        types += [0] * text + [1] * tokens
-    ids += [12] * text
-    types += [0] * text
-    grid = torch.tensor(grids)
-    patches = int(grid.prod(-1).sum())
-    batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-             "pixel_values": torch.randn(patches, channels * temporal * vc.patch_size**2, generator=gen),
-             "image_grid_thw": grid, "mm_token_type_ids": torch.tensor([types])}
-    return batch
