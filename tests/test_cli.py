@@ -181,3 +181,16 @@ def test_audit_compare_for_the_families_beyond_qwen(preset, tmp_path):
     assert data["run"]["vision_depth"] == (4 if preset == "exaone4.5-tiny" else 2)
     assert data["stock"]["summary"]["syncs"] > data["patched"]["summary"]["syncs"] == 1
     assert (data["patched+prepare"]["summary"]["syncs"], data["patched+prepare"]["summary"]["blocking_copies"]) == (0, 0)
+
+
+@pytest.mark.parametrize("preset", ["paddleocr-vl-tiny", "glm4.1v-tiny"])
+def test_audit_of_a_tower_alone_hands_it_what_its_model_would(preset, tmp_path):
+    """--scope vision calls the tower as its model's get_*_features does: PaddleOCR-VL's (1, patches, C, P, P) pixels
+    (4D ones failed), GLM-4.1V's video frames as (1, h, w) rows."""
+    path = tmp_path / "audit.json"
+    inputs = "images" if preset.startswith("paddle") else "video"
+    assert main(["audit", "--compare", "--model", preset, "--scope", "vision", "--inputs", inputs,
+                 "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["stock"]["summary"]["syncs"] > 0
+    assert (data["patched+prepare"]["summary"]["syncs"], data["patched+prepare"]["summary"]["blocking_copies"]) == (0, 0)

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..audit import audit, emulate_cuda
+from ..compare.towers import tower_call
 from ..compare.train import labels_for
 from ..compare.varlen import VARLEN, use_torch_varlen
 from ..inputs import batch_to, processor_batch
 from ..patching import patch, unpatch
 from ..plan.errors import InputsNotTaken
-from ..plan.spec import layout_of
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model, vision_tower_of
 from .scenarios import SCENARIOS
@@ -99,24 +99,6 @@ def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = 
     return out
 
 
-def _tower_call(model, kind: str, pixels: torch.Tensor, grid: torch.Tensor, plan) -> tuple:
-    """The pixels and grid the vision tower is handed for ``kind``, as the model's own get_*_features hands them,
-    and the plan for them: where the tower sees each video frame as a (1, h, w) row (GLM-4.1V), those rows (stock:
-    made from the device grid, with stock's reads; patched: the plan's host rows); a tower that takes
-    (1, patches, C, P, P) pixels (PaddleOCR-VL) gets them so."""
-    layout = layout_of(model.config.model_type)
-    pixels = pixels.to(model.dtype)
-    if layout is not None and layout.pixels_4d:
-        pixels = pixels.unsqueeze(0)
-    if plan is not None:
-        vp = plan.video_frames if kind == "video" and plan.video_frames is not None else getattr(plan, kind)
-        return pixels, vp.grid_thw, {"syncfree_vision_plan": vp}
-    if kind == "video" and layout is not None and layout.video_frames_as_images:
-        rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
-        return pixels, torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), {}
-    return pixels, grid, {}
-
-
 def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
     """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
     visual = vision_tower_of(model)
@@ -145,7 +127,7 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
             for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                        ("pixel_values_videos", "video_grid_thw", "video")):
                 if pixels in kwargs:
-                    tower_pixels, tower_grid, extra = _tower_call(model, kind, kwargs[pixels], kwargs[grid], plan)
+                    tower_pixels, tower_grid, extra = tower_call(model, kind, kwargs[pixels], kwargs[grid], plan)
                     visual(tower_pixels, grid_thw=tower_grid, **extra)
         elif keep_last:
             model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
@@ -198,7 +180,7 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
     plan = plan_of(kwargs)
     if "pixel_values" not in kwargs:
         return None
-    pixels, grid, extra = _tower_call(model, "image", kwargs["pixel_values"], kwargs["image_grid_thw"], plan)
+    pixels, grid, extra = tower_call(model, "image", kwargs["pixel_values"], kwargs["image_grid_thw"], plan)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(vision_tower_of(model))(pixels, grid_thw=grid, **extra)
     return explained.graph_break_count

@@ -24,6 +24,7 @@ from ..prepare import plan_of
 from ..presets import PRESETS, build_model, build_vision_model, load_config
 from .checks import check_image_side, image_unit
 from .progress import layer_progress
+from .towers import tower_call
 
 __all__ = ["AuditSpec", "run_audit", "run_compare", "spec_batch", "SCOPES", "VARIANTS"]
 
@@ -65,9 +66,9 @@ def _forward(model, batch: dict, scope: str) -> None:
     if scope == "vision":
         for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                    ("pixel_values_videos", "video_grid_thw", "video")):
-            if pixels in batch:
-                extra = {"syncfree_vision_plan": getattr(plan, kind)} if plan is not None else {}
-                model(batch[pixels].to(model.dtype), grid_thw=batch[grid], **extra)
+            if pixels in batch:  # (as the model's get_*_features hands them: PaddleOCR-VL's 5D pixels, GLM's frames)
+                pixels, grid, extra = tower_call(model, kind, batch[pixels], batch[grid], plan)
+                model(pixels, grid_thw=grid, **extra)
     elif scope == "rope" and "mm_token_type_ids" not in batch:  # an Omni thinker's index (audio lengths too)
         inner = model.model if hasattr(model.model, "audio_tower") else model
         mask = batch.get("feature_attention_mask")

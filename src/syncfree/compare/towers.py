@@ -1,0 +1,29 @@
+"""How a vision tower is called alone, as its model's own ``get_*_features`` calls it (``syncfree audit --scope vision``,
+``syncfree bench``'s vision cells)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import layout_of
+
+__all__ = ["tower_call"]
+
+
+def tower_call(model, kind: str, pixels: torch.Tensor, grid: torch.Tensor, plan) -> tuple:
+    """The pixels and grid the vision tower is handed for ``kind``, as the model's own get_*_features hands them,
+    and the plan for them: where the tower sees each video frame as a (1, h, w) row (GLM-4.1V), those rows (stock:
+    made from the device grid, with stock's reads; patched: the plan's host rows); a tower that takes
+    (1, patches, C, P, P) pixels (PaddleOCR-VL) gets them so."""
+    model_type = model.config.model_type  # (a tower alone carries its sub-config's type: "paddleocr_vl_vision")
+    layout = layout_of(model_type) or layout_of(model_type.removesuffix("_vision"))
+    pixels = pixels.to(model.dtype)
+    if layout is not None and layout.pixels_4d:
+        pixels = pixels.unsqueeze(0)
+    if plan is not None:
+        vp = plan.video_frames if kind == "video" and plan.video_frames is not None else getattr(plan, kind)
+        return pixels, vp.grid_thw, {"syncfree_vision_plan": vp}
+    if kind == "video" and layout is not None and layout.video_frames_as_images:
+        rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
+        return pixels, torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), {}
+    return pixels, grid, {}
