@@ -54,3 +54,33 @@ def test_the_generic_fix_says_what_it_left_as_stock():
     assert said.support == "generic" and [f.where for f in said.functions] == ["Lfm3VlVisionAttention.forward"]
     assert said.functions[0].rewrote and said.functions[0].wrapper is None
     assert not said.shared and any("left as stock" in line for line in said.lines())
+
+
+def test_the_report_command_lists_what_a_generic_fix_leaves(capsys):
+    from syncfree.cli.main import main
+
+    assert main(["patch", "--report", "--model", "lfm3_vl"]) == 0
+    out = capsys.readouterr().out
+    assert "generic fix" in out and "Lfm3VlVisionAttention.forward" in out and "left (patched):" in out
+    counts = out.split("syncs in one forward on the emulated device: ")[1].splitlines()[0]
+    stock, patched = (int(part.split()[1]) for part in counts.split(";")[0].split(" -> "))
+    assert stock > patched > 0 and "outputs equal to stock" in counts
+
+
+def test_the_report_command_finds_nothing_left_in_a_fully_supported_bf16_moe(capsys):
+    from syncfree.cli.main import main
+
+    assert main(["patch", "--report", "--model", "ernie4.5-vl-tiny", "--inputs", "mixed", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "ernie4_5_vl_moe, full support" in out and "patched+prepare 0 (0 blocking copies)" in out
+    assert out.rstrip().endswith("left (patched+prepare):\n(nothing)")
+
+
+@pytest.mark.parametrize("argv, words", [(["patch", "--model", "lfm3_vl"], "add --report"),
+                                         (["patch", "--report", "--model", "llama"], "not a preset, a checkpoint")])
+def test_the_report_command_refuses_clearly(argv, words, capsys):
+    from syncfree.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err

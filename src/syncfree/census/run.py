@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["CensusRow", "discover", "census_family", "run_census"]
+__all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level"]
 
 PATTERN = "lengths.tolist()"
 
@@ -139,18 +139,24 @@ def _failed(row: CensusRow, exc: BaseException, debug: bool) -> None:
         traceback.print_exc()
 
 
+def tiny_model_and_batch(family: str) -> tuple[torch.nn.Module, dict]:
+    """The census's tiny model of ``family`` (an Omni family's thinker) and its batch of two images."""
+    from .inputs import census_batch
+    from .tiny import build_tiny
+
+    model, batch = _omni_thinker(family) if family in OMNI_TINY else (build_tiny(family), None)
+    return model, batch or _family_batch(model) or census_batch(model)
+
+
 def census_family(family: str, debug: bool = False) -> CensusRow:
     """One row of the census (never raises: a failure is the row's reason; ``debug`` prints its traceback)."""
     from ..audit import emulate_cuda
     from ..patching import patch
-    from .inputs import census_batch
-    from .tiny import build_tiny
 
     start = time.perf_counter()
     row = CensusRow(family, "not built", support=support_level(family))
     try:
-        stock, batch = _omni_thinker(family) if family in OMNI_TINY else (build_tiny(family), None)
-        batch = batch or _family_batch(stock) or census_batch(stock)
+        stock, batch = tiny_model_and_batch(family)
     except Exception as exc:  # a family the generic shrinker or input builder does not fit
         _failed(row, exc, debug)
         row.seconds = time.perf_counter() - start

@@ -263,6 +263,14 @@ def _parser() -> argparse.ArgumentParser:
                                         "forward stock and patched on the emulated device.")
     add_census_args(census)
     _add_debug(census, default=argparse.SUPPRESS)
+    from ..census.patch_report import add_patch_args
+
+    patch = sub.add_parser("patch", help="what syncfree.patch rewrites in a model, and the syncs it leaves",
+                           description="Say what syncfree.patch rewrites in one model (any family with the packed "
+                                       "vision split: a preset, a checkpoint folder or a model type) and audit a "
+                                       "forward on the emulated device: every sync left, by source line.")
+    add_patch_args(patch, _DTYPES)
+    _add_debug(patch, default=argparse.SUPPRESS)
     return parser
 
 
@@ -288,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
 
         def work() -> int:
             return run_census_command(args)
+    elif args.command == "patch":
+        from ..census.patch_report import run_patch_command
+
+        def work() -> int:
+            return run_patch_command(args, _DTYPES)
     else:
         def work() -> int:
             compare = args.command == "demo" or args.compare
