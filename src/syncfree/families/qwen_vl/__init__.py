@@ -15,7 +15,8 @@ from ..shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "qwen3_vl_targets", "QWEN3_LAYOUT"]
 
 MODEL_CLASSES: dict = {}  # model_type -> class to build from a config: none needed (the auto class builds them)
 
@@ -26,7 +27,7 @@ def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_
                        vision_needs=vision_needs, rope_needs=rope_needs, model_edits=model_edits)
 
 
-def _qwen3_vl(prefix: str, deepstack: bool = True) -> tuple[Target, ...]:
+def qwen3_vl_targets(prefix: str, deepstack: bool = True) -> tuple[Target, ...]:
     """Qwen3-VL's vision tower and layout; Qwen3.5 has the same without the deepstack features."""
     targets = _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
                       vision_needs=("get_vision_interpolation_indices_and_weights(",),
@@ -40,13 +41,13 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
     return Family(model_type, targets, Layout(family_module(model_type), **traits))
 
 
-_QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
+QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
 
 FAMILIES: tuple[Family, ...] = (
-    _family("qwen3_vl", _qwen3_vl("Qwen3VL"), **_QWEN3_LAYOUT),
-    _family("qwen3_vl_moe", _qwen3_vl("Qwen3VLMoe"), **_QWEN3_LAYOUT),
-    _family("qwen3_5", _qwen3_vl("Qwen3_5", deepstack=False), **_QWEN3_LAYOUT),
-    _family("qwen3_5_moe", _qwen3_vl("Qwen3_5Moe", deepstack=False), **_QWEN3_LAYOUT),
+    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT),
+    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT),
+    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT),
+    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT),
     _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
                                 vision_needs=(), rope_needs=())),
     _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
