@@ -11,7 +11,8 @@ from .rewriter import Edit
 __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
-           "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES"]
+           "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
+           "FEATURE_SCATTER_FEATURES"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -75,6 +76,24 @@ VISION_ATTENTION_WEIGHTS = VISION_ATTENTION[:2] + (
              max_seqlen=max_seqlen)"""),
 )
 
+# The same loop passing the attention's own mask argument and no dropout (LFM3-VL's tower attention). Other backends
+# hand each call their own mask; stock's split keeps the caller's.
+VISION_ATTENTION_WEIGHTS_MASKED = VISION_ATTENTION[:2] + (
+    Edit("stmt", """
+         for q, k, v in zip(*splits):
+             attn_output, attn_weight = attention_interface(self, q, k, v, attention_mask=attention_mask,
+                                                            scaling=self.scaling, dropout=0.0, is_causal=False, **kwargs)
+             attn_outputs.append(attn_output)
+             attn_weights.append(attn_weight)""", """
+         attn_outputs, attn_weights = _syncfree.segment_attention_with_weights(
+             lambda q, k, v, attention_mask=attention_mask: attention_interface(
+                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling, dropout=0.0, is_causal=False,
+                 **kwargs),
+             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
+             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen)"""),
+)
+
 # A tower that calls its blocks without its own **kwargs (GLM-OCR): the plan's segment sizes and the chosen
 # attention backend, which the wrapper hands the tower in kwargs, are passed on to the blocks (whose attention
 # takes them, as in every other family); nothing else of the caller's kwargs is.
@@ -110,6 +129,14 @@ FEATURE_SCATTER = (
          '_syncfree.scatter_features(inputs_embeds, image_mask, image_embeds, input_ids, "image")'),
     Edit("expr", "inputs_embeds.masked_scatter(video_mask, video_embeds)",
          '_syncfree.scatter_features(inputs_embeds, video_mask, video_embeds, input_ids, "video")'),
+)
+
+# The same scatter where the forward names the features ``image_features`` / ``video_features`` (LFM3-VL).
+FEATURE_SCATTER_FEATURES = (
+    Edit("expr", "inputs_embeds.masked_scatter(image_mask, image_features)",
+         '_syncfree.scatter_features(inputs_embeds, image_mask, image_features, input_ids, "image")'),
+    Edit("expr", "inputs_embeds.masked_scatter(video_mask, video_features)",
+         '_syncfree.scatter_features(inputs_embeds, video_mask, video_features, input_ids, "video")'),
 )
 
 # Qwen3-VL's *Model.forward, image and video in one batch: the deepstack features of both are

@@ -1,0 +1,67 @@
+"""LFM3-VL: a Qwen-style packed tower with gated short-convolution layers, whose projector merges patches after the
+tower, before LFM3's hybrid (convolution + attention) text model, without 3D positions.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* no rotary index: the text model numbers tokens itself and the processor returns no ``mm_token_type_ids`` (the
+  EXAONE-4.5 layout: the plan computes no positions, counts placeholders);
+* the tower is ``vision_tower``, takes ``pixel_values`` and reads ``grid_thw.tolist()`` for its convolutions' per-frame
+  reshapes: no sync with the plan's host grid, which the wrapper hands it;
+* its attention loop passes its own mask argument and collects each segment's weights
+  (``VISION_ATTENTION_WEIGHTS_MASKED``); the forward names its features ``image_features`` / ``video_features``
+  (``FEATURE_SCATTER_FEATURES``);
+* the projector sits outside the tower (``vision_every_step`` is refused);
+* a video frame is its timestamp in text, then the vision start id, the frame's placeholders and the end id (Qwen3-VL's
+  processor layout).
+"""
+
+from __future__ import annotations
+
+from ..plan.spec import Layout
+from ..rewrite.edits import FEATURE_SCATTER_FEATURES, VISION_ATTENTION_WEIGHTS_MASKED
+from ..rewrite.targets import Family
+from .preset import Preset
+from .qwen_vl.inputs import build_inputs
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+FAMILIES: tuple[Family, ...] = (
+    Family("lfm3_vl", vlm_targets("Lfm3VlVisionAttention", "Lfm3VlVisionModel", "Lfm3VlModel",
+                                  "Lfm3VlForConditionalGeneration", rope_needs=None,
+                                  attention_edits=VISION_ATTENTION_WEIGHTS_MASKED, scatter=FEATURE_SCATTER_FEATURES,
+                                  vision_params=("pixel_values", "grid_thw"), vision_needs=("grid_thw.tolist()",)),
+           Layout(family_module("lfm3_vl"), frames_as_runs=True, mrope=False, token_types=False,
+                  tower_holds_projector=False)),
+)
+
+# A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2 (in the projector), a convolution
+# layer and an attention layer in the tower and in the text model (its sliding and proportional rope kinds).
+_LFM3_TINY = dict(
+    model_type="lfm3_vl", image_token_id=1000, video_token_id=1001, vision_start_token_id=1002,
+    vision_end_token_id=1003, projector_hidden_size=64,
+    vision_config=dict(hidden_size=32, intermediate_size=64, in_channels=3, patch_size=16, spatial_merge_size=2,
+                       temporal_patch_size=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       layer_types=["conv", "full_attention"], conv_kernel_size=3),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                     layer_types=["conv", "full_attention"], sliding_window=256,
+                     rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+                                      "full_attention": dict(rope_type="proportional", rope_theta=1000000.0,
+                                                             partial_rotary_factor=0.5)},
+                     pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "lfm3-vl-tiny": Preset("lfm3-vl-tiny", _LFM3_TINY, 0, "tiny LFM3-VL for tests (convolution and attention layers)"),
+}
+VISION_CLASSES = {"lfm3_vl": "Lfm3VlVisionModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """Qwen3-VL's layout without ``mm_token_type_ids`` (as ``Lfm3VlProcessor`` returns it)."""
+    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)

@@ -1,0 +1,102 @@
+"""LFM3-VL: a tower with convolution layers whose projector merges after it, before a hybrid text model without 3D
+positions. Parity with stock over the processor's layouts (the attention's weights too), no syncs and no blocking
+copies with prepare(), generate (dynamic, static and beams), gradients, compile, vision_every_step refused."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import syncfree
+from family_checks import (
+    check_forward_equals_stock,
+    check_generate_and_backward_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    model_pair,
+)
+from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
+from syncfree.presets import build_model
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.lfm3_vl") is None,
+                                reason="this Transformers release has no LFM3-VL")
+NAME = "lfm3-vl-tiny"
+
+
+def _pair(attn: str = "sdpa"):
+    return model_pair(NAME, attn)
+
+
+# Pixels are multiples of 32 (patch 16 x merge 2); a video frame pair is its timestamp, start id, placeholders, end id.
+LAYOUTS = {
+    "one image": [[Text(4), Image(96, 128), Text(3)]],
+    "images of different sizes": [[Text(2), Image(32, 64), Text(1), Image(128, 32), Text(1), Image(32, 32), Text(2)]],
+    "video": [[Text(3), Video(6, 64, 96), Text(2)]],
+    "image and videos": [[Text(1), Video(4, 64, 64), Text(2), Image(64, 32), Text(1), Video(2, 32, 64), Text(1)]],
+    "padding and a text-only row": [[Text(2), Image(64, 96), Text(5)], [Text(1), Video(2, 32, 32), Text(1)],
+                                    [Text(3)]],
+}
+
+
+def test_the_processor_layout_has_no_token_types():
+    batch = processor_batch(_pair()[0].config, LAYOUTS["image and videos"])
+    assert "mm_token_type_ids" not in batch and {"image_grid_thw", "video_grid_thw"} <= set(batch)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_equals_stock(attn, layout, padding):
+    stock, patched = _pair(attn)
+    check_forward_equals_stock(stock, patched, build_inputs(stock.config, LAYOUTS[layout], padding_side=padding))
+
+
+def test_the_towers_attention_weights_equal_stock():
+    stock, patched = _pair("eager")
+    batch = processor_batch(stock.config, LAYOUTS["images of different sizes"])
+    with torch.no_grad():
+        want = stock.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"], output_attentions=True)
+        got = patched.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"], output_attentions=True)
+    assert len(got.attentions) == len(want.attentions) > 0
+    for g, w in zip(got.attentions, want.attentions):
+        assert len(g) == len(w) == 3 and all(torch.equal(a, b) for a, b in zip(g, w))
+
+
+def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+@pytest.mark.parametrize("layout", ["images", "videos"])
+def test_generate_and_backward_equal_stock(layout):
+    stock, patched = _pair()
+    samples = ([[Text(2), Image(128, 64), Text(2), Image(64, 64), Text(1)], [Text(1), Image(64, 64), Text(2)]]
+               if layout == "images" else [[Text(2), Video(4, 64, 64), Text(1)], [Text(1), Video(2, 64, 96), Text(2)]])
+    batch = build_inputs(stock.config, samples, padding_side="left")
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    with torch.no_grad():
+        for extra in (dict(cache_implementation="static"), dict(num_beams=2, num_return_sequences=2)):
+            assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **options, **extra),
+                               stock.generate(**batch, **options, **extra))
+
+
+def test_the_patched_towers_one_graph_break_is_its_own_grid_read():
+    """Stock reads its grid with .tolist() for the convolutions' per-frame reshapes: on the plan's host grid that is no
+    sync, but torch.compile breaks the graph there (once); nothing else breaks."""
+    _, patched = _pair()
+    batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
+    explained = torch._dynamo.explain(patched.model.vision_tower)(batch["pixel_values"], grid_thw=plan.grid_thw,
+                                                                   syncfree_vision_plan=plan)
+    assert explained.graph_break_count == 1
+    assert "grid_thw.tolist()" in str(explained.break_reasons[0].user_stack[-1].line)
+
+
+def test_vision_every_step_is_refused():
+    model = build_model(NAME)
+    with pytest.raises(ValueError, match="projector sits outside"):
+        syncfree.patch(model, vision_every_step=True)
+    assert not syncfree.is_patched(model)
