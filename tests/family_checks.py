@@ -104,3 +104,35 @@ def check_generate_and_backward_equal_stock(stock, patched, batch, options: dict
     assert torch.equal(losses[0][0], losses[1][0])
     assert losses[0][1].keys() == losses[1][1].keys()
     assert all(torch.equal(losses[0][1][n], losses[1][1][n]) for n in losses[0][1])
+
+
+def check_generate_modes_equal_stock(stock, patched, batch, options: dict) -> None:
+    """The same ids as stock from a prepared batch with the static cache, and with beams returning several sequences."""
+    with torch.no_grad():
+        for extra in (dict(cache_implementation="static"), dict(num_beams=2, num_return_sequences=2)):
+            assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **options, **extra),
+                               stock.generate(**batch, **options, **extra))
+
+
+def tower_graph_breaks(patched, tower, batch: dict):
+    """``torch._dynamo.explain`` of the patched ``tower`` on the batch's images, handed the plan's vision plan."""
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
+    return torch._dynamo.explain(tower)(batch["pixel_values"], grid_thw=plan.grid_thw, syncfree_vision_plan=plan)
+
+
+def standard_layouts(unit: int) -> dict:
+    """The processor layouts every family is checked on, in pixels that are multiples of ``unit`` (patch x merge):
+    one image; images of different sizes; a video; videos and an image; padding and a text-only row."""
+    from syncfree.inputs import Image, Text, Video
+
+    u = unit
+    return {
+        "one image": [[Text(4), Image(3 * u, 4 * u), Text(3)]],
+        "images of different sizes": [[Text(2), Image(u, 2 * u), Text(1), Image(4 * u, u), Text(1), Image(u, u),
+                                       Text(2)]],
+        "video": [[Text(3), Video(6, 2 * u, 3 * u), Text(2)]],
+        "image and videos": [[Text(1), Video(4, 2 * u, 2 * u), Text(2), Image(2 * u, u), Text(1), Video(2, u, 2 * u),
+                              Text(1)]],
+        "padding and a text-only row": [[Text(2), Image(2 * u, 3 * u), Text(5)], [Text(1), Video(2, u, u), Text(1)],
+                                        [Text(3)]],
+    }

@@ -5,7 +5,6 @@ blocking copies with prepare(), generate (dynamic, static and beams), gradients,
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,9 +12,12 @@ import syncfree
 from family_checks import (
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
+    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
     model_pair,
+    standard_layouts,
+    tower_graph_breaks,
 )
 from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
 
@@ -27,14 +29,7 @@ def _pair(attn: str = "sdpa"):
 
 
 # Pixels are multiples of 32 (patch 16 x merge 2); videos are one run per frame pair, timestamps between.
-LAYOUTS = {
-    "one image": [[Text(4), Image(96, 128), Text(3)]],
-    "images of different sizes": [[Text(2), Image(32, 64), Text(1), Image(128, 32), Text(1), Image(32, 32), Text(2)]],
-    "video": [[Text(3), Video(6, 64, 96), Text(2)]],
-    "image and videos": [[Text(1), Video(4, 64, 64), Text(2), Image(64, 32), Text(1), Video(2, 32, 64), Text(1)]],
-    "padding and a text-only row": [[Text(2), Image(64, 96), Text(5)], [Text(1), Video(2, 32, 32), Text(1)],
-                                    [Text(3)]],
-}
+LAYOUTS = standard_layouts(32)
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])
@@ -75,16 +70,11 @@ def test_generate_and_backward_equal_stock(layout):
     assert batch["input_ids"].shape[1] > stock.config.text_config.sliding_window
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
     check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    with torch.no_grad():
-        for extra in (dict(cache_implementation="static"), dict(num_beams=2, num_return_sequences=2)):
-            assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **options, **extra),
-                               stock.generate(**batch, **options, **extra))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 def test_patched_vision_tower_compiles_without_graph_breaks():
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
-    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.visual)(batch["pixel_values"], grid_thw=plan.grid_thw,
-                                                            syncfree_vision_plan=plan)
+    explained = tower_graph_breaks(patched, patched.model.visual, batch)
     assert explained.graph_break_count == 0

@@ -13,9 +13,12 @@ import syncfree
 from family_checks import (
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
+    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
     model_pair,
+    standard_layouts,
+    tower_graph_breaks,
 )
 from syncfree.families.ernie import build_ernie_inputs
 from syncfree.inputs import Image, Text, Video, processor_batch
@@ -29,14 +32,7 @@ def _pair(attn: str = "sdpa", dtype=torch.float32):
 
 
 # Pixels are multiples of 28 (patch 14 x merge 2); video frames come in pairs (temporal_merge_size 2).
-LAYOUTS = {
-    "one image": [[Text(4), Image(84, 112), Text(3)]],
-    "images of different sizes": [[Text(2), Image(28, 56), Text(1), Image(112, 28), Text(1), Image(28, 28), Text(2)]],
-    "video": [[Text(3), Video(6, 56, 84), Text(2)]],
-    "image and videos": [[Text(1), Video(4, 56, 56), Text(2), Image(56, 28), Text(1), Video(2, 28, 56), Text(1)]],
-    "padding and a text-only row": [[Text(2), Image(56, 84), Text(5)], [Text(1), Video(2, 28, 28), Text(1)],
-                                    [Text(3)]],
-}
+LAYOUTS = standard_layouts(28)
 
 
 def test_the_moe_types_mark_each_items_markers_too():
@@ -116,21 +112,13 @@ def test_generate_and_backward_equal_stock(layout):
     batch = build_ernie_inputs(stock.config, samples, padding_side="left")
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
     check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    with torch.no_grad():
-        static = dict(options, cache_implementation="static")
-        assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **static),
-                           stock.generate(**batch, **static))
-        beams = dict(options, num_beams=2, num_return_sequences=2)
-        assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **beams),
-                           stock.generate(**batch, **beams))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 def test_patched_vision_tower_compiles_without_graph_breaks():
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(84, 112), Image(56, 28)]])
-    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.vision_tower)(batch["pixel_values"], grid_thw=plan.grid_thw,
-                                                                   syncfree_vision_plan=plan)
+    explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
     assert explained.graph_break_count == 0
 
 

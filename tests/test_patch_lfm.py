@@ -13,8 +13,11 @@ import syncfree
 from family_checks import (
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
+    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
+    standard_layouts,
+    tower_graph_breaks,
 )
 from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
 from syncfree.presets import build_model
@@ -29,14 +32,7 @@ def _pair(attn: str = "sdpa"):
 
 
 # Pixels are multiples of 32 (patch 16 x merge 2); a video frame pair is its timestamp, start id, placeholders, end id.
-LAYOUTS = {
-    "one image": [[Text(4), Image(96, 128), Text(3)]],
-    "images of different sizes": [[Text(2), Image(32, 64), Text(1), Image(128, 32), Text(1), Image(32, 32), Text(2)]],
-    "video": [[Text(3), Video(6, 64, 96), Text(2)]],
-    "image and videos": [[Text(1), Video(4, 64, 64), Text(2), Image(64, 32), Text(1), Video(2, 32, 64), Text(1)]],
-    "padding and a text-only row": [[Text(2), Image(64, 96), Text(5)], [Text(1), Video(2, 32, 32), Text(1)],
-                                    [Text(3)]],
-}
+LAYOUTS = standard_layouts(32)
 
 
 def test_the_processor_layout_has_no_token_types():
@@ -77,10 +73,7 @@ def test_generate_and_backward_equal_stock(layout):
     batch = build_inputs(stock.config, samples, padding_side="left")
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
     check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    with torch.no_grad():
-        for extra in (dict(cache_implementation="static"), dict(num_beams=2, num_return_sequences=2)):
-            assert torch.equal(patched.generate(**syncfree.prepare(batch, None, patched), **options, **extra),
-                               stock.generate(**batch, **options, **extra))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 def test_the_patched_towers_one_graph_break_is_its_own_grid_read():
@@ -88,9 +81,7 @@ def test_the_patched_towers_one_graph_break_is_its_own_grid_read():
     sync, but torch.compile breaks the graph there (once); nothing else breaks."""
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
-    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.vision_tower)(batch["pixel_values"], grid_thw=plan.grid_thw,
-                                                                   syncfree_vision_plan=plan)
+    explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
     assert explained.graph_break_count == 1
     assert "grid_thw.tolist()" in str(explained.break_reasons[0].user_stack[-1].line)
 

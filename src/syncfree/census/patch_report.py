@@ -46,14 +46,6 @@ def _build(model: str, inputs: str, dtype: torch.dtype, text_layers: int | None)
                      "split in the installed Transformers (`syncfree census` lists those)")
 
 
-def _output(out) -> torch.Tensor:
-    for name in ("logits", "last_hidden_state"):
-        value = getattr(out, name, None)
-        if isinstance(value, torch.Tensor):
-            return value
-    return out[0]
-
-
 def run_patch_report(model: str, *, inputs: str = "images", dtype: torch.dtype = torch.float32,
                      text_layers: int | None = None) -> PatchRun:
     from ..audit import audit, emulate_cuda
@@ -61,6 +53,7 @@ def run_patch_report(model: str, *, inputs: str = "images", dtype: torch.dtype =
     from ..patch_report import describe_patch
     from ..patching import patch
     from ..prepare import prepare
+    from .run import output_of
 
     built, batch, what = _build(model, inputs, dtype, text_layers)
     reports, outputs = {}, {}
@@ -74,7 +67,7 @@ def run_patch_report(model: str, *, inputs: str = "images", dtype: torch.dtype =
                 break
             kwargs = prepare(batch, "cuda", built) if variant == "patched+prepare" else batch_to(batch, "cuda")
             with audit() as report:
-                out = _output(built(**kwargs))
+                out = output_of(built(**kwargs))
             outputs[variant], reports[variant] = out.cpu(), report
             if hasattr(getattr(built, "model", None), "rope_deltas"):
                 built.model.rope_deltas = None  # (cached by the forward: an emulated tensor otherwise)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level"]
+__all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level", "output_of"]
 
 PATTERN = "lengths.tolist()"
 
@@ -84,7 +84,8 @@ def _where_left(report) -> str:
     return f"{count} at {line}"
 
 
-def _output(out) -> torch.Tensor:
+def output_of(out) -> torch.Tensor:
+    """The forward's main tensor: logits, else the last hidden state, else the first output."""
     for name in ("logits", "last_hidden_state"):
         value = getattr(out, name, None)
         if isinstance(value, torch.Tensor):
@@ -99,7 +100,7 @@ def _audited(model, batch: dict, prepared: bool = False):
 
     inputs = prepare(batch, "cuda", model) if prepared else batch_to(batch, "cuda")
     with audit() as report, torch.no_grad():
-        out = _output(model(**inputs))
+        out = output_of(model(**inputs))
     return report, out.cpu()  # after the audit: reading the result back is not the forward's doing
 
 
