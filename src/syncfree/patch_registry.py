@@ -12,7 +12,7 @@ from .families import FAMILIES
 from .rewrite.targets import Family, Target
 
 __all__ = ["INHERITED", "class_patches", "module_patches", "built", "origin", "how", "target_class", "family_classes",
-           "family_of", "model_types"]
+           "family_of", "model_types", "installed"]
 
 INHERITED = object()  # marks a class attribute that was inherited before the class was patched
 class_patches: dict[tuple[type, str], object] = {}  # (class, attr) -> stock (or INHERITED)
@@ -29,9 +29,17 @@ def target_class(family: Family, target: Target) -> type | None:
     return getattr(module, target.cls, None) or getattr(module, target.fallback_cls or "", None)
 
 
+def installed(modeling: str) -> bool:
+    """True when the installed Transformers has this modeling module (False for a family newer than the release)."""
+    try:
+        return importlib.util.find_spec(modeling) is not None
+    except ModuleNotFoundError:  # its model folder itself is absent (find_spec imports the parent package)
+        return False
+
+
 def family_classes(family: Family) -> tuple[type, ...]:
     """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
-    if importlib.util.find_spec(family.modeling) is None:
+    if not installed(family.modeling):
         return ()
     return tuple(cls for cls in (target_class(family, t) for t in family.targets) if isinstance(cls, type))
 

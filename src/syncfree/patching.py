@@ -27,6 +27,7 @@ from .patch_registry import built as _built
 from .patch_registry import class_patches as _class_patches
 from .patch_registry import family_of as _family_of
 from .patch_registry import how as _how
+from .patch_registry import installed
 from .patch_registry import model_types as _model_types
 from .patch_registry import module_patches as _module_patches
 from .patch_registry import origin as _origin
@@ -212,7 +213,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         raise ValueError("syncfree.patch: vision_every_step=True applies to a model instance; pass the model")
     if model is None:
         if families is None:
-            families = tuple(n for n, f in FAMILIES.items() if importlib.util.find_spec(f.modeling) is not None)
+            families = tuple(n for n, f in FAMILIES.items() if installed(f.modeling))
         unknown = [n for n in families if n not in FAMILIES]
         if unknown:
             raise ValueError(f"syncfree.patch: {unknown} are not fully supported families (supported: "

@@ -33,7 +33,10 @@ def _default_mrope_section(model_type: str) -> list[int] | None:
     import importlib.util
     import re
 
-    spec = importlib.util.find_spec(f"transformers.models.{model_type}.modeling_{model_type}")
+    try:
+        spec = importlib.util.find_spec(f"transformers.models.{model_type}.modeling_{model_type}")
+    except ModuleNotFoundError:  # (no such model folder in this release)
+        return None
     if spec is None or spec.origin is None:
         return None
     with open(spec.origin, encoding="utf-8") as f:
