@@ -4,8 +4,6 @@ which stock lines were rewritten in it and which wrapper runs it (``patch(model,
 
 from __future__ import annotations
 
-import ast
-import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -71,8 +69,8 @@ class PatchDescription:
         return out
 
 
-def _one_line(code: str, width: int = 72) -> str:
-    text = " ".join(ast.unparse(ast.parse(textwrap.dedent(code))).split())
+def _one_line(edit, width: int = 72) -> str:
+    text = " ".join(edit.normalized_old().split())
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -80,7 +78,7 @@ def _function(where: str, modules: int, replacement) -> PatchedFunction:
     target = registry.how.get(replacement)
     if target is None:
         return PatchedFunction(where, modules, (), None)
-    rewrote = tuple(_one_line(e.old) for e in target.edits if e.kind != "prepend")
+    rewrote = tuple(_one_line(e) for e in target.edits if e.kind != "prepend")
     return PatchedFunction(where, modules, rewrote, target.wrap)
 
 

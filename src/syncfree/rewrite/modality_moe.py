@@ -46,7 +46,9 @@ def _forget(key: int):
     return drop
 
 
-def _rows(moe_mm_token_type_ids) -> ModalityRows | None:
+def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
+    """The positions of the text tokens (type 0) and of the vision tokens (any other type) of ``moe_mm_token_type_ids``,
+    made on the device once for the tensor, or None where no plan describes it."""
     if torch.compiler.is_compiling() or not isinstance(moe_mm_token_type_ids, torch.Tensor) \
             or moe_mm_token_type_ids.is_inference():
         return None
@@ -71,14 +73,8 @@ def _rows(moe_mm_token_type_ids) -> ModalityRows | None:
 
 def any_vision_token(moe_mm_token_type_ids):
     """``moe_mm_token_type_ids.any()``: a host bool from the plan's copy where there is one."""
-    rows = _rows(moe_mm_token_type_ids)
+    rows = modality_rows(moe_mm_token_type_ids)
     return moe_mm_token_type_ids.any() if rows is None else rows.any_vision
-
-
-def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
-    """The positions of the text tokens (type 0) and of the vision tokens (any other type) of ``moe_mm_token_type_ids``,
-    made on the device once for the tensor, or None where no plan describes it."""
-    return _rows(moe_mm_token_type_ids)
 
 
 def experts_by_modality(experts, hidden_states: torch.Tensor, states_mask: torch.Tensor, router_mask: torch.Tensor,
