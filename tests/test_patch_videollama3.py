@@ -20,7 +20,6 @@ from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
-    tower_graph_breaks,
 )
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, processor_batch
@@ -163,9 +162,10 @@ def test_the_patched_towers_graph_breaks_are_its_own_item_loop():
                      min_size=1, max_size=4))
 def test_rotary_ids_with_merges_per_row_equal_stocks(rows):
     """The plan's rotary ids, made on the device with each row's merge, against stock's helper on the host."""
+    from transformers.vision_utils import get_vision_position_ids
+
     from syncfree.plan.spec import ModelSpec
     from syncfree.plan.vision import vision_plan
-    from transformers.vision_utils import get_vision_position_ids
 
     grid = torch.tensor([(t, h * m, w * m) for t, h, w, m in rows])
     merges = torch.tensor([m for *_, m in rows])
