@@ -284,10 +284,13 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     given_mask = host["attention_mask"]
     # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
-    image = (vision_plan(host["image_grid_thw"], spec, "image_grid_thw", merge_sizes=host["image_merge_sizes"])
+    # (Per-item merge sizes, VideoLLaMA3's: passed only where given, so other families' calls stay as they were.)
+    merges = {kind: {"merge_sizes": host[f"{kind}_merge_sizes"]} if host[f"{kind}_merge_sizes"] is not None else {}
+              for kind in ("image", "video")}
+    image = (vision_plan(host["image_grid_thw"], spec, "image_grid_thw", **merges["image"])
              if image_grid_thw is not None else None)
-    video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge,
-                         merge_sizes=host["video_merge_sizes"]) if video_grid_thw is not None else None)
+    video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge, **merges["video"])
+             if video_grid_thw is not None else None)
     frames = None
     if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
         grid = host_array(video.grid_thw)

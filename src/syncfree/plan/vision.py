@@ -13,7 +13,14 @@ import torch
 from .errors import GridDtypeError, GridError
 from .spec import ModelSpec
 from .tensors import DeviceFields, move
-from .vision_tables import TableSpec, device_tables, device_tables_match_stock, host_tables, window_seqlens
+from .vision_tables import (
+    TableSpec,
+    device_tables,
+    device_tables_match_stock,
+    host_tables,
+    merge_kwargs,
+    window_seqlens,
+)
 
 __all__ = ["VisionPlan", "vision_plan"]
 
@@ -58,10 +65,11 @@ class VisionPlan(DeviceFields):
         if self.tables_made:
             return self.tables_made
         if self.tables_by_device:
-            tables = device_tables(self.device_grid, self.num_patches, self.table_spec, self.device_merges)
+            tables = device_tables(self.device_grid, self.num_patches, self.table_spec,
+                                   **merge_kwargs(self.device_merges))
         else:
             tables = {k: move(v, self.device)
-                      for k, v in host_tables(self.grid_thw, self.table_spec, self.merge_sizes).items()}
+                      for k, v in host_tables(self.grid_thw, self.table_spec, **merge_kwargs(self.merge_sizes)).items()}
         if not torch.compiler.is_compiling():  # (a graph made with the plan computes them in the graph)
             self.tables_made.update(tables)
         return tables

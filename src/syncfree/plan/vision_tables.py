@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock"]
+__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,6 +108,11 @@ def _patch_merges(grids: torch.Tensor, merges: torch.Tensor, total: int) -> torc
     return torch.repeat_interleave(merges, grids[:, 0] * grids[:, 1] * grids[:, 2], output_size=total)
 
 
+def merge_kwargs(merges: torch.Tensor | None) -> dict:
+    """``merges=`` for ``device_tables`` / ``host_tables`` where there are per-row merges, else nothing."""
+    return {} if merges is None else {"merges": merges}
+
+
 def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
     """The per-patch tables on ``grids.device`` (``grids``: the (N, 3) int64 grid rows, already there; ``merges``:
     the (N,) int64 merge size of each row, there too, where ``spec.item_merges``)."""
@@ -169,10 +174,11 @@ def device_tables_match_stock(spec: TableSpec) -> bool:
     grids = _probe_grids(spec)
     merges = _probe_merges(grids, spec)
     try:
-        ours = device_tables(grids, int(grids.prod(-1).sum()), spec, merges)
+        # (the merges passed only where the spec takes them: every other spec's call stays as it was)
+        ours = device_tables(grids, int(grids.prod(-1).sum()), spec, **merge_kwargs(merges))
     except AttributeError:  # a release without the helpers this builds on
         ours = None
-    stock = host_tables(grids, spec, merges)
+    stock = host_tables(grids, spec, **merge_kwargs(merges))
     same = ours is not None and all(torch.equal(ours[k], v) for k, v in stock.items())
     if not same:
         warnings.warn(f"syncfree: the installed Transformers' vision helpers in {spec.module} differ from the "
