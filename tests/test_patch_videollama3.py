@@ -153,8 +153,9 @@ def test_the_patched_towers_graph_breaks_are_its_own_item_loop():
     explained = torch._dynamo.explain(patched.model.vision_model)(
         batch["pixel_values"], grid_thw=plan.grid_thw, merge_sizes=plan.merge_sizes, syncfree_vision_plan=plan)
     assert explained.graph_break_count >= 1
-    for reason in explained.break_reasons:
+    for reason in explained.break_reasons:  # (its split by the host grid's .tolist(): no sync, a break)
         assert reason.user_stack[-1].name == "pixel_unshuffle", reason
+        assert "grid_thw.prod(dim=1).tolist()" in str(reason.user_stack[-1].line), reason
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
