@@ -42,7 +42,7 @@ PLAN_KEY = "syncfree_plan"
 # host copy so the MoE blocks know how many tokens each kind has without asking the device.)
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
-               "moe_mm_token_type_ids", *("image_merge_sizes", "video_merge_sizes", "video_compression_mask"))
+               "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask")
 # (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
 # per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
 # selection of the kept features reads the device.)
@@ -351,8 +351,8 @@ def _per_row_by_count(draft: Draft) -> dict:
             continue
         chosen = draft.runs.kinds == kind
         tokens = np.bincount(draft.runs.rows[chosen], weights=draft.runs.lengths[chosen], minlength=draft.runs.n_rows)
-        ends, row_ends = np.cumsum(kept_sizes(draft.host, vp) if kind == 2 else vp.split_sizes), \
-            np.cumsum(tokens.astype(np.int64))
+        sizes = kept_sizes(draft.host, vp) if kind == 2 else vp.split_sizes  # (a compressed video: what it keeps)
+        ends, row_ends = np.cumsum(sizes), np.cumsum(tokens.astype(np.int64))
         if np.isin(row_ends, np.concatenate(([0], ends))).all():
             found[name] = tuple(np.diff(np.searchsorted(ends, row_ends, side="right"), prepend=0).tolist())
         else:
