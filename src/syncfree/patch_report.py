@@ -26,6 +26,8 @@ WRAPPER_ROLES = {
     "make_ignore_causal_mask_sdpa": "answers 'is the padding mask all ones?' from the plan's host copy",
     "make_audio_forward": "hands the stock audio encoder the plan's window sizes",
     "make_omni_rope_index": "the plan's 3D positions (stock's index, run on the host copies)",
+    "make_vision_forward_item_merges": "hands the stock tower the plan's segment sizes and tables, its grid and "
+                                       "per-item merge sizes on the host (its per-item loop reads nothing)",
 }
 
 

@@ -118,7 +118,7 @@ def _family_batch(model) -> dict | None:
     if model.config.model_type not in FAMILIES:
         return None
     vc = model.config.vision_config
-    unit = vc.patch_size * vc.spatial_merge_size
+    unit = vc.patch_size * getattr(vc, "spatial_merge_size", 1)  # (VideoLLaMA3's names none: its merges come per item)
     return processor_batch(model.config, [[Text(6), Image(2 * unit, 2 * unit), Text(6), Image(4 * unit, 4 * unit),
                                            Text(6)]])
 

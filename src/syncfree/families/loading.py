@@ -132,9 +132,10 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
 
 def vision_tower_of(model):
     """The vision tower of a multimodal model (``*ForConditionalGeneration`` or its inner ``*Model``): ``visual`` in
-    the Qwen-VL families, ``vision_tower`` in ERNIE-4.5-VL; an Omni thinker in 5.17 holds it itself."""
+    the Qwen-VL families, ``vision_tower`` in ERNIE-4.5-VL, ``vision_model`` in VideoLLaMA3; an Omni thinker in 5.17
+    holds it itself."""
     for holder in (getattr(model, "model", None), model):
-        for name in ("visual", "vision_tower"):
+        for name in ("visual", "vision_tower", "vision_model"):
             tower = getattr(holder, name, None)
             if isinstance(tower, torch.nn.Module):
                 return tower

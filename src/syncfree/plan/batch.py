@@ -32,7 +32,7 @@ from .tensors import DeviceFields, host_array, move
 from .vision import VisionPlan, vision_plan
 
 __all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "PLAN_INPUTS", "PLAN_KEY",
-           "placeholder_runs", "token_types"]
+           "placeholder_runs", "token_types", "kept_sizes"]
 
 # Where a plan travels in a batch (``prepare(batch)`` without a device, ``planning_collator``) and in a call.
 PLAN_KEY = "syncfree_plan"
@@ -42,7 +42,10 @@ PLAN_KEY = "syncfree_plan"
 # host copy so the MoE blocks know how many tokens each kind has without asking the device.)
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
-               "moe_mm_token_type_ids")
+               "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask")
+# (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
+# per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
+# selection of the kept features reads the device.)
 
 
 @dataclass
@@ -142,9 +145,13 @@ class Plan(DeviceFields):
                 if n != "position_ids"}).to(self.device)
         tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
                   for n in ("input_ids", "mm_token_type_ids", "attention_mask", "moe_mm_token_type_ids")}
+        # (generate() repeats the compression mask value by value, as every other tensor of its inputs.)
+        tokens["video_compression_mask"] = (host["video_compression_mask"].repeat_interleave(k, dim=0)
+                                            if host.get("video_compression_mask") is not None else None)
         grids = {}
         for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
-                              ("second_per_grid_ts", self.videos_per_row)):
+                              ("second_per_grid_ts", self.videos_per_row), ("image_merge_sizes", self.images_per_row),
+                              ("video_merge_sizes", self.videos_per_row)):
             grid = host.get(name)
             if grid is None:
                 grids[name] = None
@@ -260,22 +267,29 @@ class Draft:
 
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
-               position_ids=None, moe_mm_token_type_ids=None) -> Draft:
+               position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
+               video_compression_mask=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
             "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
             "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid),
             # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
-            "position_ids": _host(position_ids), "moe_mm_token_type_ids": _host(moe_mm_token_type_ids)}
+            "position_ids": _host(position_ids), "moe_mm_token_type_ids": _host(moe_mm_token_type_ids),
+            "image_merge_sizes": _host(image_merge_sizes), "video_merge_sizes": _host(video_merge_sizes),
+            "video_compression_mask": _host(video_compression_mask)}
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
         raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
     given_mask = host["attention_mask"]
     # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
-    image = vision_plan(host["image_grid_thw"], spec, "image_grid_thw") if image_grid_thw is not None else None
-    video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge)
+    # (Per-item merge sizes, VideoLLaMA3's: passed only where given, so other families' calls stay as they were.)
+    merges = {kind: {"merge_sizes": host[f"{kind}_merge_sizes"]} if host[f"{kind}_merge_sizes"] is not None else {}
+              for kind in ("image", "video")}
+    image = (vision_plan(host["image_grid_thw"], spec, "image_grid_thw", **merges["image"])
+             if image_grid_thw is not None else None)
+    video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge, **merges["video"])
              if video_grid_thw is not None else None)
     frames = None
     if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
@@ -337,12 +351,21 @@ def _per_row_by_count(draft: Draft) -> dict:
             continue
         chosen = draft.runs.kinds == kind
         tokens = np.bincount(draft.runs.rows[chosen], weights=draft.runs.lengths[chosen], minlength=draft.runs.n_rows)
-        ends, row_ends = np.cumsum(vp.split_sizes), np.cumsum(tokens.astype(np.int64))
+        sizes = kept_sizes(draft.host, vp) if kind == 2 else vp.split_sizes  # (a compressed video: what it keeps)
+        ends, row_ends = np.cumsum(sizes), np.cumsum(tokens.astype(np.int64))
         if np.isin(row_ends, np.concatenate(([0], ends))).all():
             found[name] = tuple(np.diff(np.searchsorted(ends, row_ends, side="right"), prepend=0).tolist())
         else:
             found[name] = ()
     return found
+
+
+def kept_sizes(host: dict, video: VisionPlan) -> list[int]:
+    """The features each video keeps: its split size, less those ``video_compression_mask`` drops (VideoLLaMA3)."""
+    mask = host.get("video_compression_mask")
+    if not isinstance(mask, torch.Tensor) or mask.shape != (sum(video.split_sizes),):
+        return list(video.split_sizes)
+    return [int(np.count_nonzero(host_array(c))) for c in torch.split(mask, list(video.split_sizes))]
 
 
 def _per_row(spec: ModelSpec, runs: Runs, video: VisionPlan | None) -> dict:

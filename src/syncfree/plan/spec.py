@@ -52,6 +52,9 @@ class Layout:
     # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (ERNIE-4.5-VL's
     # resampler): a video's placeholders and its temporal positions count t // that size frames.
     video_temporal_merge: bool = False
+    # Each image and video comes with its own spatial merge size, a forward input (VideoLLaMA3's image_merge_sizes /
+    # video_merge_sizes: images 1, videos 2) instead of a config value: the plan keeps them on the host per item.
+    item_merge_sizes: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -97,6 +100,7 @@ class ModelSpec:
     tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
     align_corners: bool = True  # (Layout.interp_align_corners_from)
     video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
+    item_merge_sizes: bool = False  # (Layout.item_merge_sizes: spatial_merge_size is then 1, the merges come per item)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -113,7 +117,7 @@ class ModelSpec:
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
                         rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
         return cls(
-            model_type, vc.spatial_merge_size, _table_side(vc, layout),
+            model_type, 1 if layout.item_merge_sizes else vc.spatial_merge_size, _table_side(vc, layout),
             config.image_token_id, config.video_token_id, module,
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
@@ -121,7 +125,8 @@ class ModelSpec:
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
             align_corners=_align_corners(module, layout),
-            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1, **omni,
+            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
+            item_merge_sizes=layout.item_merge_sizes, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -143,12 +148,13 @@ class ModelSpec:
         layout = _LAYOUTS.get(model_type)
         # (A tower that merges after its encoder, PaddleOCR-VL's, keeps its table on a nested module: its layout says.)
         nested = layout is not None and layout.tower_merge is not None
+        per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
         return cls(
-            model_type, vc.spatial_merge_size,
+            model_type, 1 if per_item else vc.spatial_merge_size,
             _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
             tower_merge=layout.tower_merge if nested else None,
-            align_corners=_align_corners(module, layout) if nested else True,
+            align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
         )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .audio import audio_plan
-from .batch import Draft
+from .batch import Draft, kept_sizes
 from .errors import MaskShapeError
 from .spec import ModelSpec
 from .tensors import host_array
@@ -86,7 +86,11 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                 raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without "
                                  f"{name}_grid_thw")
             continue
-        features = sum(vp.split_sizes)
+        features = sum(kept_sizes(draft.host, vp) if kind == 2 else vp.split_sizes)
+        compression = draft.host.get("video_compression_mask") if kind == 2 else None
+        if compression is not None and tuple(compression.shape) != (sum(vp.split_sizes),):
+            raise ValueError(f"video_compression_mask has shape {tuple(compression.shape)} but video_grid_thw "
+                             f"describes {sum(vp.split_sizes)} video features")
         if tokens != features:  # stock's words (get_placeholder_mask), then what it means
             raise ValueError(f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, "
                              f"features: {features} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "

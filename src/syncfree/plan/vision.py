@@ -13,7 +13,14 @@ import torch
 from .errors import GridDtypeError, GridError
 from .spec import ModelSpec
 from .tensors import DeviceFields, move
-from .vision_tables import TableSpec, device_tables, device_tables_match_stock, host_tables, window_seqlens
+from .vision_tables import (
+    TableSpec,
+    device_tables,
+    device_tables_match_stock,
+    host_tables,
+    merge_kwargs,
+    window_seqlens,
+)
 
 __all__ = ["VisionPlan", "vision_plan"]
 
@@ -36,10 +43,13 @@ class VisionPlan(DeviceFields):
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
     device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
+    # Per-item merge sizes (``Layout.item_merge_sizes``, VideoLLaMA3): (N,) int64 on the host, and moved with the plan.
+    merge_sizes: torch.Tensor | None = None
+    device_merges: torch.Tensor | None = None
     # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
     tables_made: dict = field(default_factory=dict, compare=False, repr=False)
 
-    _TENSORS = ("cu_seqlens", "device_grid", "cu_window_seqlens")
+    _TENSORS = ("cu_seqlens", "device_grid", "cu_window_seqlens", "device_merges")
 
     @property
     def num_patches(self) -> int:
@@ -55,9 +65,11 @@ class VisionPlan(DeviceFields):
         if self.tables_made:
             return self.tables_made
         if self.tables_by_device:
-            tables = device_tables(self.device_grid, self.num_patches, self.table_spec)
+            tables = device_tables(self.device_grid, self.num_patches, self.table_spec,
+                                   **merge_kwargs(self.device_merges))
         else:
-            tables = {k: move(v, self.device) for k, v in host_tables(self.grid_thw, self.table_spec).items()}
+            tables = {k: move(v, self.device)
+                      for k, v in host_tables(self.grid_thw, self.table_spec, **merge_kwargs(self.merge_sizes)).items()}
         if not torch.compiler.is_compiling():  # (a graph made with the plan computes them in the graph)
             self.tables_made.update(tables)
         return tables
@@ -103,11 +115,15 @@ def _cumulative(sizes) -> torch.Tensor:
     return torch.from_numpy(np.fromiter(itertools.accumulate(sizes, initial=0), dtype=np.int32))
 
 
-def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw", temporal_merge: int = 1) -> VisionPlan:
+def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw", temporal_merge: int = 1,
+                merge_sizes: torch.Tensor | None = None) -> VisionPlan:
     """Build a VisionPlan on the host: integers per image, frame and window (the per-patch tables come later,
     on the device, from the grid rows). ``temporal_merge``: frames merged into one token after the tower (ERNIE-4.5-VL's
-    videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does."""
+    videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does.
+    ``merge_sizes``: a host (N,) tensor of each row's own merge size (``spec.item_merge_sizes``: VideoLLaMA3)."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
+    if spec.item_merge_sizes and merge_sizes is not None:
+        return _item_merge_plan(grid, rows, merge_sizes, spec, name)
     merge = spec.spatial_merge_size
     # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
     table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
@@ -122,6 +138,28 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), **extra,
+    )
+
+
+def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpec, name: str) -> VisionPlan:
+    """The plan of a grid whose rows have their own merge sizes: stock's split ``t*h*w // merge**2`` per row, the
+    rotary ids made with each row's merge (no window, no learned table in such a tower)."""
+    merges_name = name.replace("grid_thw", "merge_sizes")
+    if not isinstance(merge_sizes, torch.Tensor) or merge_sizes.shape != (grid.shape[0],) \
+            or merge_sizes.dtype.is_floating_point or merge_sizes.dtype == torch.bool:
+        raise ValueError(f"{merges_name} must be an integer tensor of shape ({grid.shape[0]},) (one per {name} row), "
+                         f"got {getattr(merge_sizes, 'shape', type(merge_sizes).__name__)}")
+    merge_sizes = merge_sizes.to("cpu", torch.long)
+    merges = merge_sizes.tolist()  # host tensor: no device involved
+    if any(m <= 0 or h % m or w % m for (_, h, w), m in zip(rows, merges)):
+        raise GridError(f"{name} heights and widths must be multiples of their {merges_name}, got {rows} and {merges}")
+    table_spec = TableSpec(spec.vision_module, 1, None, None, spec.patch_size, item_merges=True)
+    seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
+    return VisionPlan(
+        grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
+        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
+        table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes,
+        device_merges=merge_sizes,
     )
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock"]
+__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,6 +44,9 @@ class TableSpec(NamedTuple):
     window: int | None  # window size in pixels (Qwen2.5-VL), else None
     patch: int
     align_corners: bool = True  # how the learned table is resampled (False: PaddleOCR-VL)
+    # Each grid row has its own merge size, handed with the grid (VideoLLaMA3: images 1, videos 2); ``merge`` is then 1
+    # and the tables take the rows' merges (``merges=``).
+    item_merges: bool = False
 
 
 def window_seqlens(rows, spec: TableSpec) -> list[int]:
@@ -100,9 +103,21 @@ def _window_index(grids: torch.Tensor, merged: int, spec: TableSpec) -> torch.Te
     return torch.empty_like(source).index_copy_(0, place, source)
 
 
-def device_tables(grids: torch.Tensor, total: int, spec: TableSpec) -> dict:
-    """The per-patch tables on ``grids.device`` (``grids``: the (N, 3) int64 grid rows, already there)."""
-    row, col, heights, widths = _decode(grids, total, spec.merge)
+def _patch_merges(grids: torch.Tensor, merges: torch.Tensor, total: int) -> torch.Tensor:
+    """Each patch's merge size (``spec.item_merges``): its grid row's, spread with the host-known total (no sync)."""
+    return torch.repeat_interleave(merges, grids[:, 0] * grids[:, 1] * grids[:, 2], output_size=total)
+
+
+def merge_kwargs(merges: torch.Tensor | None) -> dict:
+    """``merges=`` for ``device_tables`` / ``host_tables`` where there are per-row merges, else nothing."""
+    return {} if merges is None else {"merges": merges}
+
+
+def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
+    """The per-patch tables on ``grids.device`` (``grids``: the (N, 3) int64 grid rows, already there; ``merges``:
+    the (N,) int64 merge size of each row, there too, where ``spec.item_merges``)."""
+    merge = _patch_merges(grids, merges, total) if spec.item_merges else spec.merge  # (the decoding is elementwise)
+    row, col, heights, widths = _decode(grids, total, merge)
     tables = {"position_ids": torch.stack([row, col], -1)}
     if spec.side is not None:
         helper = _module(spec.module).get_vision_interpolation_indices_and_weights
@@ -119,13 +134,13 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec) -> dict:
     return tables
 
 
-def host_tables(grid_thw: torch.Tensor, spec: TableSpec) -> dict:
+def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
     """The same tables from the installed stock helpers, on the host (the fallback, and the reference)."""
     module = _module(spec.module)
     # (A tower without rotary ids, Cosmos3-Edge's, imports no such helper; its plan never hands the ids over.)
     position_ids = (getattr(module, "get_vision_position_ids", None)
                     or _module("transformers.vision_utils").get_vision_position_ids)
-    tables = {"position_ids": position_ids(grid_thw, spec.merge)}
+    tables = {"position_ids": position_ids(grid_thw, merges if spec.item_merges else spec.merge)}
     if spec.side is not None:
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
             grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=spec.align_corners,
@@ -145,15 +160,25 @@ def _probe_grids(spec: TableSpec) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
+def _probe_merges(grids: torch.Tensor, spec: TableSpec) -> torch.Tensor | None:
+    """Per-row merges for the probe grids (``spec.item_merges``): 1 and 2 in turn, on grids doubled to divide."""
+    if not spec.item_merges:
+        return None
+    grids[:, 1:] *= 2
+    return torch.tensor([1 + i % 2 for i in range(grids.shape[0])], dtype=torch.long)
+
+
 @functools.lru_cache(maxsize=None)
 def device_tables_match_stock(spec: TableSpec) -> bool:
     """Whether ``device_tables`` equals the installed stock helpers (checked once on the host, per spec)."""
     grids = _probe_grids(spec)
+    merges = _probe_merges(grids, spec)
     try:
-        ours = device_tables(grids, int(grids.prod(-1).sum()), spec)
+        # (the merges passed only where the spec takes them: every other spec's call stays as it was)
+        ours = device_tables(grids, int(grids.prod(-1).sum()), spec, **merge_kwargs(merges))
     except AttributeError:  # a release without the helpers this builds on
         ours = None
-    stock = host_tables(grids, spec)
+    stock = host_tables(grids, spec, **merge_kwargs(merges))
     same = ours is not None and all(torch.equal(ours[k], v) for k, v in stock.items())
     if not same:
         warnings.warn(f"syncfree: the installed Transformers' vision helpers in {spec.module} differ from the "

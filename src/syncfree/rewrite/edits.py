@@ -12,7 +12,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES"]
+           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -240,4 +240,11 @@ TEMPORAL_SLICES = (
     Edit("stmt", "second_slice_offsets = torch.cat(second_slice_offsets, dim=-1).to(hidden_states.device)",
          "second_slice_offsets = _syncfree.host_index_to(torch.cat(second_slice_offsets, dim=-1), "
          "hidden_states.device)"),
+)
+
+# VideoLLaMA3's video token compression keeps the video features its processor's mask marks, by a boolean select (a
+# read of the count): by the positions of the mask's ones instead, counted on the plan's host copy of that mask.
+KEPT_VIDEO_FEATURES = (
+    Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
+         "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
 )

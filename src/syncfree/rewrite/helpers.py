@@ -27,7 +27,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to"]
+           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
+           "kept_video_features"]
 
 
 def _compiling() -> bool:
@@ -216,3 +217,18 @@ def planned_kwargs(kwargs: dict) -> dict:
     """The keyword arguments syncfree's tower wrapper added for the vision attention (segment sizes, backend),
     out of a tower's ``kwargs``: for a tower that passes its blocks no ``**kwargs`` of its own."""
     return {k: kwargs[k] for k in ("syncfree_seqlens", "syncfree_attention") if k in kwargs}
+
+
+def kept_video_features(video_embeds: torch.Tensor, video_compression_mask: torch.Tensor) -> torch.Tensor:
+    """``video_embeds[video_compression_mask.to(video_embeds.device)]`` (VideoLLaMA3's token compression): the same
+    rows in the same order, taken by the positions of the mask's ones, whose count the plan's host copy of that
+    very mask gives (``index_select``: no read of the count, forward or backward)."""
+    entry = None if _compiling() else active.current()
+    host = entry.plan.host.get("video_compression_mask") if entry is not None else None
+    if (not isinstance(host, torch.Tensor) or entry.given.get("video_compression_mask") is not video_compression_mask
+            or video_compression_mask.dtype != torch.bool or host.dtype != torch.bool
+            or tuple(video_compression_mask.shape) != tuple(host.shape)
+            or tuple(host.shape) != (video_embeds.shape[0],)):
+        return video_embeds[video_compression_mask.to(video_embeds.device)]
+    count = int(host.sum())  # (a host tensor: no device involved)
+    return video_embeds.index_select(0, _positions(video_compression_mask.to(video_embeds.device), count))

@@ -12,10 +12,12 @@ from .wrappers import (
                        make_vision_forward_seqlens_only,
 )
 from .wrappers_audio import make_audio_forward, make_omni_rope_index
+from .wrappers_merges import make_vision_forward_item_merges
 
 __all__ = ["WRAPPERS"]
 
 WRAPPERS = {f.__name__: f for f in (make_model_forward, make_vision_forward, make_vision_forward_device_grid,
                                      make_vision_forward_seqlens_only,
                                      make_generate, make_get_rope_index,
-                                     make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index)}
+                                     make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index,
+                                     make_vision_forward_item_merges)}

@@ -120,16 +120,20 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
 
 
 def _with_host_grids(names, args, kwargs, plan: Plan):
-    """The call's arguments with the grids replaced by the plan's host copies (the same values)."""
+    """The call's arguments with the grids (and per-item merge sizes, VideoLLaMA3's) replaced by the plan's host
+    copies (the same values)."""
     args = list(args)
-    for name, vp in (("image_grid_thw", plan.image), ("video_grid_thw", plan.video)):
-        if vp is None:
+    for name, vp, field in (("image_grid_thw", plan.image, "grid_thw"), ("video_grid_thw", plan.video, "grid_thw"),
+                            ("image_merge_sizes", plan.image, "merge_sizes"),
+                            ("video_merge_sizes", plan.video, "merge_sizes")):
+        host = getattr(vp, field, None)
+        if host is None:
             continue
         if name in kwargs:
             if kwargs[name] is not None:
-                kwargs[name] = vp.grid_thw
+                kwargs[name] = host
         elif name in names and names.index(name) < len(args) and args[names.index(name)] is not None:
-            args[names.index(name)] = vp.grid_thw
+            args[names.index(name)] = host
     return tuple(args), kwargs
 
 

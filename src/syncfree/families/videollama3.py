@@ -1,0 +1,184 @@
+"""VideoLLaMA3: a SigLIP-style packed tower with 2D rotary ids, whose images and videos each come with their own
+spatial merge size, a projector after the tower, and Qwen2's text model without 3D positions.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* merge sizes per item are forward inputs (``image_merge_sizes`` 1, ``video_merge_sizes`` 2 from its processors), not a
+  config value (``Layout.item_merge_sizes``): the plan keeps host copies, splits each item by its own ``t*h*w //
+  merge**2`` and makes the tower's rotary ids with each row's merge (``vision_tables``, ``item_merges``);
+* the tower (``vision_model``) takes ``(pixel_values, grid_thw, merge_sizes)`` and un-shuffles each item in a loop
+  (``pixel_unshuffle``: ``view`` / ``reshape`` / ``interpolate`` sized by ``h // merge_size``): stock's loop is kept
+  and handed the plan's host grid and host merge sizes (``make_vision_forward_item_merges``), so it reads nothing;
+  the multimodal forward hands ``get_image_features`` / ``get_video_features`` those host copies too, so their
+  split sizes (``prod(dim=1) // merge_sizes**2``, ``.tolist()``) are host integers;
+* video token compression: the forward keeps the video features ``video_compression_mask`` marks with a boolean
+  select, a read of the count; by positions counted on the plan's host copy of the mask instead
+  (``KEPT_VIDEO_FEATURES``);
+* the attention loop collects each segment's weights (``VISION_ATTENTION_WEIGHTS``); the projector sits outside the
+  tower (``vision_every_step`` is refused);
+* no rotary index (the text model numbers tokens itself) and no ``mm_token_type_ids`` (the EXAONE-4.5 layout);
+* the processor writes an image as ``t*h*w`` placeholders (merge 1), a video frame as ``"Time {t:.1f}s:"`` and the
+  placeholders of the tokens the compression keeps in that frame, frames joined by ``","``; no markers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.edits import KEPT_VIDEO_FEATURES, VISION_ATTENTION_WEIGHTS
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_videollama3_inputs", "compression_mask"]
+
+_P = "VideoLlama3"
+
+
+def _videollama3() -> Family:
+    targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionModel", f"{_P}Model", f"{_P}ForConditionalGeneration",
+                          rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS,
+                          vision_wrap="make_vision_forward_item_merges",
+                          vision_params=("pixel_values", "grid_thw", "merge_sizes"),
+                          vision_needs=("get_vision_position_ids(grid_thw, merge_sizes",
+                                        "self.pixel_unshuffle(last_hidden_state, grid_thw, merge_sizes)"),
+                          model_params=("image_merge_sizes", "video_merge_sizes", "video_compression_mask"),
+                          model_edits=KEPT_VIDEO_FEATURES)
+    targets += (
+        # Stock's per-item loop and split sizes, kept: on the host grid and merge sizes the wrappers hand them.
+        Target(f"{_P}VisionModel", "pixel_unshuffle", check_only=True,
+               needs=("grid_thw.prod(dim=1).tolist()", "zip(hidden_states_chunks, grid_thw, merge_sizes)")),
+        Target(f"{_P}Model", "get_image_features", check_only=True,
+               needs=("image_grid_thw.prod(dim=1) // (image_merge_sizes**2)", "split_sizes.tolist()")),
+    )
+    layout = Layout(family_module("video_llama_3"), mrope=False, vision_markers=False, token_types=False,
+                    tower_holds_projector=False, item_merge_sizes=True)
+    return Family("video_llama_3", targets, layout)
+
+
+FAMILIES: tuple[Family, ...] = (_videollama3(),)
+
+# A tiny model with the real layout rules: patch 16, images merged 1, videos 2 (the processors' values), a 2-layer
+# tower with 2D rotary ids, a 2-layer Qwen2 text model. (``spatial_merge_size``: not a config value of this family;
+# it tells syncfree's CLI the pixel unit of its inputs, patch x the video merge. The model never reads it.)
+_VIDEOLLAMA3_TINY = dict(
+    model_type="video_llama_3", image_token_id=1000, video_token_id=1001,
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_channels=3, patch_size=16, spatial_merge_size=2),
+    text_config=dict(model_type="qwen2", vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=0,
+                     bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "video-llama3-tiny": Preset("video-llama3-tiny", _VIDEOLLAMA3_TINY, 0,
+                                "tiny VideoLLaMA3 for tests (merge sizes per item, video token compression)"),
+}
+VISION_CLASSES = {"video_llama_3": f"{_P}VisionModel"}
+MODEL_CLASSES: dict = {}
+
+IMAGE_MERGE, VIDEO_MERGE = 1, 2  # the image and video processors' defaults
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_videollama3_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def compression_mask(pixels: torch.Tensor, grid: tuple[int, int, int], merge: int, threshold: float = 0.1,
+                     min_tokens: int = 1) -> torch.Tensor:
+    """The video processor's ``_get_compression_mask`` for one video (its code: the processor module needs
+    torchvision): a token is kept where its patches differ from the previous frame's by more than ``threshold`` on
+    average (x255), every token of the first frame, and at least ``min_tokens`` per frame."""
+    t, h, w = grid
+    if t == 1:
+        return torch.ones((pixels.size(0) // merge**2,), dtype=torch.bool)
+    frames = pixels.view(t, (h // merge) * (w // merge), -1)
+    diff = torch.abs(frames[1:] - frames[:-1]).mean(dim=-1) * 255
+    diff = torch.cat([torch.full_like(diff[0:1], threshold + 1), diff], dim=0)
+    mask = diff > threshold
+    mask[torch.nonzero(mask.sum(dim=1) < min_tokens)[:, 0], :min_tokens] = 1
+    return mask.flatten()
+
+
+def _video_pixels(t: int, h: int, w: int, merge: int, features: int, gen: torch.Generator, still: bool):
+    """Random patches of one video in the processor's order (frame, merged token, its merge x merge patches). With
+    ``still``, about half the tokens of each later frame repeat the previous frame's (a static background), which the
+    compression then drops."""
+    tokens, unit = (h // merge) * (w // merge), merge * merge
+    pixels = torch.randn(t, tokens, unit * features, generator=gen)
+    if still:
+        for f in range(1, t):
+            same = torch.rand(tokens, generator=gen) < 0.5
+            pixels[f, same] = pixels[f - 1, same]
+    return pixels.reshape(t * tokens * unit, features)
+
+
+def build_videollama3_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                             pad_token_id: int | None = None, compress: bool = True) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``VideoLlama3Processor`` lays them out: an image is ``t*h*w // 1`` placeholders; a video of
+    t frames is, per frame, its timestamp ``"Time {s:.1f}s:"`` in text and the placeholders of the tokens its
+    ``video_compression_mask`` keeps, frames joined by ``","``. ``image_merge_sizes`` / ``video_merge_sizes`` hold
+    each item's merge (1 / 2); ``compress=False``: the processor's ``use_token_compression=False`` (all kept)."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch = vc.patch_size
+    features = vc.num_channels * patch * patch
+    specials = {config.image_token_id, config.video_token_id}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, types = [], []
+    items = {1: ([], []), 2: ([], [])}  # kind -> (grids, pixels)
+    masks: list[torch.Tensor] = []
+    for sample in samples:
+        ids, kinds = [], []
+        for item in sample:
+            if isinstance(item, Text):
+                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
+                continue
+            assert isinstance(item, (Image, Video))
+            if isinstance(item, Image):
+                grid = item_grid(item, patch, IMAGE_MERGE, 1)
+                items[1][0].append(grid)
+                items[1][1].append(torch.randn(grid[0] * grid[1] * grid[2], features, generator=gen))
+                n = grid[0] * grid[1] * grid[2] // IMAGE_MERGE**2
+                ids, kinds = ids + [config.image_token_id] * n, kinds + [1] * n
+                continue
+            grid = item_grid(item, patch, VIDEO_MERGE, 1)
+            pixels = _video_pixels(*grid, VIDEO_MERGE, features, gen, still=compress)
+            mask = (compression_mask(pixels, grid, VIDEO_MERGE) if compress
+                    else torch.ones(grid[0] * grid[1] * grid[2] // VIDEO_MERGE**2, dtype=torch.bool))
+            items[2][0].append(grid)
+            items[2][1].append(pixels)
+            masks.append(mask)
+            for f, frame in enumerate(mask.split(mask.numel() // grid[0])):
+                if f:
+                    ids, kinds = ids + text(1), kinds + [0]  # ","
+                stamp = len(f"Time {f / item.fps:.1f}s:") // 3  # about as many tokens as a tokenizer makes
+                n = int(frame.sum())
+                ids, kinds = ids + text(stamp) + [config.video_token_id] * n, kinds + [0] * stamp + [2] * n
+        rows.append(ids)
+        types.append(kinds)
+    out = pack_rows(rows, types, pad, padding_side)
+    del out["mm_token_type_ids"]  # (the processor returns none)
+    for kind, pixels_name, prefix, merge in ((1, "pixel_values", "image", IMAGE_MERGE),
+                                             (2, "pixel_values_videos", "video", VIDEO_MERGE)):
+        grids, pixels = items[kind]
+        if grids:
+            out[pixels_name] = torch.cat(pixels)
+            out[f"{prefix}_grid_thw"] = torch.tensor(grids, dtype=torch.long)
+            out[f"{prefix}_merge_sizes"] = torch.full((len(grids),), merge, dtype=torch.long)
+    if masks:
+        out["video_compression_mask"] = torch.cat(masks)
+    return out
