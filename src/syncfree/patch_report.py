@@ -26,6 +26,7 @@ WRAPPER_ROLES = {
     "make_ignore_causal_mask_sdpa": "answers 'is the padding mask all ones?' from the plan's host copy",
     "make_audio_forward": "hands the stock audio encoder the plan's window sizes",
     "make_omni_rope_index": "the plan's 3D positions (stock's index, run on the host copies)",
+    "make_host_rope_index": "the plan's multimodal positions (the family's own stock index, run on the host copies)",
 }
 
 
