@@ -283,9 +283,10 @@ def make_host_rope_index(stock):
         if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
                 and entry.plan.position_ids is not None:
             return entry.plan.position_ids, entry.plan.rope_deltas
-        # No plan for these inputs: one read of them, stock's index on the host (same numbers), sent back.
+        # No plan for these inputs: one read of them (the index's own parameters: callers may pass more, e.g. the
+        # pixels, in its **kwargs), stock's index on the host (same numbers), sent back.
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
-        positions, deltas = stock(self, **read_to_host_syncs_once(given))
+        positions, deltas = stock(self, **read_to_host_syncs_once({n: given[n] for n in names if n in given}))
         if device is None or device.type == "cpu":
             return positions, deltas
         return (positions.pin_memory().to(device, non_blocking=True),
