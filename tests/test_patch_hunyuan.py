@@ -81,8 +81,8 @@ items = st.one_of(st.builds(Text, st.integers(1, 4)), st.builds(Image, side, sid
 @given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), left=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_the_plans_positions_are_the_familys_stock_index(rows, left, seed):
-    """The plan's positions (stock's index run on the host copies) and the patched index without a plan (one read,
-    then the same) against stock's index on the batch: every axis, every row, the deltas."""
+    """The plan's positions (stock's index run on the host copies), the patched index without a plan (one read, then
+    the same) and on a prepared batch (its plan's) against stock's index on the batch: every axis, row and delta."""
     stock, patched = _pair()
     batch = _inputs(stock.config, rows, "left" if left else "right", seed)
     if "image_grid_thw" not in batch:
@@ -90,7 +90,9 @@ def test_the_plans_positions_are_the_familys_stock_index(rows, left, seed):
     args = {k: batch[k] for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask")}
     want = stock.model.get_rope_index(**args)
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
-    for got in ((plan.position_ids, plan.rope_deltas), patched.model.get_rope_index(**args)):
+    prepared = syncfree.prepare(batch, "cpu", patched)  # (registered: the index answers from its plan)
+    for got in ((plan.position_ids, plan.rope_deltas), patched.model.get_rope_index(**args),
+                patched.model.get_rope_index(**{k: prepared[k] for k in args})):
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and torch.equal(g, w)
     assert want[0].shape[0] == len(stock.config.text_config.rope_parameters["mrope_section"]) == 4

@@ -268,6 +268,19 @@ def make_get_rope_index(stock):
     return get_rope_index
 
 
+def _prepared_plan(given: dict, names) -> Plan | None:
+    """The plan prepare() registered for the call's input_ids, when every input of the index (each parameter it
+    names, passed or not) is the one prepare() returned, unchanged, and the plan holds positions."""
+    registration = active.registered(given.get("input_ids"))
+    if registration is None or registration.plan.position_ids is None or registration.plan.stock_rope:
+        return None
+    try:
+        active.check_unchanged(registration, {n: given.get(n) for n in names if n in PLAN_INPUTS})
+    except active.StalePlan:
+        return None
+    return registration.plan
+
+
 def make_host_rope_index(stock):
     names = positional_names(stock)
 
@@ -283,6 +296,9 @@ def make_host_rope_index(stock):
         if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
                 and entry.plan.position_ids is not None:
             return entry.plan.position_ids, entry.plan.rope_deltas
+        plan = _prepared_plan(given, names) if entry is None else None
+        if plan is not None:  # called on a prepared batch outside a forward
+            return plan.position_ids, plan.rope_deltas
         # No plan for these inputs: one read of them (the index's own parameters: callers may pass more, e.g. the
         # pixels, in its **kwargs), stock's index on the host (same numbers), sent back.
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
