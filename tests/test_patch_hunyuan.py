@@ -113,6 +113,22 @@ def test_the_placeholder_check_raises_stocks_error():
     assert errors[0] == errors[1] and errors[0].startswith("Image features and image tokens do not match")
 
 
+def test_grids_out_of_order_are_refused_as_stock_refuses_them():
+    """The grids of two images listed in the wrong order (same totals): prepare() names the runs that do not match,
+    and the patched forward raises stock's own error (its index, which the plan leaves to stock for such a batch)."""
+    stock, patched = _pair()
+    batch = _inputs(stock.config, [[Text(2), Image(U, 2 * U), Text(1), Image(2 * U, 2 * U), Text(1)]])
+    batch["image_grid_thw"] = batch["image_grid_thw"].flip(0)
+    with pytest.raises(ValueError, match=r"runs in the tokens have \[5, 8\] tokens .* of \[8, 5\] tokens"):
+        syncfree.prepare(batch, None, patched)
+    errors = []
+    for model in (stock, patched):
+        with pytest.raises(ValueError) as raised, torch.no_grad():
+            model(**batch)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] and "span length does not match" in errors[0]
+
+
 def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     stock, patched = _pair()
     batch = processor_batch(stock.config, LAYOUTS["padding and a text-only row"])
