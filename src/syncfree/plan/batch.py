@@ -27,6 +27,7 @@ from .audio import AudioPlan
 from .checksum import host_checksums
 from .omni import omni_fields, omni_rope
 from .rope_host import rope_index_host, runs_of
+from .rope_stock import stock_rope_index
 from .spec import ModelSpec
 from .tensors import DeviceFields, host_array, move
 from .vision import VisionPlan, vision_plan
@@ -64,7 +65,7 @@ class Plan(DeviceFields):
     video: VisionPlan | None
     n_image_tokens: int  # placeholders in the tokens, as stock get_placeholder_mask counts them
     n_video_tokens: int
-    position_ids: torch.Tensor | None  # (3, B, S), as get_rope_index returns them; None if not computable
+    position_ids: torch.Tensor | None  # (axes, B, S), as get_rope_index returns them (3 axes in Qwen-VL); or None
     rope_deltas: torch.Tensor | None  # (B, 1)
     host_mask: torch.Tensor | None  # the 2D attention mask (its values as given), on the host; None without one
     host: dict  # the host inputs the plan was built from (kept to rebuild it for an expanded batch)
@@ -332,6 +333,13 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
     if (spec.mrope and ids is not None and mm_types is not None and ids.shape == mm_types.shape and has_vision
             and (given_mask is None or mask is not None)):
+        if spec.host_rope_class is not None:  # the family's own index (HunYuan-VL's), as stock, on the host
+            try:
+                return (*stock_rope_index(spec.vision_module, spec.host_rope_class, spec.config, input_ids=ids,
+                                          mm_token_type_ids=mm_types, image_grid_thw=host["image_grid_thw"],
+                                          video_grid_thw=host["video_grid_thw"], attention_mask=mask), False)
+            except (RuntimeError, ValueError):  # stock's own index raises the same on the device
+                return None, None, True
         try:
             return (*rope_index_host(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,
                                      **spec.rope_options(host["second_per_grid_ts"])), False)

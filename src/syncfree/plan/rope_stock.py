@@ -14,7 +14,7 @@ import inspect
 
 import torch
 
-__all__ = ["stock_rope_on_host", "rope_config_key", "mm_counts_per_row"]
+__all__ = ["stock_rope_on_host", "stock_rope_index", "rope_config_key", "host_rope_key", "mm_counts_per_row"]
 
 # What the stock index reads from the config (compared between a plan and the model it runs on).
 _ROPE_FIELDS = ("image_token_id", "video_token_id", "audio_token_id", "vision_start_token_id", "audio_start_token_id",
@@ -27,6 +27,16 @@ def rope_config_key(config) -> tuple:
     values.append(("audio_config.n_window", getattr(audio, "n_window", None)))
     values.append(("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
     return tuple(values)
+
+
+def host_rope_key(config) -> tuple:
+    """What a family's own index run by ``stock_rope_index`` reads from the config (HunYuan-VL's: the number of
+    rotary axes, from ``mrope_section``, and the merge size)."""
+    rope = getattr(config.text_config, "rope_parameters", None) or {}
+    section = rope.get("mrope_section")
+    return (("image_token_id", getattr(config, "image_token_id", None)),
+            ("text_config.mrope_section", tuple(section) if section is not None else None),
+            ("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
 
 
 class _HostSelf:
@@ -56,6 +66,16 @@ def stock_rope_on_host(modeling: str, cls_name: str, config, input_ids: torch.Te
     host = _HostSelf(cls, config)
     return host.get_rope_index(input_ids, image_grid_thw, video_grid_thw, attention_mask, use_audio_in_video,
                                audio_seqlens, second_per_grids)
+
+
+def stock_rope_index(modeling: str, cls_name: str, config, **inputs):
+    """A family's own ``get_rope_index`` exactly as stock computes it, from host tensors (no device involved): the
+    inputs its signature names, by name (HunYuan-VL's: input_ids, mm_token_type_ids, image_grid_thw,
+    attention_mask)."""
+    cls = getattr(importlib.import_module(modeling), cls_name)
+    host = _HostSelf(cls, config)
+    taken = inspect.signature(inspect.unwrap(inspect.getattr_static(cls, "get_rope_index"))).parameters
+    return host.get_rope_index(**{name: value for name, value in inputs.items() if name in taken})
 
 
 def mm_counts_per_row(input_ids: torch.Tensor, config_key: dict) -> tuple[list[int], list[int], list[int]]:

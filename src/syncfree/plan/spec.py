@@ -8,7 +8,7 @@ import functools
 import importlib
 from dataclasses import dataclass
 
-from .rope_stock import rope_config_key
+from .rope_stock import host_rope_key, rope_config_key
 
 __all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of"]
 
@@ -55,6 +55,13 @@ class Layout:
     # Each image and video comes with its own spatial merge size, a forward input (VideoLLaMA3's image_merge_sizes /
     # video_merge_sizes: images 1, videos 2) instead of a config value: the plan keeps them on the host per item.
     item_merge_sizes: bool = False
+    # A rotary index of the family's own that the plan runs as stock on the host (``rope_stock.stock_rope_index``):
+    # the class defining it (HunYuan-VL's ``HunYuanVLModel``). Unlike ``rope_class``, a Qwen-VL-style batch (no audio).
+    host_rope_class: str | None = None
+    # Placeholders beyond the merged patches: tokens the merger appends to each merged row (HunYuan-VL's newline
+    # column: 1) and to each image (its begin and end embeddings: 2).
+    row_extra_tokens: int = 0
+    item_extra_tokens: int = 0
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -101,6 +108,9 @@ class ModelSpec:
     align_corners: bool = True  # (Layout.interp_align_corners_from)
     video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
     item_merge_sizes: bool = False  # (Layout.item_merge_sizes: spatial_merge_size is then 1, the merges come per item)
+    host_rope_class: str | None = None  # (Layout.host_rope_class; its config values in rope_key)
+    row_extra_tokens: int = 0  # (Layout.row_extra_tokens)
+    item_extra_tokens: int = 0  # (Layout.item_extra_tokens)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -116,9 +126,11 @@ class ModelSpec:
             ac = config.audio_config
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
                         rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
+        if layout.host_rope_class is not None:
+            omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config), config=config)
         return cls(
             model_type, 1 if layout.item_merge_sizes else vc.spatial_merge_size, _table_side(vc, layout),
-            config.image_token_id, config.video_token_id, module,
+            config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
@@ -126,7 +138,8 @@ class ModelSpec:
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
             align_corners=_align_corners(module, layout),
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
-            item_merge_sizes=layout.item_merge_sizes, **omni,
+            item_merge_sizes=layout.item_merge_sizes, row_extra_tokens=layout.row_extra_tokens,
+            item_extra_tokens=layout.item_extra_tokens, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:

@@ -104,8 +104,10 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
         if runs != expected and spec.mrope and not (kind == 2 and spec.audio_token_id is not None):
             # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.
             # Without 3D positions, stock places features in token order whatever the runs.)
+            rule = (f"t*(h/m)*(w/m + {spec.row_extra_tokens}) + {spec.item_extra_tokens}, m = {spec.spatial_merge_size}"
+                    if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (HunYuan-VL's)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
-                             f"needs one run per {unit} of {expected} tokens (t*h*w / {merge2})")
+                             f"needs one run per {unit} of {expected} tokens ({rule})")
         if pixels is not None and pixels.shape[0] != vp.num_patches:
             raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {pixels.shape[0]} "
                              f"patches but {name}_grid_thw describes {vp.num_patches}")

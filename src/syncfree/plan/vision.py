@@ -32,7 +32,7 @@ class VisionPlan(DeviceFields):
 
     grid_thw: torch.Tensor  # (N, 3), on the host
     seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches)
-    split_sizes: tuple[int, ...]  # merged tokens per image or video
+    split_sizes: tuple[int, ...]  # features (placeholders) per image or video
     max_seqlen: int
     n_patches: int  # sum of t * h * w
     cu_seqlens: torch.Tensor  # (segments + 1,) int32
@@ -134,8 +134,12 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         extra.update(cu_window_seqlens=_cumulative(windows), window_seqlens=tuple(windows),
                      max_window_seqlen=max(windows))
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
+    split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
+    if spec.row_extra_tokens or spec.item_extra_tokens:  # (HunYuan-VL's merger: a newline per row, begin and end)
+        split_sizes = tuple(t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
+                            for t, h, w in rows)
     return VisionPlan(
-        grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows),
+        grid_thw=grid, seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), **extra,
     )

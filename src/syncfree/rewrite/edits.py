@@ -12,7 +12,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES"]
+           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -247,4 +247,27 @@ TEMPORAL_SLICES = (
 KEPT_VIDEO_FEATURES = (
     Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
          "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
+)
+
+# The same split where each segment's call passes only the scale (HunYuan-VL's and HY-V4-VL's tower attention): its
+# block hands the attention ``attention_mask=None``, which reaches the call in ``kwargs``; a backend's own mask
+# (block_diagonal) replaces it there.
+VISION_ATTENTION_SCALING = VISION_ATTENTION[:2] + (
+    Edit("stmt", """
+         attn_outputs = [attention_interface(self, q, k, v, scaling=self.scaling, is_causal=False, **kwargs)[0]
+                         for q, k, v in zip(*splits)]""", """
+         attn_outputs = _syncfree.segment_attention(
+             lambda q, k, v, attention_mask=None: attention_interface(
+                 self, q, k, v, scaling=self.scaling, is_causal=False,
+                 **(kwargs if attention_mask is None else {**kwargs, "attention_mask": attention_mask}))[0],
+             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
+             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen)"""),
+)
+
+# get_placeholder_mask checks the placeholders against the features by selecting them with the expanded boolean mask
+# (a read of the count) and comparing sizes: the plan's host count times the hidden width instead (HunYuan-VL).
+PLACEHOLDER_NUMEL = (
+    Edit("expr", "inputs_embeds[special_image_mask].numel()",
+         '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
 )

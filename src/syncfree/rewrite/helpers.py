@@ -24,7 +24,7 @@ from .modality_moe import any_vision_token, experts_by_modality, host_index_to, 
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
-           "segment_lengths", "placeholder_count",
+           "segment_lengths", "placeholder_count", "placeholder_numel",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
@@ -70,6 +70,15 @@ def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
     if entry is not None and entry.owns(input_ids):
         return _placeholders(entry.plan, kind)
     return mask.sum()
+
+
+def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids, kind: str):
+    """``inputs_embeds[mask].numel()`` for the placeholder mask of ``kind`` expanded over the hidden width: the
+    plan's host count times that width when the active plan was built from these input_ids."""
+    entry = None if _compiling() else active.current()
+    if entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.shape == inputs_embeds.shape:
+        return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
+    return inputs_embeds[mask].numel()
 
 
 def _placeholders(plan, kind: str) -> int:

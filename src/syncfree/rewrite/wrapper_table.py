@@ -5,6 +5,7 @@ from __future__ import annotations
 from .wrappers import (
                        make_generate,
                        make_get_rope_index,
+                       make_host_rope_index,
                        make_ignore_causal_mask_sdpa,
                        make_model_forward,
                        make_vision_forward,
@@ -18,6 +19,6 @@ __all__ = ["WRAPPERS"]
 
 WRAPPERS = {f.__name__: f for f in (make_model_forward, make_vision_forward, make_vision_forward_device_grid,
                                      make_vision_forward_seqlens_only,
-                                     make_generate, make_get_rope_index,
+                                     make_generate, make_get_rope_index, make_host_rope_index,
                                      make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index,
                                      make_vision_forward_item_merges)}

@@ -9,6 +9,8 @@
 * ``make_generate``: ``generate()`` of the ``*ForConditionalGeneration`` class, so the plan of a
   prepared batch reaches the prefill forward through ``generate``'s own copies of the inputs.
 * ``make_get_rope_index``: the 3D rotary index, from the plan or computed without a sync.
+* ``make_host_rope_index``: a family's own rotary index (HunYuan-VL's), from the plan (made by stock's own index
+  on the host); without a plan, one read of its inputs, then stock's index on the host.
 * ``make_ignore_causal_mask_sdpa``: Transformers' SDPA mask shortcut check, answered from the
   plan's host copy of the padding mask instead of reading the device.
 
@@ -37,7 +39,7 @@ from .host_read import read_to_host_syncs_once, send_plan_back
 from .vision_in_step import vision_in_step
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
-           "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index",
+           "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
            "make_ignore_causal_mask_sdpa"]
 
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # (and the Omni thinkers' audio)
@@ -266,6 +268,49 @@ def make_get_rope_index(stock):
         options = ModelSpec.from_config(self.config).rope_options(given.get("second_per_grid_ts"))
         return rope_index(input_ids, given.get("mm_token_type_ids"), given.get("image_grid_thw"),
                           given.get("video_grid_thw"), mask, **options)
+
+    return get_rope_index
+
+
+def _prepared_plan(given: dict, names) -> Plan | None:
+    """The plan prepare() registered for the call's input_ids, when every input of the index (each parameter it
+    names, passed or not) is the one prepare() returned, unchanged, and the plan holds positions."""
+    registration = active.registered(given.get("input_ids"))
+    if registration is None or registration.plan.position_ids is None or registration.plan.stock_rope:
+        return None
+    try:
+        active.check_unchanged(registration, {n: given.get(n) for n in names if n in PLAN_INPUTS})
+    except active.StalePlan:
+        return None
+    return registration.plan
+
+
+def make_host_rope_index(stock):
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def get_rope_index(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return stock(self, *args, **kwargs)
+        given = given_args(names, args, kwargs)
+        input_ids, mask = given.get("input_ids"), given.get("attention_mask")
+        entry = active.current()
+        if entry is not None and entry.owns(input_ids) and entry.plan.stock_rope:
+            return stock(self, *args, **kwargs)  # inputs stock's index refuses: its own error, from the device
+        if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
+                and entry.plan.position_ids is not None:
+            return entry.plan.position_ids, entry.plan.rope_deltas
+        plan = _prepared_plan(given, names) if entry is None else None
+        if plan is not None:  # called on a prepared batch outside a forward
+            return plan.position_ids, plan.rope_deltas
+        # No plan for these inputs: one read of them (the index's own parameters: callers may pass more, e.g. the
+        # pixels, in its **kwargs), stock's index on the host (same numbers), sent back.
+        device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
+        positions, deltas = stock(self, **read_to_host_syncs_once({n: given[n] for n in names if n in given}))
+        if device is None or device.type == "cpu":
+            return positions, deltas
+        return (positions.pin_memory().to(device, non_blocking=True),
+                deltas.pin_memory().to(device, non_blocking=True))
 
     return get_rope_index
 

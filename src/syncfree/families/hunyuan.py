@@ -1,0 +1,128 @@
+"""HunYuan-VL (HunyuanOCR): a SigLIP-style packed tower with a learned position table resampled per image and a
+convolution merger, before HunYuan's dense text model with its own multimodal rotary index. Images only.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* the tower (``HunYuanVLVisionTransformer.forward(pixel_values, grid_thw)``) has no rotary ids: the wrapper hands it
+  only the segment sizes (``make_vision_forward_seqlens_only``); its per-image ``F.interpolate`` of the position table
+  and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept);
+* each segment's attention call passes only the scale (``VISION_ATTENTION_SCALING``);
+* the merger appends a newline column to every merged row and a begin and an end embedding to every image: an image
+  is ``lh * (lw + 1) + 2`` placeholders (``Layout.row_extra_tokens`` / ``item_extra_tokens``), between the
+  ``im_start`` and ``im_end`` ids;
+* the placeholder check selects the placeholders with the expanded mask (``PLACEHOLDER_NUMEL``: the plan's count);
+* its rotary index (``len(mrope_section)`` axes; (width, height, image ordinal) on the last three over each image's
+  grid) is its own: the plan runs stock's index on the host (``Layout.host_rope_class``), the same numbers by
+  construction, and the forward takes them from the plan (``make_host_rope_index``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.errors import InputsNotTaken
+from ..plan.spec import Layout
+from ..rewrite.edits import PLACEHOLDER_MASK, PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_hunyuan_inputs"]
+
+_MODEL = "HunYuanVLModel"
+
+
+def _hunyuan() -> Family:
+    targets = vlm_targets(
+        "HunYuanVLVisionAttention", "HunYuanVLVisionTransformer", _MODEL, "HunYuanVLForConditionalGeneration",
+        image_only=True, attention_edits=VISION_ATTENTION_SCALING, vision_wrap="make_vision_forward_seqlens_only",
+        vision_params=("pixel_values", "grid_thw"),
+        base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
+        # (The merger's split and loop read the grid: the plan's host grid there.)
+        vision_needs=("grid_thw.prod(dim=-1).tolist()", "zip(grid_thw.tolist(), split_items)"))
+    own = {
+        # The placeholder count, and the check that selects the placeholders to count them again.
+        "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL),
+        # Its own index (no video inputs), from the plan; generate()'s position setup calls it too.
+        "get_rope_index": Target(_MODEL, "get_rope_index", wrap="make_host_rope_index",
+                                 params=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
+                                 needs=("self.get_vision_position_ids(",)),
+    }
+    targets = tuple(own.get(t.attr, t) if t.cls == _MODEL else t for t in targets
+                    if t.attr != "_prepare_position_ids_for_generation")  # (it has no vision-token check to answer)
+    # What the tower wrapper relies on beyond the tower's own code: the position resampling loops over the grid,
+    # which is the plan's host grid there.
+    targets += (Target("HunYuanVLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),)
+    return Family("hunyuan_vl", targets, Layout(
+        family_module("hunyuan_vl"), host_rope_class=_MODEL, row_extra_tokens=1, item_extra_tokens=2))
+
+
+FAMILIES: tuple[Family, ...] = (_hunyuan(),)
+
+# A tiny model with the real layout rules: patch 16, merge 2, a learned 8x8 position table (max_image_size 128)
+# resampled to every image, four rotary axes (text, width, height, image ordinal) as the published checkpoint has.
+_HUNYUAN_TINY = dict(
+    model_type="hunyuan_vl", image_token_id=1000, im_start_id=1001, im_end_id=1002, im_newline_id=1003,
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_channels=3, patch_size=16, spatial_merge_size=2, max_image_size=128,
+                       interpolate_mode="bilinear"),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 2, 2, 2]),
+                     pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "hunyuan-vl-tiny": Preset("hunyuan-vl-tiny", _HUNYUAN_TINY, 0, "tiny HunYuan-VL for tests (four rotary axes)"),
+}
+VISION_CLASSES = {"hunyuan_vl": "HunYuanVLVisionTransformer"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_hunyuan_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def build_hunyuan_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                         pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``HunYuanVLProcessor`` lays them out: an image is ``im_start``, then ``lh * (lw + 1) + 2``
+    image placeholders (its merged rows, each with a newline column, and the begin and end embeddings the merger
+    adds), then ``im_end``; ``mm_token_type_ids`` marks the placeholders 1. Pixels are ``(patches, C * P * P)`` in
+    raster order, as its image processor returns them."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if any(not isinstance(item, (Image, Text)) for sample in samples for item in sample):
+        raise InputsNotTaken(f"{config.model_type} takes images and text only (its forward has no video inputs)")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge = vc.patch_size, vc.spatial_merge_size
+    image, begin, end = config.image_token_id, config.im_start_id, config.im_end_id
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    specials = {image, begin, end, config.im_newline_id, pad}
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials else 1 for i in ids]
+
+    rows, types, grids = [], [], []
+    for sample in samples:
+        ids, kinds = [], []
+        for item in sample:
+            if isinstance(item, Text):
+                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
+                continue
+            t, h, w = item_grid(item, patch, merge, 1)
+            grids.append((t, h, w))
+            tokens = (h // merge) * (w // merge + 1) + 2
+            ids += [begin] + [image] * tokens + [end]
+            kinds += [0] + [1] * tokens + [0]
+        rows.append(ids)
+        types.append(kinds)
+    out = pack_rows(rows, types, pad, padding_side)
+    out.update(pixel_inputs(vc, grids, [], gen))
+    return out

@@ -1,0 +1,157 @@
+"""HunYuan-VL: a tower without rotary ids whose merger adds a newline per merged row and a begin and an end per image,
+before a text model with its own multimodal rotary index (four axes). Parity with stock over the processor's layouts
+(images only), the plan's positions against the family's stock index, no syncs and no blocking copies with prepare(),
+generate (dynamic, static and beams), gradients, compile."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import syncfree
+from family_checks import (
+    check_forward_equals_stock,
+    check_generate_and_backward_equal_stock,
+    check_generate_modes_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    model_pair,
+    tower_graph_breaks,
+)
+from syncfree.inputs import Image, Text, Video, processor_batch
+from syncfree.plan.errors import InputsNotTaken
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.hunyuan_vl") is None,
+                                reason="this Transformers release has no HunYuan-VL")
+NAME = "hunyuan-vl-tiny"
+
+
+def _pair(attn: str = "sdpa"):
+    return model_pair(NAME, attn)
+
+
+def _inputs(config, samples, padding_side="left", seed=0):
+    from syncfree.families.hunyuan import build_hunyuan_inputs
+
+    return build_hunyuan_inputs(config, samples, padding_side=padding_side, seed=seed)
+
+
+# Pixels are multiples of 32 (patch 16 x merge 2); the merger needs at least 2 patches on a side (stock checks it).
+U = 32
+LAYOUTS = {
+    "one image": [[Text(4), Image(3 * U, 4 * U), Text(3)]],
+    "images of different sizes": [[Text(2), Image(U, 2 * U), Text(1), Image(4 * U, U), Text(1), Image(U, U),
+                                   Text(2)]],
+    "images first and last": [[Image(2 * U, U), Text(3), Image(U, 3 * U)]],
+    "padding and a text-only row": [[Text(2), Image(2 * U, 3 * U), Text(5)], [Text(1), Image(U, U), Text(1),
+                                                                              Image(U, 2 * U)], [Text(3)]],
+}
+
+
+def test_the_processor_layout():
+    """An image is im_start, lh * (lw + 1) + 2 image placeholders typed 1, im_end (HunYuanVLProcessor)."""
+    config = _pair()[0].config
+    batch = processor_batch(config, [[Text(2), Image(2 * U, 3 * U), Text(1)]])
+    assert set(batch) == {"input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw"}
+    ids = batch["input_ids"][0].tolist()
+    tokens = 2 * (3 + 1) + 2
+    assert ids[2:2 + tokens + 2] == [config.im_start_id] + [config.image_token_id] * tokens + [config.im_end_id]
+    assert batch["mm_token_type_ids"][0].tolist() == [int(i == config.image_token_id) for i in ids]
+    assert batch["image_grid_thw"].tolist() == [[1, 4, 6]] and tuple(batch["pixel_values"].shape) == (24, 3 * 16 * 16)
+    with pytest.raises(InputsNotTaken, match="images and text only"):
+        processor_batch(config, [[Text(2), Video(2, U, U)]])
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_equals_stock(attn, layout, padding):
+    stock, patched = _pair(attn)
+    check_forward_equals_stock(stock, patched, _inputs(stock.config, LAYOUTS[layout], padding))
+
+
+side = st.integers(1, 4).map(lambda n: U * n)
+items = st.one_of(st.builds(Text, st.integers(1, 4)), st.builds(Image, side, side))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), left=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_the_plans_positions_are_the_familys_stock_index(rows, left, seed):
+    """The plan's positions (stock's index run on the host copies), the patched index without a plan (one read, then
+    the same) and on a prepared batch (its plan's) against stock's index on the batch: every axis, row and delta."""
+    stock, patched = _pair()
+    batch = _inputs(stock.config, rows, "left" if left else "right", seed)
+    if "image_grid_thw" not in batch:
+        return  # (a text-only batch: stock computes no multimodal positions)
+    args = {k: batch[k] for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask")}
+    want = stock.model.get_rope_index(**args)
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
+    prepared = syncfree.prepare(batch, "cpu", patched)  # (registered: the index answers from its plan)
+    for got in ((plan.position_ids, plan.rope_deltas), patched.model.get_rope_index(**args),
+                patched.model.get_rope_index(**{k: prepared[k] for k in args})):
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    assert want[0].shape[0] == len(stock.config.text_config.rope_parameters["mrope_section"]) == 4
+
+
+def test_the_placeholder_check_raises_stocks_error():
+    """A placeholder short: stock's ValueError and message, from the plan's count (no selection by the mask)."""
+    stock, patched = _pair()
+    batch = _inputs(stock.config, LAYOUTS["one image"])
+    ids = batch["input_ids"]
+    ids[0, (ids[0] == stock.config.image_token_id).nonzero()[5, 0]] = 7
+    batch["mm_token_type_ids"] = (ids == stock.config.image_token_id).long()
+    errors = []
+    for model in (stock, patched):
+        with pytest.raises(ValueError) as raised, torch.no_grad():
+            model(**batch)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] and errors[0].startswith("Image features and image tokens do not match")
+
+
+def test_grids_out_of_order_are_refused_as_stock_refuses_them():
+    """The grids of two images listed in the wrong order (same totals): prepare() names the runs that do not match,
+    and the patched forward raises stock's own error (its index, which the plan leaves to stock for such a batch)."""
+    stock, patched = _pair()
+    batch = _inputs(stock.config, [[Text(2), Image(U, 2 * U), Text(1), Image(2 * U, 2 * U), Text(1)]])
+    batch["image_grid_thw"] = batch["image_grid_thw"].flip(0)
+    with pytest.raises(ValueError, match=r"runs in the tokens have \[5, 8\] tokens .* of \[8, 5\] tokens"):
+        syncfree.prepare(batch, None, patched)
+    errors = []
+    for model in (stock, patched):
+        with pytest.raises(ValueError) as raised, torch.no_grad():
+            model(**batch)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] and "span length does not match" in errors[0]
+
+
+def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
+    stock, patched = _pair()
+    batch = processor_batch(stock.config, LAYOUTS["padding and a text-only row"])
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+def test_generate_and_backward_equal_stock():
+    stock, patched = _pair()
+    batch = _inputs(stock.config, [[Text(2), Image(128, 64), Text(2), Image(64, 64), Text(1)],
+                                   [Text(1), Image(64, 96), Text(2)]])
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
+
+
+def test_the_patched_towers_graph_breaks_are_its_own_grid_reads():
+    """The tower's per-image loops (the position table's resampling, the merger) run over the plan's host grid: no
+    sync. torch.compile breaks the graph only where stock reads that grid into Python: the merger's ``.tolist()`` (its
+    split sizes and its loop), and with older Transformers/torch the resampling loop over the grid's rows too."""
+    _, patched = _pair()
+    batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
+    explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
+    lines = [str(r.user_stack[-1].line).strip() for r in explained.break_reasons]
+    grid_reads = ["for t, h, w in grid_thw:", "split_sizes = grid_thw.prod(dim=-1).tolist()",
+                  "for grid, item in zip(grid_thw.tolist(), split_items):"]
+    assert lines and all(line in grid_reads for line in lines), lines
