@@ -52,6 +52,10 @@ class Layout:
     # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (ERNIE-4.5-VL's
     # resampler): a video's placeholders and its temporal positions count t // that size frames.
     video_temporal_merge: bool = False
+    # The tower attends over each image or video as one segment (stock's ``merge_temporal=True``), not frame by frame;
+    # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``): MiniMax-M3-VL's.
+    clip_segments: bool = False
+    temporal_position_ids: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -97,6 +101,8 @@ class ModelSpec:
     tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
     align_corners: bool = True  # (Layout.interp_align_corners_from)
     video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
+    clip_segments: bool = False  # (Layout.clip_segments)
+    temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -121,7 +127,8 @@ class ModelSpec:
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
             align_corners=_align_corners(module, layout),
-            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1, **omni,
+            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
+            clip_segments=layout.clip_segments, temporal_position_ids=layout.temporal_position_ids, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -149,6 +156,8 @@ class ModelSpec:
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True,
+            clip_segments=layout is not None and layout.clip_segments,
+            temporal_position_ids=layout is not None and layout.temporal_position_ids,
         )
 
 

@@ -24,7 +24,7 @@ class VisionPlan(DeviceFields):
     the per-patch tables, made on the plan's device when first asked for (``vision_tables``)."""
 
     grid_thw: torch.Tensor  # (N, 3), on the host
-    seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches)
+    seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches), or per clip (t * h * w)
     split_sizes: tuple[int, ...]  # merged tokens per image or video
     max_seqlen: int
     n_patches: int  # sum of t * h * w
@@ -49,7 +49,7 @@ class VisionPlan(DeviceFields):
         return dataclasses.replace(super().to(device), tables_made={})
 
     def tables(self) -> dict:
-        """``position_ids`` (patches, 2) rotary (row, col) ids; Qwen3-VL's ``interp_indices`` / ``interp_weights``
+        """``position_ids`` (patches, 2) rotary (row, col) ids (or (patches, 3), (t, row, col)); Qwen3-VL's ``interp_indices`` / ``interp_weights``
         (patches, taps) into its learned position table; Qwen2.5-VL's ``window_index`` (merged patches,): made on
         the plan's device from ``device_grid`` (no sync, nothing big uploaded), once."""
         if self.tables_made:
@@ -111,13 +111,15 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     merge = spec.spatial_merge_size
     # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
     table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
-                           spec.patch_size, spec.align_corners)
+                           spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids)
     extra = {}
     if spec.window_size is not None:
         windows = window_seqlens(rows, table_spec)
         extra.update(cu_window_seqlens=_cumulative(windows), window_seqlens=tuple(windows),
                      max_window_seqlen=max(windows))
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
+    if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
+        seqlens = tuple(t * h * w for t, h, w in rows)
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,

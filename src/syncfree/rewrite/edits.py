@@ -12,7 +12,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES"]
+           "FEATURE_SCATTER_FEATURES", "PLACEHOLDER_NUMEL"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -240,4 +240,14 @@ TEMPORAL_SLICES = (
     Edit("stmt", "second_slice_offsets = torch.cat(second_slice_offsets, dim=-1).to(hidden_states.device)",
          "second_slice_offsets = _syncfree.host_index_to(torch.cat(second_slice_offsets, dim=-1), "
          "hidden_states.device)"),
+)
+
+# get_placeholder_mask checking the count by boolean select, ``inputs_embeds[mask].numel() == features.numel()``
+# (MiniMax-M3-VL; survey 19 §A): a read of the count every call. The plan's host count times the width instead (the
+# same number, so the same check, message and exception).
+PLACEHOLDER_NUMEL = (
+    Edit("expr", "inputs_embeds[special_image_mask].numel()",
+         '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
+    Edit("expr", "inputs_embeds[special_video_mask].numel()",
+         '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
 )

@@ -27,7 +27,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to"]
+           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
+           "placeholder_numel"]
 
 
 def _compiling() -> bool:
@@ -216,3 +217,14 @@ def planned_kwargs(kwargs: dict) -> dict:
     """The keyword arguments syncfree's tower wrapper added for the vision attention (segment sizes, backend),
     out of a tower's ``kwargs``: for a tower that passes its blocks no ``**kwargs`` of its own."""
     return {k: kwargs[k] for k in ("syncfree_seqlens", "syncfree_attention") if k in kwargs}
+
+
+def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids, kind: str):
+    """``inputs_embeds[special_{kind}_mask].numel()`` (stock's size check by boolean select, which reads the count)
+    for the placeholder mask expanded to ``inputs_embeds``' shape: the plan's host count times the width, when the
+    active plan was built from these input_ids (the mask is ``input_ids == the {kind} token id`` then)."""
+    entry = None if _compiling() else active.current()
+    if (entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool
+            and mask.shape == inputs_embeds.shape):
+        return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
+    return inputs_embeds[mask].numel()
