@@ -49,8 +49,8 @@ class VisionPlan(DeviceFields):
         return dataclasses.replace(super().to(device), tables_made={})
 
     def tables(self) -> dict:
-        """``position_ids`` (patches, 2) rotary (row, col) ids (or (patches, 3), (t, row, col)); Qwen3-VL's ``interp_indices`` / ``interp_weights``
-        (patches, taps) into its learned position table; Qwen2.5-VL's ``window_index`` (merged patches,): made on
+        """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (MiniMax-M3-VL);
+        Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table; Qwen2.5-VL's ``window_index`` (merged patches,): made on
         the plan's device from ``device_grid`` (no sync, nothing big uploaded), once."""
         if self.tables_made:
             return self.tables_made
