@@ -50,8 +50,9 @@ class VisionPlan(DeviceFields):
 
     def tables(self) -> dict:
         """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (MiniMax-M3-VL);
-        Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table; Qwen2.5-VL's ``window_index`` (merged patches,): made on
-        the plan's device from ``device_grid`` (no sync, nothing big uploaded), once."""
+        Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table;
+        Qwen2.5-VL's ``window_index`` (merged patches,): made on the plan's device from ``device_grid`` (no sync,
+        nothing big uploaded), once."""
         if self.tables_made:
             return self.tables_made
         if self.tables_by_device:
