@@ -23,7 +23,7 @@ import torch
 
 from ..plan.spec import Layout
 from ..rewrite.edits import PLACEHOLDER_NUMEL, VISION_ATTENTION_WEIGHTS
-from ..rewrite.targets import Family
+from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, vlm_targets
@@ -31,13 +31,18 @@ from .shared import family_module, handled_by, vlm_targets
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minimax_inputs", "CHUNK_FRAMES"]
 
+_TARGETS = vlm_targets(
+    "MiniMaxM3VLVisionAttention", "MiniMaxM3VLVisionModel", "MiniMaxM3VLModel", "MiniMaxM3SparseForConditionalGeneration",
+    rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS, vision_params=("pixel_values", "grid_thw"),
+    placeholder_edits=PLACEHOLDER_NUMEL,
+    vision_needs=("merge_temporal=self.merge_temporal", "include_temporal=self.include_temporal"))
+# The plan's segments and ids stand for the tower's two flags as its __init__ sets them (a release that changes them
+# is refused, not planned wrongly).
+_TARGETS += (Target("MiniMaxM3VLVisionModel", "__init__", check_only=True,
+                    needs=("self.merge_temporal = True", "self.include_temporal = True")),)
+
 FAMILIES: tuple[Family, ...] = (
-    Family("minimax_m3_vl", vlm_targets(
-        "MiniMaxM3VLVisionAttention", "MiniMaxM3VLVisionModel", "MiniMaxM3VLModel",
-        "MiniMaxM3SparseForConditionalGeneration", rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS,
-        vision_params=("pixel_values", "grid_thw"), placeholder_edits=PLACEHOLDER_NUMEL,
-        # (The plan's tables stand for these two flags of the tower: one segment per clip, (t, h, w) ids.)
-        vision_needs=("merge_temporal=self.merge_temporal", "include_temporal=self.include_temporal")),
+    Family("minimax_m3_vl", _TARGETS,
            Layout(family_module("minimax_m3_vl"), mrope=False, vision_markers=False, token_types=False,
                   tower_holds_projector=False, clip_segments=True, temporal_position_ids=True)),
 )
