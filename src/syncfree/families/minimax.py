@@ -19,6 +19,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from ..plan.spec import Layout
@@ -31,6 +33,7 @@ from .shared import family_module, handled_by, vlm_targets
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minimax_inputs", "CHUNK_FRAMES"]
 
+_MODELING = family_module("minimax_m3_vl")
 _TARGETS = vlm_targets(
     "MiniMaxM3VLVisionAttention", "MiniMaxM3VLVisionModel", "MiniMaxM3VLModel", "MiniMaxM3SparseForConditionalGeneration",
     rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS, vision_params=("pixel_values", "grid_thw"),
@@ -41,9 +44,24 @@ _TARGETS = vlm_targets(
 _TARGETS += (Target("MiniMaxM3VLVisionModel", "__init__", check_only=True,
                     needs=("self.merge_temporal = True", "self.include_temporal = True")),)
 
-FAMILIES: tuple[Family, ...] = (
+
+def _written_for() -> bool:
+    """Whether the installed MiniMax-M3-VL is the code this family was written for (Transformers 5.24's packed tower).
+    Older releases (5.17) have a tower without segments or these helpers: the family is not registered there, so
+    ``syncfree.patch()`` of every installed family's classes does not refuse (read from the file: nothing imported)."""
+    try:
+        spec = importlib.util.find_spec(_MODELING)
+    except ModuleNotFoundError:
+        return False
+    if spec is None or not spec.origin:
+        return False
+    with open(spec.origin, encoding="utf-8") as f:
+        return "get_vision_attention_seqlens(" in f.read()
+
+
+FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("minimax_m3_vl", _TARGETS,
-           Layout(family_module("minimax_m3_vl"), mrope=False, vision_markers=False, token_types=False,
+           Layout(_MODELING, mrope=False, vision_markers=False, token_types=False,
                   tower_holds_projector=False, clip_segments=True, temporal_position_ids=True)),
 )
 
@@ -66,8 +84,8 @@ _MINIMAX_TINY = dict(
 PRESETS: dict[str, Preset] = {
     "minimax-m3-vl-tiny": Preset("minimax-m3-vl-tiny", _MINIMAX_TINY, 0,
                                  "tiny MiniMax-M3-VL for tests (3D tower rope, MoE and indexer layers)"),
-}
-VISION_CLASSES = {"minimax_m3_vl": "MiniMaxM3VLVisionModel"}
+} if FAMILIES else {}
+VISION_CLASSES = {"minimax_m3_vl": "MiniMaxM3VLVisionModel"} if FAMILIES else {}
 MODEL_CLASSES: dict = {}
 
 CHUNK_FRAMES = 4  # the video processor's vision_segment_max_frames: temporal patches per grid row
