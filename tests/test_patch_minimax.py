@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import syncfree
 import syncfree.families
@@ -83,7 +85,9 @@ def test_the_processor_layout_is_the_installed_processors():
     assert ours == theirs and ours.count("<ts>") == frames // 2
 
 
-@pytest.mark.parametrize("grids", [[(1, 2, 2)], [(3, 4, 6), (1, 2, 8)], [(4, 6, 2), (1, 4, 4), (2, 2, 2)]])
+@settings(max_examples=60, deadline=None)
+@given(grids=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8).map(lambda n: 2 * n),
+                                st.integers(1, 8).map(lambda n: 2 * n)), min_size=1, max_size=4))
 def test_the_plans_segments_and_tables_are_stocks(grids):
     """One attention segment per clip and (t, row, col) ids, as the tower's own calls of stock's helpers make them."""
     from transformers import vision_utils
@@ -100,7 +104,9 @@ def test_the_plans_segments_and_tables_are_stocks(grids):
     assert plan.tables_by_device and device_tables_match_stock(plan.table_spec)
     cu_seqlens, max_seqlen = vision_utils.get_vision_attention_seqlens(grid, tower.config, merge_temporal=True)
     assert torch.equal(plan.cu_seqlens, cu_seqlens) and plan.max_seqlen == int(cu_seqlens.diff().max())
-    assert torch.equal(plan.position_ids, vision_utils.get_vision_position_ids(grid, 2, include_temporal=True))
+    want = vision_utils.get_vision_position_ids(grid, 2, include_temporal=True)
+    assert plan.position_ids.dtype == want.dtype and torch.equal(plan.position_ids, want)
+    assert plan.split_sizes == tuple((grid.prod(-1) // 4).tolist())
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])
