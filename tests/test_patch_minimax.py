@@ -177,3 +177,21 @@ def test_vision_every_step_is_refused():
     with pytest.raises(ValueError, match="projector sits outside"):
         syncfree.patch(model, vision_every_step=True)
     assert not syncfree.is_patched(model)
+
+
+@pytest.mark.parametrize("attention", ["split", None])
+def test_compile_visions_padded_buckets_keep_the_towers_output(attention):
+    """The tower keeps a batch dim of 1 around its packed patches: the bucket's padding rows are cut from dim 1.
+    ``split`` is bit-identical to stock; the default (one block-diagonal call) equal to rounding."""
+    stock = _pair()[0]
+    patched = syncfree.compile_vision(syncfree.patch(build_model(NAME)), buckets=(256, 512), compile=False,
+                                      attention=attention)
+    batch = processor_batch(stock.config, LAYOUTS["a long video in chunks"])
+    with torch.no_grad():
+        want = stock.model.get_video_features(batch["pixel_values_videos"], batch["video_grid_thw"])
+        got = patched.model.get_video_features(batch["pixel_values_videos"], batch["video_grid_thw"])
+    assert got.last_hidden_state.shape == want.last_hidden_state.shape
+    if attention == "split":
+        assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+    else:
+        torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
