@@ -44,7 +44,7 @@ def _hunyuan() -> Family:
         vision_needs=("grid_thw.prod(dim=-1).tolist()", "zip(grid_thw.tolist(), split_items)"))
     own = {
         # The placeholder count, and the check that selects the placeholders to count them again.
-        "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL),
+        "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL[:1]),
         # Its own index (no video inputs), from the plan; generate()'s position setup calls it too.
         "get_rope_index": Target(_MODEL, "get_rope_index", wrap="make_host_rope_index",
                                  params=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),

@@ -49,7 +49,8 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
                 vision_wrap: str = "make_vision_forward", vision_edits: tuple = (),
                 attention_edits: tuple = VISION_ATTENTION, vision_params: tuple = ("hidden_states", "grid_thw"),
                 base_vision_needs: tuple = VISION_NEEDS, image_only: bool = False,
-                model_params: tuple = (), scatter: tuple = FEATURE_SCATTER) -> tuple[Target, ...]:
+                model_params: tuple = (), scatter: tuple = FEATURE_SCATTER,
+                placeholder_edits: tuple = ()) -> tuple[Target, ...]:
     """The targets of a model with Qwen2-VL's packed vision tower and multimodal forward, by class name:
     the vision attention's split, the tower (handed the plan's tensors), the placeholder counts, the feature
     scatter, generate(), and the 3D rotary index with its generation-time check. ``rope_needs=None``: a family
@@ -59,7 +60,8 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
     relies on: ``base_vision_needs + vision_needs``). ``image_only``: a forward that takes no videos (its
     placeholder and scatter code has only the image lines). ``model_params``: inputs of the multimodal forward
     beyond Qwen2-VL's that the plan keeps (ERNIE-4.5-VL's ``moe_mm_token_type_ids``). ``scatter``: the feature
-    scatter's edits, where the forward names its features otherwise."""
+    scatter's edits, where the forward names its features otherwise. ``placeholder_edits``: more edits of
+    get_placeholder_mask (MiniMax-M3-VL's count check by boolean select, ``PLACEHOLDER_NUMEL``)."""
     placeholders, scatter = (PLACEHOLDER_MASK[:1], scatter[:1]) if image_only else (PLACEHOLDER_MASK, scatter)
     params = tuple(p for p in MODEL_PARAMS if not (image_only and p in ("pixel_values_videos", "video_grid_thw")))
     params += model_params
@@ -67,7 +69,7 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
         Target(attention, "forward", edits=attention_edits, module=vision_module),
         Target(vision, "forward", edits=vision_edits, wrap=vision_wrap, params=vision_params,
                needs=base_vision_needs + vision_needs, module=vision_module),
-        Target(model, "get_placeholder_mask", edits=placeholders),
+        Target(model, "get_placeholder_mask", edits=placeholders + placeholder_edits),
         Target(generation, "generate", wrap="make_generate", inherited=True),
     )
     if rope_needs is None:

@@ -62,6 +62,10 @@ class Layout:
     # column: 1) and to each image (its begin and end embeddings: 2).
     row_extra_tokens: int = 0
     item_extra_tokens: int = 0
+    # The tower attends over each image or video as one segment (stock's ``merge_temporal=True``), not frame by frame;
+    # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``): MiniMax-M3-VL's.
+    clip_segments: bool = False
+    temporal_position_ids: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -111,6 +115,8 @@ class ModelSpec:
     host_rope_class: str | None = None  # (Layout.host_rope_class; its config values in rope_key)
     row_extra_tokens: int = 0  # (Layout.row_extra_tokens)
     item_extra_tokens: int = 0  # (Layout.item_extra_tokens)
+    clip_segments: bool = False  # (Layout.clip_segments)
+    temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -139,7 +145,8 @@ class ModelSpec:
             align_corners=_align_corners(module, layout),
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
             item_merge_sizes=layout.item_merge_sizes, row_extra_tokens=layout.row_extra_tokens,
-            item_extra_tokens=layout.item_extra_tokens, **omni,
+            item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
+            temporal_position_ids=layout.temporal_position_ids, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -168,6 +175,8 @@ class ModelSpec:
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
+            clip_segments=layout is not None and layout.clip_segments,
+            temporal_position_ids=layout is not None and layout.temporal_position_ids,
         )
 
 

@@ -31,7 +31,7 @@ class VisionPlan(DeviceFields):
     the per-patch tables, made on the plan's device when first asked for (``vision_tables``)."""
 
     grid_thw: torch.Tensor  # (N, 3), on the host
-    seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches)
+    seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches), or per clip (t * h * w)
     split_sizes: tuple[int, ...]  # features (placeholders) per image or video
     max_seqlen: int
     n_patches: int  # sum of t * h * w
@@ -59,9 +59,10 @@ class VisionPlan(DeviceFields):
         return dataclasses.replace(super().to(device), tables_made={})
 
     def tables(self) -> dict:
-        """``position_ids`` (patches, 2) rotary (row, col) ids; Qwen3-VL's ``interp_indices`` / ``interp_weights``
-        (patches, taps) into its learned position table; Qwen2.5-VL's ``window_index`` (merged patches,): made on
-        the plan's device from ``device_grid`` (no sync, nothing big uploaded), once."""
+        """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (MiniMax-M3-VL);
+        Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table;
+        Qwen2.5-VL's ``window_index`` (merged patches,): made on the plan's device from ``device_grid`` (no sync,
+        nothing big uploaded), once."""
         if self.tables_made:
             return self.tables_made
         if self.tables_by_device:
@@ -127,7 +128,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     merge = spec.spatial_merge_size
     # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
     table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
-                           spec.patch_size, spec.align_corners)
+                           spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids)
     extra = {}
     if spec.window_size is not None:
         windows = window_seqlens(rows, table_spec)
@@ -138,6 +139,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (HunYuan-VL's merger: a newline per row, begin and end)
         split_sizes = tuple(t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
                             for t, h, w in rows)
+    if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
+        seqlens = tuple(t * h * w for t, h, w in rows)
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,

@@ -47,6 +47,9 @@ class TableSpec(NamedTuple):
     # Each grid row has its own merge size, handed with the grid (VideoLLaMA3: images 1, videos 2); ``merge`` is then 1
     # and the tables take the rows' merges (``merges=``).
     item_merges: bool = False
+    # Rotary ids with a leading frame column, (t, row, col) per patch: stock's ``include_temporal=True``
+    # (MiniMax-M3-VL's tower rotates the temporal axis too); False: (row, col), repeated for each frame.
+    temporal: bool = False
 
 
 def window_seqlens(rows, spec: TableSpec) -> list[int]:
@@ -85,6 +88,12 @@ def _decode(grids: torch.Tensor, total: int, merge: int) -> tuple[torch.Tensor, 
     return block_row * merge + in_row, block_col * merge + in_col, heights, widths
 
 
+def _frames(grids: torch.Tensor, total: int) -> torch.Tensor:
+    """Each patch's frame in its image or video (stock's ``arange(t).repeat_interleave(h * w)``)."""
+    heights, widths, local, _ = _spread(grids, total)
+    return local // (heights * widths)
+
+
 def _window_index(grids: torch.Tensor, merged: int, spec: TableSpec) -> torch.Tensor:
     """Stock's window permutation: for each place in window order, the merged patch that goes there.
 
@@ -119,6 +128,8 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torc
     merge = _patch_merges(grids, merges, total) if spec.item_merges else spec.merge  # (the decoding is elementwise)
     row, col, heights, widths = _decode(grids, total, merge)
     tables = {"position_ids": torch.stack([row, col], -1)}
+    if spec.temporal:
+        tables["position_ids"] = torch.stack([_frames(grids, total), row, col], -1)
     if spec.side is not None:
         helper = _module(spec.module).get_vision_interpolation_indices_and_weights
         kernel = _module(helper.__module__)  # where stock's per-axis kernel lives
@@ -140,7 +151,9 @@ def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | 
     # (A tower without rotary ids, Cosmos3-Edge's, imports no such helper; its plan never hands the ids over.)
     position_ids = (getattr(module, "get_vision_position_ids", None)
                     or _module("transformers.vision_utils").get_vision_position_ids)
-    tables = {"position_ids": position_ids(grid_thw, merges if spec.item_merges else spec.merge)}
+    merge = merges if spec.item_merges else spec.merge
+    tables = {"position_ids": (position_ids(grid_thw, merge, include_temporal=True) if spec.temporal
+                               else position_ids(grid_thw, merge))}
     if spec.side is not None:
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
             grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=spec.align_corners,

@@ -265,9 +265,12 @@ VISION_ATTENTION_SCALING = VISION_ATTENTION[:2] + (
              max_seqlen=max_seqlen)"""),
 )
 
-# get_placeholder_mask checks the placeholders against the features by selecting them with the expanded boolean mask
-# (a read of the count) and comparing sizes: the plan's host count times the hidden width instead (HunYuan-VL).
+# get_placeholder_mask checking the count by boolean select, ``inputs_embeds[mask].numel() == features.numel()``
+# (MiniMax-M3-VL; HunYuan-VL takes the image line; survey 19 §A): a read of the count every call. The plan's host
+# count times the width instead (the same number, so the same check, message and exception).
 PLACEHOLDER_NUMEL = (
     Edit("expr", "inputs_embeds[special_image_mask].numel()",
          '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
+    Edit("expr", "inputs_embeds[special_video_mask].numel()",
+         '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
 )

@@ -1,0 +1,159 @@
+"""MiniMax-M3-VL: a CLIP-like packed tower with 3D (t, h, w) rotary ids, a projector that merges patches after it, and
+MiniMax-M3's MoE text model (block-sparse indexer layers) without 3D positions.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* no rotary index: the text model numbers tokens itself and the processor returns no ``mm_token_type_ids`` (the
+  EXAONE-4.5 layout: the plan computes no positions, counts placeholders);
+* the tower attends over each image or video chunk as one segment (``merge_temporal=True``) and rotates the frame
+  axis too (``include_temporal=True``: (t, row, col) ids): the plan's ``clip_segments`` / ``temporal_position_ids``;
+* the tower is ``vision_tower``, takes ``pixel_values``; its attention loop collects each segment's weights
+  (``VISION_ATTENTION_WEIGHTS``);
+* get_placeholder_mask checks the count by a boolean select (``inputs_embeds[mask].numel()``): ``PLACEHOLDER_NUMEL``;
+* the projector sits outside the tower (``vision_every_step`` is refused);
+* the processor writes each image as its start marker, its placeholders and its end marker, and each video as, per
+  temporal patch, the timestamp of its first frame in text, then start, that frame's placeholders, end; its video
+  processor cuts each video into chunks of at most ``vision_segment_max_frames`` (4) temporal patches, one grid row
+  (and one attention segment) each, and returns ``num_chunks_per_video``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.edits import PLACEHOLDER_NUMEL, VISION_ATTENTION_WEIGHTS
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_minimax_inputs", "CHUNK_FRAMES"]
+
+_MODELING = family_module("minimax_m3_vl")
+_TARGETS = vlm_targets(
+    "MiniMaxM3VLVisionAttention", "MiniMaxM3VLVisionModel", "MiniMaxM3VLModel", "MiniMaxM3SparseForConditionalGeneration",
+    rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS, vision_params=("pixel_values", "grid_thw"),
+    placeholder_edits=PLACEHOLDER_NUMEL,
+    vision_needs=("merge_temporal=self.merge_temporal", "include_temporal=self.include_temporal"))
+# The plan's segments and ids stand for the tower's two flags as its __init__ sets them (a release that changes them
+# is refused, not planned wrongly).
+_TARGETS += (Target("MiniMaxM3VLVisionModel", "__init__", check_only=True,
+                    needs=("self.merge_temporal = True", "self.include_temporal = True")),)
+
+
+def _written_for() -> bool:
+    """Whether the installed MiniMax-M3-VL is the code this family was written for (Transformers 5.24's packed tower).
+    Older releases (5.17) have a tower without segments or these helpers: the family is not registered there, so
+    ``syncfree.patch()`` of every installed family's classes does not refuse (read from the file: nothing imported)."""
+    try:
+        spec = importlib.util.find_spec(_MODELING)
+    except ModuleNotFoundError:
+        return False
+    if spec is None or not spec.origin:
+        return False
+    with open(spec.origin, encoding="utf-8") as f:
+        return "get_vision_attention_seqlens(" in f.read()
+
+
+FAMILIES: tuple[Family, ...] = () if not _written_for() else (
+    Family("minimax_m3_vl", _TARGETS,
+           Layout(_MODELING, mrope=False, vision_markers=False, token_types=False,
+                  tower_holds_projector=False, clip_segments=True, temporal_position_ids=True)),
+)
+
+# A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2 (in the projector), a vision head of 12
+# (4 rotated channels per axis), a dense and a MoE layer (4 experts, top 2, a shared expert), full attention and the
+# block-sparse indexer layer (blocks of 8 keys, 2 kept), partial text rope.
+_MINIMAX_TINY = dict(
+    model_type="minimax_m3_vl", image_token_index=1000, video_token_index=1001, projector_hidden_size=64,
+    vision_config=dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                       num_channels=3, image_size=224, patch_size=14, temporal_patch_size=2, spatial_merge_size=2),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=64, dense_intermediate_size=128,
+                     shared_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, rotary_dim=8, max_position_embeddings=4096, num_local_experts=4,
+                     num_experts_per_tok=2, mlp_layer_types=["dense", "sparse"],
+                     layer_types=["full_attention", "minimax_m3_sparse"],
+                     rope_parameters=dict(rope_type="default", rope_theta=5000000.0, partial_rotary_factor=0.5),
+                     index_n_heads=2, index_head_dim=16, index_block_size=8, index_topk_blocks=2,
+                     index_local_blocks=1, pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "minimax-m3-vl-tiny": Preset("minimax-m3-vl-tiny", _MINIMAX_TINY, 0,
+                                 "tiny MiniMax-M3-VL for tests (3D tower rope, MoE and indexer layers)"),
+} if FAMILIES else {}
+VISION_CLASSES = {"minimax_m3_vl": "MiniMaxM3VLVisionModel"} if FAMILIES else {}
+MODEL_CLASSES: dict = {}
+
+CHUNK_FRAMES = 4  # the video processor's vision_segment_max_frames: temporal patches per grid row
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_minimax_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def markers(config) -> tuple[int, int]:
+    """Stand-ins for the tokenizer's ids of ``]<]start of image[>[`` and ``]<]end of image[>[`` (the config names
+    none): two text ids after the placeholders'."""
+    top = max(config.image_token_id, config.video_token_id)
+    return top + 1, top + 2
+
+
+def build_minimax_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                         pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``MiniMaxM3VLProcessor`` lays them out (processing_minimax_m3_vl.py): an image is start,
+    one placeholder per merged patch, end; a video is, per temporal patch, ``]<]{seconds:.1f} seconds[>[`` in text
+    (the time of the patch's first frame), start, that frame's placeholders, end. Video grids are cut into rows of at
+    most ``CHUNK_FRAMES`` temporal patches, with ``num_chunks_per_video``, as the video processor returns them. No
+    ``mm_token_type_ids``."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    start, end = markers(config)
+    specials = {config.image_token_id, config.video_token_id, start, end}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, types, image_grids, video_grids, chunks = [], [], [], [], []
+    for sample in samples:
+        ids: list[int] = []
+        for item in sample:
+            if isinstance(item, Text):
+                ids += text(item.tokens)
+                continue
+            t, h, w = item_grid(item, patch, merge, tpatch)
+            per_frame = h * w // (merge * merge)
+            if isinstance(item, Image):
+                image_grids.append((t, h, w))
+                ids += [start] + [config.image_token_id] * per_frame + [end]
+                continue
+            assert isinstance(item, Video)
+            rows_of_video = [(min(CHUNK_FRAMES, t - s), h, w) for s in range(0, t, CHUNK_FRAMES)]
+            video_grids += rows_of_video
+            chunks.append(len(rows_of_video))
+            for frame in range(t):
+                stamp = f"]<]{frame * tpatch / item.fps:.1f} seconds[>["
+                ids += text(len(stamp) // 3) + [start] + [config.video_token_id] * per_frame + [end]
+        rows.append(ids)
+        types.append([0] * len(ids))
+    out = pack_rows(rows, types, pad, padding_side)
+    del out["mm_token_type_ids"]
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    if chunks:
+        out["num_chunks_per_video"] = torch.tensor(chunks, dtype=torch.long)
+    return out
+
+
+__all__ += ["Image", "Video", "Text"]  # (the items build_minimax_inputs takes)
