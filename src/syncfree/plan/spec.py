@@ -52,6 +52,10 @@ class Layout:
     # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (ERNIE-4.5-VL's
     # resampler): a video's placeholders and its temporal positions count t // that size frames.
     video_temporal_merge: bool = False
+    # Video frames are image placeholders that lie between the config's video start and end ids (GLM-5-Next): the
+    # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
+    # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
+    video_spans: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -97,6 +101,7 @@ class ModelSpec:
     tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
     align_corners: bool = True  # (Layout.interp_align_corners_from)
     video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
+    video_span_ids: tuple[int, int] | None = None  # (Layout.video_spans: the video start and end ids)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -121,7 +126,9 @@ class ModelSpec:
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
             align_corners=_align_corners(module, layout),
-            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1, **omni,
+            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
+            video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
+            **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
