@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..plan import active
+from .host_mask import host_padding_mask
 
 __all__ = ["pools_written", "kept_pools", "kept_prefix"]
 
@@ -58,8 +59,6 @@ def kept_prefix(valid: np.ndarray, kpool: int) -> int | None:
 
 
 def _host_valid_keys(entry: active.Entry, valid_keys: torch.Tensor, own: int) -> np.ndarray | None:
-    from .helpers import host_padding_mask
-
     rows, width = valid_keys.shape
     if width == own:  # no earlier tokens: the valid keys are this forward's padding mask (ones without one)
         if entry.plan.host_mask is None:
