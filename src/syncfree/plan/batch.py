@@ -33,7 +33,7 @@ from .tensors import DeviceFields, host_array, move
 from .vision import VisionPlan, vision_plan
 
 __all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "PLAN_INPUTS", "PLAN_KEY",
-           "placeholder_runs", "token_types", "kept_sizes"]
+           "placeholder_runs", "token_types", "kept_sizes", "span_types"]
 
 # Where a plan travels in a batch (``prepare(batch)`` without a device, ``planning_collator``) and in a call.
 PLAN_KEY = "syncfree_plan"
@@ -221,7 +221,10 @@ def placeholder_runs(types: np.ndarray) -> Runs:
 
 def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | None:
     """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given (from
-    mm_token_type_ids where video frames are written with the image placeholder: only they tell them apart)."""
+    mm_token_type_ids where video frames are written with the image placeholder: only they tell them apart; from
+    input_ids' video start/end spans where those tell them apart, as GLM-5-Next's stock does)."""
+    if spec.video_span_ids is not None and input_ids is not None and input_ids.dim() == 2:
+        return span_types(host_array(input_ids), spec.image_token_id, *spec.video_span_ids)
     if (spec.video_frames_as_images and mm_token_type_ids is not None and mm_token_type_ids.dim() == 2
             and (input_ids is None or input_ids.shape == mm_token_type_ids.shape)):
         return host_array(mm_token_type_ids).astype(np.int64)
@@ -231,6 +234,12 @@ def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | N
     if mm_token_type_ids is not None and mm_token_type_ids.dim() == 2:
         return host_array(mm_token_type_ids).astype(np.int64)
     return None
+
+
+def span_types(ids: np.ndarray, image_token_id: int, start_id: int, end_id: int) -> np.ndarray:
+    """Image placeholders typed 2 inside a video's start/end span and 1 outside (stock's ``in_video_span``)."""
+    in_span = np.cumsum(ids == start_id, axis=-1) > np.cumsum(ids == end_id, axis=-1)
+    return np.where(ids == image_token_id, np.where(in_span, 2, 1), 0).astype(np.int64)
 
 
 @dataclass
@@ -261,7 +270,7 @@ class Draft:
     def _image_placeholders(self) -> int | None:
         """The image placeholders in input_ids where video frames use them too (counted once), else None."""
         ids = self.host["input_ids"]
-        if self.spec.video_frames_as_images and ids is not None and ids.dim() == 2:
+        if self.spec.video_frames_as_images and self.spec.video_span_ids is None and ids is not None and ids.dim() == 2:
             return int(np.count_nonzero(host_array(ids) == self.spec.image_token_id))
         return None
 

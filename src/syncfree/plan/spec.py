@@ -66,6 +66,10 @@ class Layout:
     # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``): MiniMax-M3-VL's.
     clip_segments: bool = False
     temporal_position_ids: bool = False
+    # Video frames are image placeholders that lie between the config's video start and end ids (GLM-5-Next): the
+    # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
+    # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
+    video_spans: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -117,6 +121,7 @@ class ModelSpec:
     item_extra_tokens: int = 0  # (Layout.item_extra_tokens)
     clip_segments: bool = False  # (Layout.clip_segments)
     temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
+    video_span_ids: tuple[int, int] | None = None  # (Layout.video_spans: the video start and end ids)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -146,7 +151,9 @@ class ModelSpec:
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
             item_merge_sizes=layout.item_merge_sizes, row_extra_tokens=layout.row_extra_tokens,
             item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
-            temporal_position_ids=layout.temporal_position_ids, **omni,
+            temporal_position_ids=layout.temporal_position_ids,
+            video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
+            **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .audio import audio_plan
-from .batch import Draft, kept_sizes
+from .batch import Draft, kept_sizes, span_types
 from .errors import MaskShapeError
 from .spec import ModelSpec
 from .tensors import host_array
@@ -37,7 +37,15 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask,
                              "same shape")
         ids_np, types_np = host_array(ids), host_array(types)
         kinds = ((1, spec.image_token_id), (2, spec.video_token_id))
-        if spec.video_frames_as_images:  # video frames are image placeholders typed 2: both kinds mark image tokens
+        if spec.video_span_ids is not None:  # image placeholders typed by video spans: the types must be those
+            spans = span_types(ids_np, spec.image_token_id, *spec.video_span_ids)
+            if not np.array_equal(types_np, spans):
+                raise ValueError(
+                    f"mm_token_type_ids marks {int((types_np == 1).sum())} image and {int((types_np == 2).sum())} "
+                    f"video placeholders but input_ids holds {int((spans == 1).sum())} image tokens "
+                    f"{spec.image_token_id} outside video spans and {int((spans == 2).sum())} inside them")
+            kinds = ()
+        elif spec.video_frames_as_images:  # video frames are image placeholders typed 2: both kinds mark image tokens
             types_np, kinds = np.where(types_np == 2, 1, types_np), kinds[:1]
         for kind, token in kinds:
             marked, found = types_np == kind, ids_np == token

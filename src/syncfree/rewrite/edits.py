@@ -12,7 +12,8 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL"]
+           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL",
+           "POOLED_WRITTEN", "POOLED_KEEP"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -273,4 +274,17 @@ PLACEHOLDER_NUMEL = (
          '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
     Edit("expr", "inputs_embeds[special_video_mask].numel()",
          '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
+)
+
+# GLM-5-Next's pooled DSA indexer keeps the pools some row can use with a boolean select (a read of their number);
+# where the plan's host mask shows they are a prefix, by an index of that length (rewrite/pooled_keep.py). The
+# indexer's forward says first whether every slot of the states it pools is a written token (no static cache
+# still filling): POOLED_WRITTEN is the forward's edit, POOLED_KEEP get_pooled_states'.
+POOLED_WRITTEN = (
+    Edit("stmt", "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)",
+         "_syncfree.pools_written(packed_states, seq_len, kv_len, current_length)\n"
+         "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)"),
+)
+POOLED_KEEP = (
+    Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
 )

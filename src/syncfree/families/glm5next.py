@@ -1,0 +1,138 @@
+"""GLM-5-Next: GLM-OCR's packed tower (verbatim) before a hybrid text model (KDA linear attention, latent attention
+with a pooled DSA indexer, MoE experts, hyper-connections) without 3D positions.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* no rotary index: the text model numbers tokens itself and the forward takes no ``mm_token_type_ids`` (the
+  EXAONE-4.5 layout), although the processor returns them;
+* video frames are written with the image placeholder, and stock tells them apart by the video start/end spans
+  around them (``in_video_span``), counting image and video placeholders apart: the plan types tokens the same way
+  from input_ids (``Layout.video_spans``); as in GLM-4.6V, ``get_video_features`` hands the tower one ``(1, h, w)``
+  grid row per frame (``video_frames_as_images``);
+* the tower calls its blocks without ``**kwargs`` (``BLOCK_KWARGS``, as GLM-OCR's);
+* the pooled DSA indexer keeps its usable pools with a boolean select: by the plan's host mask where that shows
+  they are a prefix (``POOLED_WRITTEN`` / ``POOLED_KEEP``, ``rewrite/pooled_keep.py``); its KDA layers' all-ones mask
+  check is the shared ``create_recurrent_attention_mask`` target;
+* a video frame is ``<|begin_of_image|>``, its placeholders, ``<|end_of_image|>`` and ``{seconds:.1f} seconds``,
+  inside ``<|begin_of_video|>``..``<|end_of_video|>``; an image is its placeholders between the image markers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.edits import BLOCK_KWARGS, POOLED_KEEP, POOLED_WRITTEN
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_glm5next_inputs"]
+
+_P = "Glm5Next"
+
+
+def _glm5_next() -> Family:
+    targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionModel", f"{_P}Model", f"{_P}ForConditionalGeneration",
+                          rope_needs=None, vision_edits=BLOCK_KWARGS)
+    targets += (
+        Target(f"{_P}TextIndexer", "forward", edits=POOLED_WRITTEN),
+        Target(f"{_P}TextIndexer", "get_pooled_states", edits=POOLED_KEEP),
+    )
+    layout = Layout(family_module("glm5_next"), frames_as_runs=True, mrope=False, video_frames_as_images=True,
+                    video_spans=True)
+    return Family("glm5_next", targets, layout)
+
+
+FAMILIES: tuple[Family, ...] = (_glm5_next(),)
+
+# A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2; a text model of two KDA and two
+# indexed (latent, NoPE) layers, dense and MoE MLPs (4 experts, 2 per token), 2 hyper-connection streams, and an
+# indexer with pools of 4 keys and a budget of 2 pools (so test sequences select: they are longer than 8 tokens).
+_GLM5_NEXT_TINY = dict(
+    model_type="glm5_next", image_token_id=1000, video_token_id=1001, image_start_token_id=1002,
+    image_end_token_id=1003, video_start_token_id=1004, video_end_token_id=1005,
+    vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                       projection_intermediate_size=96, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                       image_size=112),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                     num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=0,
+                     qk_nope_head_dim=16, v_head_dim=16, index_topk=8, index_head_dim=16, index_n_heads=2,
+                     index_kpool=4, linear_head_dim=16, linear_num_heads=2, linear_conv_kernel_dim=4, hc_mult=2,
+                     mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+                     layer_types=["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"],
+                     max_position_embeddings=4096, pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+PRESETS: dict[str, Preset] = {
+    "glm5-next-tiny": Preset("glm5-next-tiny", _GLM5_NEXT_TINY, 0,
+                             "tiny GLM-5-Next for tests (KDA and pooled-indexer layers, MoE, span-typed video)"),
+}
+VISION_CLASSES = {"glm5_next": f"{_P}VisionModel"}
+MODEL_CLASSES: dict = {}
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_glm5next_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def _stamp_tokens(seconds: float) -> int:
+    # "{seconds:.1f} seconds": a token per character of the number, one for " seconds" (a stand-in tokenizer).
+    return len(f"{seconds:.1f}") + 1
+
+
+def build_glm5next_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                          pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``Glm5NextProcessor`` (and its chat template) lays them out: an image is begin-of-image, its
+    placeholders, end-of-image; a video is begin-of-video, then per temporal patch begin-of-image, that frame's
+    image placeholders, end-of-image and ``{t:.1f} seconds`` (t the time of the patch's first frame), then
+    end-of-video. ``mm_token_type_ids`` marks placeholders 1, and 2 inside a video's span."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    image, begin, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
+    specials = {image, config.video_token_id, begin, end, config.video_start_token_id, config.video_end_token_id}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, types, image_grids, video_grids = [], [], [], []
+    for sample in samples:
+        ids, kinds = [], []
+        for item in sample:
+            if isinstance(item, Text):
+                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
+                continue
+            t, h, w = item_grid(item, patch, merge, tpatch)
+            per_frame = h * w // (merge * merge)
+            if isinstance(item, Image):
+                image_grids.append((t, h, w))
+                ids += [begin] + [image] * per_frame + [end]
+                kinds += [0] + [1] * per_frame + [0]
+                continue
+            assert isinstance(item, Video)
+            video_grids.append((t, h, w))
+            ids, kinds = ids + [config.video_start_token_id], kinds + [0]
+            # The processor's timestamps: every second sampled frame's time, the first t of them (the last repeated).
+            stamps = [i / item.fps for i in range(item.frames)][::2][:t]
+            stamps += [stamps[-1] if stamps else 0.0] * (t - len(stamps))
+            for stamp in stamps:
+                n_stamp = _stamp_tokens(stamp)
+                ids += [begin] + [image] * per_frame + [end] + text(n_stamp)
+                kinds += [0] + [2] * per_frame + [0] + [0] * n_stamp
+            ids, kinds = ids + [config.video_end_token_id], kinds + [0]
+        rows.append(ids)
+        types.append(kinds)
+    out = pack_rows(rows, types, pad, padding_side)
+    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    return out
