@@ -21,13 +21,15 @@ from ..plan import active
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
+from .qsa import indexed_causal_mask, visible_positions  # noqa: F401  (Qwen4-Exp's QSA indexer)
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
            "segment_lengths", "placeholder_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to"]
+           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
+           "indexed_causal_mask", "visible_positions"]
 
 
 def _compiling() -> bool:
