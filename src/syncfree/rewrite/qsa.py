@@ -18,6 +18,7 @@ the device outside ``generate()``) keeps stock's ``nonzero``: one read per (row,
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 
 from ..plan import active
 
-__all__ = ["indexed_causal_mask", "visible_positions", "visible_counts"]
+__all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks"]
 
 # What the text model passes create_causal_mask: any other argument (an extra mask function, block ids) changes the
 # mask, so the counts are not made for it.
@@ -53,9 +54,50 @@ def indexed_causal_mask(create_causal_mask, mask_kwargs: dict):
         return mask
     counts = _planned_counts(mask_kwargs, mask)
     if counts is not None:
-        key = id(mask)
-        _counts[key] = (weakref.ref(mask, _forget(key)), _version(mask), counts)
+        _keep(mask, counts)
     return mask
+
+
+def _keep(mask: torch.Tensor, counts: list[list[int]]) -> None:
+    key = id(mask)
+    _counts[key] = (weakref.ref(mask, _forget(key)), _version(mask), counts)
+
+
+def make_generation_masks(stock):
+    """``prepare_inputs_for_generation`` that also keeps the counts for the indexed layers' mask ``generate()``
+    makes itself (with a static cache it builds every layer type's mask before the forward, from the 2D padding
+    mask it keeps growing: the mask the text model then takes as given)."""
+
+    @functools.wraps(stock)
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        inputs = stock(self, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            _generation_counts(inputs, kwargs.get("attention_mask"))
+        return inputs
+
+    return prepare_inputs_for_generation
+
+
+def _generation_counts(inputs, padding) -> None:
+    from .helpers import host_padding_mask
+
+    entry = active.generating()
+    masks = inputs.get("attention_mask") if hasattr(inputs, "get") else None
+    mask = masks.get("indexed_attention") if isinstance(masks, dict) else None
+    cache = inputs.get("cache", inputs.get("past_key_values"))
+    if (entry is None or not isinstance(mask, torch.Tensor) or mask.dim() != 4 or not isinstance(padding, torch.Tensor)
+            or padding.dim() != 2 or cache is None or not getattr(cache, "is_compileable", False)):
+        return
+    from transformers.masking_utils import find_first_full_attention_index
+
+    batch, q_length, kv_length = mask.shape[0], mask.shape[2], mask.shape[3]
+    host = host_padding_mask(entry, padding)
+    if (host is None or tuple(host.shape) != tuple(padding.shape) or padding.shape[0] != batch
+            or host.shape[1] < q_length
+            or tuple(cache.get_mask_sizes(q_length, find_first_full_attention_index(cache))) != (kv_length, 0)):
+        return
+    # generate() grows the padding mask by one column per token: it covers the cached tokens and this step's.
+    _keep(mask, visible_counts(host.detach().numpy() != 0, host.shape[1] - q_length, q_length, kv_length))
 
 
 def _planned_counts(mask_kwargs: dict, mask: torch.Tensor) -> list[list[int]] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .qsa import make_generation_masks
 from .wrappers import (
                        make_generate,
                        make_get_rope_index,
@@ -18,4 +19,5 @@ __all__ = ["WRAPPERS"]
 WRAPPERS = {f.__name__: f for f in (make_model_forward, make_vision_forward, make_vision_forward_device_grid,
                                      make_vision_forward_seqlens_only,
                                      make_generate, make_get_rope_index,
-                                     make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index)}
+                                     make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index,
+                                     make_generation_masks)}
