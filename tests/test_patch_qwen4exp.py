@@ -128,19 +128,21 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy_in_bf16():
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
 
-def test_decode_steps_read_no_visible_count_from_the_device():
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_decode_steps_read_no_visible_count_from_the_device(cache):
     """generate() from a prepared batch on the emulated device: neither the prefill nor a decode step reads a
-    count in the modeling code (the QSA indexer's nonzero was one read per row and query), and stock's ids."""
+    count in the modeling code (the QSA indexer's nonzero was one read per row and query; with a static cache
+    generate() makes the indexed mask itself), and stock's ids."""
     stock, patched = _pair(dtype=torch.bfloat16)
-    batch = build_inputs(stock.config, [[Text(2), Image(64, 64), Text(3)], [Text(1), Image(32, 64), Text(1)]],
-                         padding_side="left")
+    batch = build_inputs(stock.config, [[Text(2), Image(64, 32), Text(3)], [Text(2)]], padding_side="left")
+    options = dict(GENERATE, max_new_tokens=3, **({"cache_implementation": "static"} if cache == "static" else {}))
     with torch.no_grad():
-        expected = stock.generate(**batch, **GENERATE)
+        expected = stock.generate(**batch, **options)
         with emulate_cuda():
             patched.to("cuda")
             try:
                 with audit() as report:
-                    ids = patched.generate(**syncfree.prepare(batch, "cuda", patched), **GENERATE)
+                    ids = patched.generate(**syncfree.prepare(batch, "cuda", patched), **options)
                 ids = ids.cpu()
             finally:
                 patched.to("cpu")
