@@ -57,8 +57,8 @@ _Q4_TINY = dict(
                      ngram_vocab_size_base=31, make_ngram_vocab_size_divisible_by=8, split_ngram_parts=4,
                      indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=4,
                      indexer_compress_ratio=2,
-                     # (the n-gram embeddings need an end-of-text id; one outside the vocabulary is never generated)
-                     pad_token_id=0, bos_token_id=None, eos_token_id=101024),
+                     # (the n-gram embeddings put the end-of-text id where the mask pads: the config must name one)
+                     pad_token_id=0, bos_token_id=None, eos_token_id=1004),
 )
 PRESETS: dict[str, Preset] = {
     "qwen4-exp-tiny": Preset("qwen4-exp-tiny", _Q4_TINY, 0,
