@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..plan import active
+from .host_mask import host_padding_mask
 
 __all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks"]
 
@@ -79,8 +80,6 @@ def make_generation_masks(stock):
 
 
 def _generation_counts(inputs, padding) -> None:
-    from .helpers import host_padding_mask
-
     entry = active.generating()
     masks = inputs.get("attention_mask") if hasattr(inputs, "get") else None
     mask = masks.get("indexed_attention") if isinstance(masks, dict) else None
@@ -102,8 +101,6 @@ def _generation_counts(inputs, padding) -> None:
 
 def _planned_counts(mask_kwargs: dict, mask: torch.Tensor) -> list[list[int]] | None:
     from transformers.masking_utils import find_first_full_attention_index  # (a stock helper; no device read)
-
-    from .helpers import host_padding_mask
 
     entry = active.current()
     config, embeds = mask_kwargs.get("config"), mask_kwargs.get("inputs_embeds")
