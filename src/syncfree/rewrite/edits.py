@@ -13,7 +13,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL",
-           "POOLED_WRITTEN", "POOLED_KEEP"]
+           "POOLED_WRITTEN", "POOLED_KEEP", "QSA_MASK", "QSA_VISIBLE"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -287,4 +287,15 @@ POOLED_WRITTEN = (
 )
 POOLED_KEEP = (
     Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
+)
+
+# Qwen4-Exp's QSA indexer: each (row, query)'s visible key positions by ``nonzero_static`` with a count the host knows
+# (rewrite/qsa.py): the text model keeps the counts for the causal mask it makes, the indexer asks for them.
+QSA_MASK = (
+    Edit("expr", "create_causal_mask(**mask_kwargs)", "_syncfree.indexed_causal_mask(create_causal_mask, mask_kwargs)"),
+)
+QSA_VISIBLE = (
+    Edit("expr", "torch.nonzero(visible_token_indices[batch_idx, 0, query_idx], as_tuple=False)",
+         "_syncfree.visible_positions(visible_token_indices[batch_idx, 0, query_idx], attention_mask, batch_idx, "
+         "query_idx)"),
 )

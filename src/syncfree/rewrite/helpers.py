@@ -23,6 +23,7 @@ from .attention import segment_attention, segment_attention_with_weights, split_
 from .host_mask import host_padding_mask
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
 from .pooled_keep import kept_pools, pools_written  # noqa: F401  (GLM-5-Next's pooled indexer)
+from .qsa import indexed_causal_mask, visible_positions  # noqa: F401  (Qwen4-Exp's QSA indexer)
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
@@ -30,7 +31,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "kept_video_features", "kept_pools", "pools_written"]
+           "kept_video_features", "kept_pools", "pools_written",
+           "indexed_causal_mask", "visible_positions"]
 
 
 def _compiling() -> bool:
