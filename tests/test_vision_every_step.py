@@ -11,6 +11,7 @@ from syncfree.audit import emulate_cuda
 from syncfree.compare.train import labels_for
 from syncfree.inputs import Image, Text, processor_batch
 from syncfree.presets import PRESETS, build_model, load_config
+from syncfree.rewrite.vision_in_step import ATTRIBUTE
 
 
 def _batch(preset: str, layout: str) -> dict:
@@ -81,3 +82,16 @@ def test_families_with_a_projector_outside_the_tower_are_refused(preset):
     with pytest.raises(ValueError, match="vision_every_step=True does not support .* projector sits outside"):
         syncfree.patch(model, vision_every_step=True)
     assert not syncfree.is_patched(model)
+
+
+@pytest.mark.parametrize("preset", sorted(n for n in PRESETS if n.endswith("-tiny")))
+def test_every_tiny_preset_either_takes_it_or_refuses_it(preset):
+    """Never a silent no-op: a family whose tower the one-unit pass would not reach is refused, untouched."""
+    model = build_model(preset)
+    try:
+        syncfree.patch(model, vision_every_step=True)
+    except ValueError as refusal:
+        assert "vision_every_step=True does not support" in str(refusal)
+        assert not syncfree.is_patched(model)
+    else:
+        assert any(m.__dict__.get(ATTRIBUTE) for m in model.modules())

@@ -238,6 +238,10 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     if family is not None and vision_every_step and not family.layout.tower_holds_projector:
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
                          "projector sits outside the vision tower, which the one-unit tower pass would not reach)")
+    if family is not None and vision_every_step and not any(_takes_vision_every_step(m) for m in model.modules()):
+        # (a tower under another name than ``visual``, HunYuan-VL's ``vision_tower``: the pass would never be made)
+        raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
+                         "vision tower is not the multimodal model's `visual`, where the one-unit tower pass runs)")
     if family is not None:
         found = _replacements(family)
         replacements = {(cls, t.attr): r for cls, t, _, r in found}
@@ -274,13 +278,18 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     for module in model.modules():
         if towers and isinstance(module, towers):
             module.__dict__["_syncfree_attention"] = vision_attention
-        if vision_every_step and hasattr(module, "visual") and hasattr(module, "language_model"):
+        if vision_every_step and _takes_vision_every_step(module):
             module.__dict__[VISION_EVERY_STEP] = True
     if verbose:
         from .patch_report import describe_patch  # (it reads this module's tables)
 
         print("\n".join(describe_patch(model).lines()))
     return model
+
+
+def _takes_vision_every_step(module) -> bool:
+    """Whether ``module`` is a multimodal model whose forward ``vision_in_step`` extends (its tower is ``visual``)."""
+    return hasattr(module, "visual") and hasattr(module, "language_model")
 
 
 def _check_module(model, verb: str, allow_none: bool = False) -> None:
