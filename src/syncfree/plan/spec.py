@@ -55,6 +55,15 @@ class Layout:
     # Each image and video comes with its own spatial merge size, a forward input (VideoLLaMA3's image_merge_sizes /
     # video_merge_sizes: images 1, videos 2) instead of a config value: the plan keeps them on the host per item.
     item_merge_sizes: bool = False
+    # Muse Glimmer / Spark: the vision config names its merge ``merge_size`` and its learned table's side
+    # ``pos_emb_height`` (the tower's windows are that many patches on a side); the tower reads the table at (w, h) with
+    # zero padding and pixel-shuffles by its merge after its encoder (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``).
+    merge_attr: str = "spatial_merge_size"
+    table_side_attr: str | None = None
+    window_from_table: bool = False
+    interp_swap_hw: bool = False
+    interp_padding: str = "border"
+    pixel_shuffle: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -101,6 +110,9 @@ class ModelSpec:
     align_corners: bool = True  # (Layout.interp_align_corners_from)
     video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
     item_merge_sizes: bool = False  # (Layout.item_merge_sizes: spatial_merge_size is then 1, the merges come per item)
+    interp_swap_hw: bool = False  # (Layout.interp_swap_hw)
+    interp_padding: str = "border"  # (Layout.interp_padding)
+    pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (Layout.pixel_shuffle), else 0
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -117,16 +129,16 @@ class ModelSpec:
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
                         rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
         return cls(
-            model_type, 1 if layout.item_merge_sizes else vc.spatial_merge_size, _table_side(vc, layout),
+            model_type, 1 if layout.item_merge_sizes else getattr(vc, layout.merge_attr), _table_side(vc, layout),
             config.image_token_id, config.video_token_id, module,
-            window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
+            window_size=_window_size(vc, layout), patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
             align_corners=_align_corners(module, layout),
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
-            item_merge_sizes=layout.item_merge_sizes, **omni,
+            item_merge_sizes=layout.item_merge_sizes, **_tower_options(vc, layout), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -149,6 +161,10 @@ class ModelSpec:
         # (A tower that merges after its encoder, PaddleOCR-VL's, keeps its table on a nested module: its layout says.)
         nested = layout is not None and layout.tower_merge is not None
         per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
+        if layout is not None and layout.pixel_shuffle:  # (Muse: the layout names the config values, as above)
+            return cls(model_type, getattr(vc, layout.merge_attr), _table_side(vc, layout), -1, -1, module,
+                       window_size=_window_size(vc, layout), patch_size=vc.patch_size, tower_merge=layout.tower_merge,
+                       align_corners=_align_corners(module, layout), **_tower_options(vc, layout))
         return cls(
             model_type, 1 if per_item else vc.spatial_merge_size,
             _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
@@ -156,6 +172,21 @@ class ModelSpec:
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
         )
+
+
+def _window_size(vc, layout: Layout) -> int | None:
+    """The tower's window side in pixels (window attention), else None."""
+    if not layout.windows:
+        return None
+    return _table_side(vc, layout) * vc.patch_size if layout.window_from_table else vc.window_size
+
+
+def _tower_options(vc, layout: Layout) -> dict:
+    """The ModelSpec values of a tower that reads its table at (w, h) or pixel-shuffles (Muse); none elsewhere."""
+    if not (layout.interp_swap_hw or layout.pixel_shuffle or layout.interp_padding != "border"):
+        return {}
+    return dict(interp_swap_hw=layout.interp_swap_hw, interp_padding=layout.interp_padding,
+                pixel_shuffle=getattr(vc, layout.merge_attr) if layout.pixel_shuffle else 0)
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:
@@ -182,6 +213,8 @@ def _table_side(vc, layout: Layout) -> int | None:
     """The side of the tower's learned position table, where the plan resamples it (else None)."""
     if not layout.learned_positions:
         return None
+    if layout.table_side_attr is not None:
+        return getattr(vc, layout.table_side_attr)
     if layout.table_side_from_image_size:
         return vc.image_size // vc.patch_size
     return int(vc.num_position_embeddings**0.5)

@@ -12,7 +12,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES"]
+           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "BLOCK_KWARGS_BY_TYPE"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -247,4 +247,15 @@ TEMPORAL_SLICES = (
 KEPT_VIDEO_FEATURES = (
     Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
          "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
+)
+
+# The same pass-on where the blocks are called with the segmentation of their layer type (Muse Glimmer / Spark: full
+# and window layers): the plan's sizes of both segmentations reach every block, whose attention picks its own by count.
+BLOCK_KWARGS_BY_TYPE = (
+    Edit("stmt", """
+         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
+                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],)""", """
+         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
+                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],
+                               **_syncfree.planned_kwargs(kwargs))"""),
 )
