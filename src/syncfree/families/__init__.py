@@ -19,7 +19,8 @@ from .shared import MODULE_TARGETS
 __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
            "processor_batch", "batch_to"]
 
-GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3, muse)  # the registry: one line per family group
+# the registry: one line per family group
+GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3, muse)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}
