@@ -64,6 +64,8 @@ class Layout:
     interp_swap_hw: bool = False
     interp_padding: str = "border"
     pixel_shuffle: bool = False
+    # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces (Muse Spark).
+    audio_tokens: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -123,7 +125,7 @@ class ModelSpec:
             raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
-        omni = {}
+        omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
         if layout.audio:
             ac = config.audio_config
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
