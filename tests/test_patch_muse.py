@@ -141,3 +141,59 @@ def test_vision_every_step_is_refused():
     with pytest.raises(ValueError, match="projector sits outside"):
         syncfree.patch(model, vision_every_step=True)
     assert not syncfree.is_patched(model)
+
+
+# ---- Muse Spark: the same tower, a MoE text model and an audio tower --------------------------------------------------
+SPARK = "muse-spark-tiny"
+needs_spark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.muse_spark") is None,
+                                 reason="this Transformers release has no Muse Spark")
+
+
+def _spark_layouts():
+    from syncfree.families.muse import Waveform
+
+    # Clips of 37 and 20 samples (8 per token): 5 and 3 tokens, the shorter padded by whole silent tokens.
+    return {
+        "image and audio": [[Text(2), Image(56, 84), Text(1), Waveform(37), Text(2)]],
+        "audio, video and a text-only row": [[Text(1), Waveform(37), Video(4, 56, 56), Text(1)],
+                                             [Text(2), Waveform(20), Image(28, 28), Text(1)], [Text(3)]],
+    }
+
+
+@needs_spark
+def test_spark_audio_layout():
+    from syncfree.families.muse import MARKERS
+
+    config = model_pair(SPARK)[0].config
+    batch = _build(config, _spark_layouts()["audio, video and a text-only row"])
+    assert batch["input_values"].shape == batch["input_values_mask"].shape == (2, 40)
+    assert batch["input_values_mask"].dtype == torch.int32 and batch["input_values_mask"].sum(-1).tolist() == [37, 20]
+    assert (batch["input_ids"] == config.audio_token_id).sum() == 5 + 3
+    assert (batch["input_ids"] == MARKERS["audio_start"]).sum() == 2
+
+
+@needs_spark
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", list(_spark_layouts()))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_spark_forward_equals_stock(attn, layout, padding):
+    stock, patched = model_pair(SPARK, attn)
+    check_forward_equals_stock(stock, patched, _build(stock.config, _spark_layouts()[layout], padding))
+
+
+@needs_spark
+def test_spark_prepared_prefill_has_no_sync_and_no_blocking_copy():
+    """In bf16, where the MoE experts take the grouped path (fp32's eager experts keep their documented remainder)."""
+    stock, patched = model_pair(SPARK, "sdpa", torch.bfloat16)
+    batch = _build(stock.config, _spark_layouts()["audio, video and a text-only row"])
+    batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+@needs_spark
+def test_spark_generate_and_backward_equal_stock():
+    stock, patched = model_pair(SPARK)
+    batch = _build(stock.config, _spark_layouts()["audio, video and a text-only row"][:2])
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
