@@ -43,7 +43,9 @@ PLAN_KEY = "syncfree_plan"
 # host copy so the MoE blocks know how many tokens each kind has without asking the device.)
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
-               "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask")
+               "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
+               "input_values_mask")
+# (``input_values_mask``: Muse Spark's real audio samples per clip, which give the audio tokens each clip keeps.)
 # (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
 # per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
 # selection of the kept features reads the device.)
@@ -149,6 +151,8 @@ class Plan(DeviceFields):
         # (generate() repeats the compression mask value by value, as every other tensor of its inputs.)
         tokens["video_compression_mask"] = (host["video_compression_mask"].repeat_interleave(k, dim=0)
                                             if host.get("video_compression_mask") is not None else None)
+        if host.get("input_values_mask") is not None:  # (Muse Spark: one row per clip, repeated as the batch rows)
+            tokens["input_values_mask"] = host["input_values_mask"].repeat_interleave(k, dim=0)
         grids = {}
         for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
                               ("second_per_grid_ts", self.videos_per_row), ("image_merge_sizes", self.images_per_row),
@@ -278,7 +282,7 @@ class Draft:
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
                position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
-               video_compression_mask=None) -> Draft:
+               video_compression_mask=None, input_values_mask=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
@@ -287,7 +291,7 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
             "position_ids": _host(position_ids), "moe_mm_token_type_ids": _host(moe_mm_token_type_ids),
             "image_merge_sizes": _host(image_merge_sizes), "video_merge_sizes": _host(video_merge_sizes),
-            "video_compression_mask": _host(video_compression_mask)}
+            "video_compression_mask": _host(video_compression_mask), "input_values_mask": _host(input_values_mask)}
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
         raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
@@ -327,6 +331,8 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
         position_ids, rope_deltas, stock_rope = _qwen_vl_rope(spec, host, mask, draft.image or draft.video)
         extra = dict(_per_row(spec, draft.runs, draft.video) if spec.mrope else _per_row_by_count(draft),
                      stock_rope=stock_rope)
+        if spec.audio_token_id is not None and host["input_ids"] is not None:  # (Muse Spark's audio placeholders)
+            extra["n_audio_tokens"] = int((host["input_ids"] == spec.audio_token_id).sum())
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
         n_image_tokens=draft.stock_count(1), n_video_tokens=draft.stock_count(2), video_frames=draft.video_frames,

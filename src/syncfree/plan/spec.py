@@ -70,6 +70,17 @@ class Layout:
     # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
     # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
     video_spans: bool = False
+    # Muse Glimmer / Spark: the vision config names its merge ``merge_size`` and its learned table's side
+    # ``pos_emb_height`` (the tower's windows are that many patches on a side); the tower reads the table at (w, h) with
+    # zero padding and pixel-shuffles by its merge after its encoder (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``).
+    merge_attr: str = "spatial_merge_size"
+    table_side_attr: str | None = None
+    window_from_table: bool = False
+    interp_swap_hw: bool = False
+    interp_padding: str = "border"
+    pixel_shuffle: bool = False
+    # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces (Muse Spark).
+    audio_tokens: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -122,6 +133,9 @@ class ModelSpec:
     clip_segments: bool = False  # (Layout.clip_segments)
     temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
     video_span_ids: tuple[int, int] | None = None  # (Layout.video_spans: the video start and end ids)
+    interp_swap_hw: bool = False  # (Layout.interp_swap_hw)
+    interp_padding: str = "border"  # (Layout.interp_padding)
+    pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (Layout.pixel_shuffle), else 0
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -132,7 +146,7 @@ class ModelSpec:
             raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
-        omni = {}
+        omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
         if layout.audio:
             ac = config.audio_config
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
@@ -140,9 +154,9 @@ class ModelSpec:
         if layout.host_rope_class is not None:
             omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config), config=config)
         return cls(
-            model_type, 1 if layout.item_merge_sizes else vc.spatial_merge_size, _table_side(vc, layout),
+            model_type, 1 if layout.item_merge_sizes else getattr(vc, layout.merge_attr), _table_side(vc, layout),
             config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
-            window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
+            window_size=_window_size(vc, layout), patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
             tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
             truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
@@ -153,7 +167,7 @@ class ModelSpec:
             item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
-            **omni,
+            **_tower_options(vc, layout), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -176,6 +190,10 @@ class ModelSpec:
         # (A tower that merges after its encoder, PaddleOCR-VL's, keeps its table on a nested module: its layout says.)
         nested = layout is not None and layout.tower_merge is not None
         per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
+        if layout is not None and layout.pixel_shuffle:  # (Muse: the layout names the config values, as above)
+            return cls(model_type, getattr(vc, layout.merge_attr), _table_side(vc, layout), -1, -1, module,
+                       window_size=_window_size(vc, layout), patch_size=vc.patch_size, tower_merge=layout.tower_merge,
+                       align_corners=_align_corners(module, layout), **_tower_options(vc, layout))
         return cls(
             model_type, 1 if per_item else vc.spatial_merge_size,
             _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
@@ -185,6 +203,21 @@ class ModelSpec:
             clip_segments=layout is not None and layout.clip_segments,
             temporal_position_ids=layout is not None and layout.temporal_position_ids,
         )
+
+
+def _window_size(vc, layout: Layout) -> int | None:
+    """The tower's window side in pixels (window attention), else None."""
+    if not layout.windows:
+        return None
+    return _table_side(vc, layout) * vc.patch_size if layout.window_from_table else vc.window_size
+
+
+def _tower_options(vc, layout: Layout) -> dict:
+    """The ModelSpec values of a tower that reads its table at (w, h) or pixel-shuffles (Muse); none elsewhere."""
+    if not (layout.interp_swap_hw or layout.pixel_shuffle or layout.interp_padding != "border"):
+        return {}
+    return dict(interp_swap_hw=layout.interp_swap_hw, interp_padding=layout.interp_padding,
+                pixel_shuffle=getattr(vc, layout.merge_attr) if layout.pixel_shuffle else 0)
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:
@@ -211,6 +244,8 @@ def _table_side(vc, layout: Layout) -> int | None:
     """The side of the tower's learned position table, where the plan resamples it (else None)."""
     if not layout.learned_positions:
         return None
+    if layout.table_side_attr is not None:
+        return getattr(vc, layout.table_side_attr)
     if layout.table_side_from_image_size:
         return vc.image_size // vc.patch_size
     return int(vc.num_position_embeddings**0.5)

@@ -67,7 +67,7 @@ def check_inputs(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, att
                  feature_attention_mask=None, input_features=None, ids_assumed: bool = False, **_) -> None:
     """What can be checked before planning: the tokens' shapes and placeholder ids, and the audio features."""
     _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
-    if spec.audio_token_id is not None:
+    if spec.audio_window is not None:  # (an Omni thinker's audio encoder; Muse Spark's clips need no check here)
         _check_audio(spec, input_ids, feature_attention_mask, input_features)
 
 
@@ -78,7 +78,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
     spec = draft.spec
     # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
     seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
-    if spec.audio_token_id is not None:
+    if spec.audio_window is not None:
         seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
     merge2 = spec.spatial_merge_size ** 2
     if draft.mask is not None and (draft.image or draft.video) and spec.rope_class is None and spec.mrope:

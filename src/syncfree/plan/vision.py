@@ -79,6 +79,7 @@ class VisionPlan(DeviceFields):
     interp_indices = property(lambda self: self.tables().get("interp_indices"))
     interp_weights = property(lambda self: self.tables().get("interp_weights"))
     window_index = property(lambda self: self.tables().get("window_index"))
+    pixel_shuffle_index = property(lambda self: self.tables().get("pixel_shuffle_index"))
 
     @property
     def has_windows(self) -> bool:
@@ -107,6 +108,8 @@ class VisionPlan(DeviceFields):
         if self.has_windows:
             kwargs.update(window_index=tables["window_index"], cu_window_seqlens=self.cu_window_seqlens,
                           max_window_seqlen=self.max_window_seqlen)
+        if "pixel_shuffle_index" in tables:  # (Muse)
+            kwargs["pixel_shuffle_index"] = tables["pixel_shuffle_index"]
         kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 
@@ -128,7 +131,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     merge = spec.spatial_merge_size
     # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
     table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
-                           spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids)
+                           spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids,
+                           swap_hw=spec.interp_swap_hw, padding=spec.interp_padding, shuffle=spec.pixel_shuffle)
     extra = {}
     if spec.window_size is not None:
         windows = window_seqlens(rows, table_spec)

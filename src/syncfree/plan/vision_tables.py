@@ -50,6 +50,12 @@ class TableSpec(NamedTuple):
     # Rotary ids with a leading frame column, (t, row, col) per patch: stock's ``include_temporal=True``
     # (MiniMax-M3-VL's tower rotates the temporal axis too); False: (row, col), repeated for each frame.
     temporal: bool = False
+    # Muse Glimmer / Spark: the learned table is read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``) with
+    # out-of-range taps weighted zero (``padding="zeros"``); ``shuffle``: the tower's pixel-shuffle factor after its
+    # encoder (``get_vision_pixel_shuffle_index``), 0 where there is none.
+    swap_hw: bool = False
+    padding: str = "border"
+    shuffle: int = 0
 
 
 def window_seqlens(rows, spec: TableSpec) -> list[int]:
@@ -133,16 +139,31 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torc
     if spec.side is not None:
         helper = _module(spec.module).get_vision_interpolation_indices_and_weights
         kernel = _module(helper.__module__)  # where stock's per-axis kernel lives
-        h_taps, h_weights = kernel._interpolation_axis_taps_weights(row, heights, spec.side, "bilinear",
-                                                                    spec.align_corners)
-        w_taps, w_weights = kernel._interpolation_axis_taps_weights(col, widths, spec.side, "bilinear",
-                                                                    spec.align_corners)
+        # (the swapped grid by stacking its columns: a list index of a device tensor would copy the list over)
+        at, side = (_decode(torch.stack([grids[:, 0], grids[:, 2], grids[:, 1]], 1), total, merge) if spec.swap_hw
+                    else (row, col, heights, widths)), spec.side
+        options = {"padding": spec.padding} if spec.padding != "border" else {}  # (older kernels take no padding)
+        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], side, "bilinear", spec.align_corners,
+                                                                    **options)
+        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], side, "bilinear", spec.align_corners,
+                                                                    **options)
         n = h_taps.shape[1]
         tables["interp_indices"] = (h_taps[:, :, None] * spec.side + w_taps[:, None, :]).reshape(-1, n * n)
         tables["interp_weights"] = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, n * n)
     if spec.window is not None:
         tables["window_index"] = _window_index(grids, total // spec.merge ** 2, spec)
+    if spec.shuffle:
+        tables["pixel_shuffle_index"] = _shuffle_index(grids, total, spec.shuffle)
     return tables
+
+
+def _shuffle_index(grids: torch.Tensor, total: int, factor: int) -> torch.Tensor:
+    """Stock's pixel-shuffle gather index: output place p (in ``factor x factor`` block order within its frame) takes
+    the raster patch at that block place's (row, col) of the same frame."""
+    row, col, heights, widths = _decode(grids, total, factor)
+    _, _, local, start = _spread(grids, total)
+    frame_start = start + local - local % (heights * widths)
+    return frame_start + row * widths + col
 
 
 def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
@@ -155,18 +176,21 @@ def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | 
     tables = {"position_ids": (position_ids(grid_thw, merge, include_temporal=True) if spec.temporal
                                else position_ids(grid_thw, merge))}
     if spec.side is not None:
+        options = {"padding": spec.padding} if spec.padding != "border" else {}
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
-            grid_thw, num_grid_per_side=spec.side, mode="bilinear", align_corners=spec.align_corners,
-            spatial_merge_size=spec.merge)
+            grid_thw[:, [0, 2, 1]] if spec.swap_hw else grid_thw, num_grid_per_side=spec.side, mode="bilinear",
+            align_corners=spec.align_corners, spatial_merge_size=spec.merge, **options)
     if spec.window is not None:
         tables["window_index"] = module.get_vision_window_index(
             grid_thw, spatial_merge_size=spec.merge, window_size=spec.window, patch_size=spec.patch)[0]
+    if spec.shuffle:
+        tables["pixel_shuffle_index"] = module.get_vision_pixel_shuffle_index(grid_thw, spec.shuffle)
     return tables
 
 
 def _probe_grids(spec: TableSpec) -> torch.Tensor:
     """Grids that reach every branch: one block, non-square, a video, window grids that do and do not divide."""
-    m = spec.merge
+    m = max(spec.merge, spec.shuffle)  # (a pixel shuffle needs sides that its factor divides)
     size = (spec.window // m // spec.patch) if spec.window else 2
     rows = [(1, m, m), (2, 2 * m, 3 * m), (1, 3 * m, m), (3, (2 * size + 1) * m, (size + 2) * m),
             (1, 2 * size * m, size * m), (2, (size + 1) * m, (size - 1 or 1) * m)]

@@ -32,7 +32,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
            "kept_video_features", "kept_pools", "pools_written",
-           "indexed_causal_mask", "visible_positions"]
+           "indexed_causal_mask", "visible_positions", "valid_audio_tokens"]
 
 
 def _compiling() -> bool:
@@ -226,3 +226,19 @@ def kept_video_features(video_embeds: torch.Tensor, video_compression_mask: torc
         return video_embeds[video_compression_mask.to(video_embeds.device)]
     count = int(host.sum())  # (a host tensor: no device involved)
     return video_embeds.index_select(0, _positions(video_compression_mask.to(video_embeds.device), count))
+
+
+def valid_audio_tokens(audio_features: torch.Tensor, token_mask: torch.Tensor, input_values_mask, samples_per_token):
+    """``audio_features[token_mask]`` (Muse Spark: each clip's first ``ceil(real samples / samples_per_token)`` tokens):
+    the same rows in the same order, taken by the positions of the mask's ones, whose count comes from the plan's host
+    copy of that very ``input_values_mask`` (``index_select``: no read of the count, forward or backward)."""
+    entry = None if _compiling() else active.current()
+    host = entry.plan.host.get("input_values_mask") if entry is not None else None
+    if (not isinstance(host, torch.Tensor) or entry.given.get("input_values_mask") is not input_values_mask
+            or tuple(host.shape) != tuple(input_values_mask.shape) or token_mask.dim() != 2
+            or tuple(token_mask.shape) != tuple(audio_features.shape[:2]) or host.shape[0] != token_mask.shape[0]):
+        return audio_features[token_mask]
+    lengths = host.sum(-1).tolist()  # (a host tensor: no device involved)
+    count = sum(min(-(-n // samples_per_token), token_mask.shape[1]) for n in lengths)
+    rows = audio_features.reshape(-1, *audio_features.shape[2:])
+    return rows.index_select(0, _positions(token_mask, count))

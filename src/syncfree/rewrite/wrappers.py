@@ -42,7 +42,8 @@ __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_dev
            "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
            "make_ignore_causal_mask_sdpa"]
 
-_VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # (and the Omni thinkers' audio)
+# (and the Omni thinkers' audio, Muse Spark's waveforms)
+_VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
 _FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video with its audio are laid out
 
 

@@ -1,0 +1,187 @@
+"""Muse Glimmer: a windowed tower with a learned position table and a pixel shuffle after its encoder, an adapter and a
+projection outside it, before Muse's own text model (sliding and NoPE layers), without 3D positions.
+
+What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
+
+* no rotary index: the text model numbers tokens itself and the processor returns no ``mm_token_type_ids`` (the
+  EXAONE-4.5 layout: the plan computes no positions, counts placeholders);
+* the tower takes ``pixel_values`` and asks stock's helpers for its tables with new parameters, each popped from its
+  ``kwargs`` when given: the segments, Qwen2.5-VL's window index with merge 1 (windows of ``pos_emb_height`` patches),
+  merge-1 rotary ids (stock flips and shifts them after the pop), the learned table's taps on the h/w-swapped grid with
+  ``padding="zeros"`` and ``align_corners=False``, and the pixel-shuffle index. The plan makes all of them on the
+  device (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``), checked against stock's helpers once;
+* its blocks are called without ``**kwargs``, with the segmentation of their layer type (full or window):
+  ``BLOCK_KWARGS_BY_TYPE`` passes the plan's sizes of both on, the attention picks its own by count;
+* the adapter and projection sit outside the tower (``vision_every_step`` is refused);
+* ``get_image_features`` splits by ``image_grid_thw.prod(-1) // merge_size**2``: on the plan's host grid, no sync.
+
+Muse Spark runs the same tower (its forward is Glimmer's, AST for AST) and placeholder code, before a MoE text model,
+and adds an audio tower on raw waveforms: each clip keeps its first ``ceil(real samples / samples_per_token)`` tokens
+by a boolean select (``AUDIO_VALID_TOKENS``: by planned positions, from the plan's host copy of
+``input_values_mask``), checked and scattered into ``<|audio|>`` placeholders (``AUDIO_PLACEHOLDER_MASK`` /
+``AUDIO_SCATTER_EMBEDS``: the plan counts them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.edits import AUDIO_PLACEHOLDER_MASK, AUDIO_SCATTER_EMBEDS, AUDIO_VALID_TOKENS, BLOCK_KWARGS_BY_TYPE
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
+from .shared import family_module, handled_by, vlm_targets
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_muse_inputs", "MARKERS", "Waveform"]
+
+# What the tower wrapper relies on in the stock forward: its helpers get the caller's kwargs (to pop the plan's
+# tables from), and the pixel shuffle gets them too.
+_TOWER_NEEDS = ("get_vision_cu_seqlens(grid_thw, kwargs=kwargs)", "get_vision_window_index(",
+                "get_vision_position_ids(grid_thw", "self.patch_embedder(pixel_values, grid_thw, **kwargs)",
+                "self.pixel_shuffle(hidden_states, grid_thw, **kwargs)")
+
+
+def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
+    audio_options = dict(model_params=("input_values", "input_values_mask"), model_edits=AUDIO_SCATTER_EMBEDS)
+    targets = vlm_targets(
+        f"{prefix}VisionAttention", f"{prefix}VisionModel", f"{prefix}Model", f"{prefix}ForConditionalGeneration",
+        rope_needs=None, vision_params=("pixel_values", "grid_thw"), base_vision_needs=_TOWER_NEEDS,
+        vision_edits=BLOCK_KWARGS_BY_TYPE, **(audio_options if audio else {}))
+    if audio:
+        targets += (Target(f"{prefix}Model", "get_audio_placeholder_mask", edits=AUDIO_PLACEHOLDER_MASK),
+                    Target(f"{prefix}Model", "get_audio_features", edits=AUDIO_VALID_TOKENS))
+    return Family(model_type, targets,
+        Layout(family_module(model_type), learned_positions=True, windows=True, mrope=False, vision_markers=False,
+               token_types=False, tower_merge=1, interp_align_corners_from=f"{prefix}VisionPatchEmbedder",
+               tower_holds_projector=False, merge_attr="merge_size", table_side_attr="pos_emb_height",
+               window_from_table=True, interp_swap_hw=True, interp_padding="zeros", pixel_shuffle=True,
+               audio_tokens=audio))
+
+
+FAMILIES: tuple[Family, ...] = (_family("muse_glimmer", "MuseGlimmer"), _family("muse_spark", "MuseSpark", audio=True))
+
+# A tiny model with the real layout rules: patch 14, merge 2 (pixel shuffle), a 4x4 learned table (so windows of 4x4
+# patches: images larger than that get several), window layers and a full one, and a text model of 3 sliding layers and
+# a NoPE full one.
+_GLIMMER_TINY = dict(
+    model_type="muse_glimmer", image_token_id=1000, video_token_id=1001, out_hidden_size=128, projector_hidden_size=64,
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=3, patch_size=14,
+                       pos_emb_height=4, pos_emb_width=4, merge_size=2, patch_temporal=2,
+                       rope_parameters=dict(rope_type="axial", rope_theta=10000.0)),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, sliding_window=16, max_position_embeddings=4096,
+                     pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+# Spark: the same tower, a MoE text model (4 experts, 2 per token) and an audio tower of 8 samples per token.
+_SPARK_TINY = dict(
+    _GLIMMER_TINY, model_type="muse_spark", audio_token_id=1007,
+    audio_config=dict(patch_sizes=[4, 2], hidden_sizes=[16, 32], depths=[1, 1], num_hidden_layers=2,
+                      out_hidden_size=64, conv_kernel_size=3),
+    text_config=dict(_GLIMMER_TINY["text_config"], moe_intermediate_size=32, moe_hidden_size=32, num_local_experts=4,
+                     num_experts_per_tok=2),
+)
+PRESETS: dict[str, Preset] = {
+    "muse-glimmer-tiny": Preset("muse-glimmer-tiny", _GLIMMER_TINY, 0,
+                                "tiny Muse Glimmer for tests (window and full tower layers, pixel shuffle)"),
+    "muse-spark-tiny": Preset("muse-spark-tiny", _SPARK_TINY, 0,
+                              "tiny Muse Spark for tests (Glimmer's tower, MoE text model, audio tower)"),
+}
+VISION_CLASSES = {"muse_glimmer": "MuseGlimmerVisionModel", "muse_spark": "MuseSparkVisionModel"}
+MODEL_CLASSES: dict = {}
+
+# The processor's marker tokens (its tokenizer's ids; the config names none): ids of the tiny presets' vocabulary.
+MARKERS = dict(image_start=1002, image_end=1003, video_start=1004, video_sep=1005, video_end=1006, audio_start=1008,
+               audio_end=1009)
+
+
+@dataclass(frozen=True)
+class Waveform:
+    """A mono audio clip of ``samples`` samples (Muse Spark's raw-waveform audio input)."""
+
+    samples: int
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_muse_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                      pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``MuseGlimmerProcessor`` lays them out: an image is ``<|image_start|>``, ``t*h*w // 4``
+    ``<|patch|>`` and ``<|image_end|>``; a video is ``<|vid_start|>``, then per temporal group its timestamp
+    ``"Time: {s:.1f}s"`` in text and its ``<|video|>`` placeholders, groups joined by ``<|vid_frame_separator|>`` and
+    closed by ``<|vid_end|>``. Pixels are flat patches laid out (temporal, channel, patch, patch): an image's one frame
+    repeated over the temporal patch. Spark's audio clip (``Waveform``) is ``<|soft_audio_start|>``,
+    ``ceil(samples / samples_per_token)`` ``<|audio|>`` and ``<|soft_audio_end|>``; ``input_values`` holds the clips
+    right-padded with zeros to the longest, rounded up to a multiple of ``samples_per_token``, and ``input_values_mask``
+    (int32) their real samples. No ``mm_token_type_ids``."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge, tpatch = vc.patch_size, vc.merge_size, vc.patch_temporal
+    frame_features = 3 * patch * patch
+    audio_token = getattr(config, "audio_token_id", None)
+    specials = {config.image_token_id, config.video_token_id, audio_token, *MARKERS.values()}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, types, grids, pixels = [], [], {"image": [], "video": []}, {"image": [], "video": []}
+    clips: list[int] = []
+    for sample in samples:
+        ids: list[int] = []
+        for item in sample:
+            if isinstance(item, Text):
+                ids += text(item.tokens)
+                continue
+            if isinstance(item, Waveform):
+                if audio_token is None:
+                    raise ValueError(f"{config.model_type} takes no audio")
+                clips.append(item.samples)
+                n = -(-item.samples // config.audio_config.samples_per_token)
+                ids += [MARKERS["audio_start"]] + [audio_token] * n + [MARKERS["audio_end"]]
+                continue
+            assert isinstance(item, (Image, Video))
+            t, h, w = item_grid(item, patch, merge, tpatch)
+            per_group = h * w // (merge * merge)
+            if isinstance(item, Image):
+                grids["image"].append((t, h, w))
+                frame = torch.randn(h * w, frame_features, generator=gen)
+                pixels["image"].append(frame.repeat(1, tpatch))  # (the processor expands the frame over time)
+                ids += [MARKERS["image_start"]] + [config.image_token_id] * per_group + [MARKERS["image_end"]]
+                continue
+            grids["video"].append((t, h, w))
+            pixels["video"].append(torch.randn(t * h * w, tpatch * frame_features, generator=gen))
+            ids.append(MARKERS["video_start"])
+            for g in range(t):
+                stamp = len(f"Time: {g * tpatch / item.fps:.1f}s") // 3  # about as many tokens as a tokenizer makes
+                ids += text(stamp) + [config.video_token_id] * per_group
+                ids.append(MARKERS["video_sep"] if g < t - 1 else MARKERS["video_end"])
+        rows.append(ids)
+        types.append([0] * len(ids))
+    out = pack_rows(rows, types, pad, padding_side)
+    del out["mm_token_type_ids"]  # (the processor returns none)
+    for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+        if grids[kind]:
+            out[name] = torch.cat(pixels[kind])
+            out[f"{kind}_grid_thw"] = torch.tensor(grids[kind], dtype=torch.long)
+    if clips:
+        unit = config.audio_config.samples_per_token
+        width = -(-max(clips) // unit) * unit
+        out["input_values"] = torch.zeros(len(clips), width)
+        out["input_values_mask"] = torch.zeros(len(clips), width, dtype=torch.int32)
+        for i, n in enumerate(clips):
+            out["input_values"][i, :n] = torch.randn(n, generator=gen)
+            out["input_values_mask"][i, :n] = 1
+    return out
