@@ -1,4 +1,6 @@
-"""HunYuan-VL (HunyuanOCR): a SigLIP-style packed tower with a learned position table resampled per image and a
+"""HunYuan-VL (HunyuanOCR), and HY-V4-VL which reuses its tower, placeholder layout and host rotary index.
+
+HunYuan-VL: a SigLIP-style packed tower with a learned position table resampled per image and a
 convolution merger, before HunYuan's dense text model with its own multimodal rotary index. Images only.
 
 What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
@@ -14,6 +16,14 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * its rotary index (``len(mrope_section)`` axes; (width, height, image ordinal) on the last three over each image's
   grid) is its own: the plan runs stock's index on the host (``Layout.host_rope_class``), the same numbers by
   construction, and the forward takes them from the plan (``make_host_rope_index``).
+
+HY-V4-VL (``hy_v4_vl``): the same tower forward and attention (AST-identical), a merger that keeps the newline column
+but adds no begin/end embeddings, and no markers around an image or a video (the config names none): an image is
+``lh * (lw + 1)`` image placeholders, a video ``t * lh * (lw + 1)`` video placeholders (typed 2), one run per video.
+Its rotary index (Qwen3-VL's, minus the per-frame split, each frame a block of ``max(lh, lw + 1)`` positions and the
+next item after the last block: ``vision_position_ids.max().item() + 1``) is its own too: stock's, on the host, from
+the plan. Its text model (MLA with an indexer, MoE, hyper-connections) needs no edit: in fp32 the MoE's
+``_grouped_mm`` keeps its documented remainder (2 syncs), in bf16 none.
 """
 
 from __future__ import annotations
@@ -25,13 +35,17 @@ from ..plan.spec import Layout
 from ..rewrite.edits import PLACEHOLDER_MASK, PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
 from ..rewrite.targets import Family, Target
 from .preset import Preset
-from .qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
+from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
-           "build_hunyuan_inputs"]
+           "build_hunyuan_inputs", "build_hyv4_inputs"]
 
 _MODEL = "HunYuanVLModel"
+_HYV4 = "HYV4VLModel"
+# What the tower wrapper relies on in both towers: the merger's split and loop read the grid, which is the plan's host
+# grid there.
+_TOWER_NEEDS = ("grid_thw.prod(dim=-1).tolist()", "zip(grid_thw.tolist(), split_items)")
 
 
 def _hunyuan() -> Family:
@@ -41,7 +55,7 @@ def _hunyuan() -> Family:
         vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
         # (The merger's split and loop read the grid: the plan's host grid there.)
-        vision_needs=("grid_thw.prod(dim=-1).tolist()", "zip(grid_thw.tolist(), split_items)"))
+        vision_needs=_TOWER_NEEDS)
     own = {
         # The placeholder count, and the check that selects the placeholders to count them again.
         "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL[:1]),
@@ -59,7 +73,28 @@ def _hunyuan() -> Family:
         family_module("hunyuan_vl"), host_rope_class=_MODEL, row_extra_tokens=1, item_extra_tokens=2))
 
 
-FAMILIES: tuple[Family, ...] = (_hunyuan(),)
+def _hyv4() -> Family:
+    targets = vlm_targets(
+        "HYV4VLVisionAttention", "HYV4VLVisionModel", _HYV4, "HYV4VLForConditionalGeneration",
+        attention_edits=VISION_ATTENTION_SCALING, vision_wrap="make_vision_forward_seqlens_only",
+        vision_params=("pixel_values", "grid_thw"),
+        base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
+        vision_needs=_TOWER_NEEDS)
+    # Its own index, from the plan (stock's on the host: the same numbers); generate()'s position setup calls it too
+    # (its vision-token check is the shared GENERATION_POSITIONS edit). What makes it not Qwen-VL's: the frame blocks.
+    rope = Target(_HYV4, "get_rope_index", wrap="make_host_rope_index",
+                  params=("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask"),
+                  needs=("self.get_vision_position_ids(", "current_pos = vision_position_ids.max().item() + 1"))
+    targets = tuple(rope if (t.cls, t.attr) == (_HYV4, "get_rope_index") else t for t in targets)
+    # The position resampling loops over the grid (the plan's host grid); get_image_features' split sizes (newline
+    # column included) read it too.
+    targets += (Target("HYV4VLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),
+                Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)))
+    return Family("hy_v4_vl", targets, Layout(
+        family_module("hy_v4_vl"), host_rope_class=_HYV4, row_extra_tokens=1, vision_markers=False))
+
+
+FAMILIES: tuple[Family, ...] = (_hunyuan(), _hyv4())
 
 # A tiny model with the real layout rules: patch 16, merge 2, a learned 8x8 position table (max_image_size 128)
 # resampled to every image, four rotary axes (text, width, height, image ordinal) as the published checkpoint has.
@@ -73,10 +108,29 @@ _HUNYUAN_TINY = dict(
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 2, 2, 2]),
                      pad_token_id=0, bos_token_id=None, eos_token_id=None),
 )
+# HY-V4-VL: the same tower rules; a text model with every piece of the published one at small widths: MLA (low-rank
+# queries and keys/values, a rope slice of 16 in three sections), an indexer choosing 8 keys per query (fewer than the
+# tests' sequences, so its top-k selects), a full then a shared indexer, a dense then MoE layers (4 experts, 2 per
+# token, a shared expert), hyper-connections of 2 streams.
+_HYV4_TINY = dict(
+    model_type="hy_v4_vl", image_token_id=1000, video_token_id=1001,
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=2, num_channels=3, patch_size=16, spatial_merge_size=2,
+                       max_image_size=128, interpolate_mode="bilinear", out_hidden_size=64),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                     q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                     index_topk=8, index_head_dim=16, index_n_heads=2, hc_mult=2, max_position_embeddings=4096,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
+                     pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
 PRESETS: dict[str, Preset] = {
     "hunyuan-vl-tiny": Preset("hunyuan-vl-tiny", _HUNYUAN_TINY, 0, "tiny HunYuan-VL for tests (four rotary axes)"),
+    "hy-v4-vl-tiny": Preset("hy-v4-vl-tiny", _HYV4_TINY, 0,
+                            "tiny HY-V4-VL for tests (MLA + indexer, MoE, hyper-connections)", text_attn="eager"),
 }
-VISION_CLASSES = {"hunyuan_vl": "HunYuanVLVisionTransformer"}
+VISION_CLASSES = {"hunyuan_vl": "HunYuanVLVisionTransformer", "hy_v4_vl": "HYV4VLVisionModel"}
 MODEL_CLASSES: dict = {}
 
 
@@ -85,7 +139,8 @@ def handles(config) -> bool:
 
 
 def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
-    return build_hunyuan_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+    build = build_hyv4_inputs if config.model_type == "hy_v4_vl" else build_hunyuan_inputs
+    return build(config, samples, seed=seed, pad_token_id=pad_token_id)
 
 
 def build_hunyuan_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
@@ -94,22 +149,36 @@ def build_hunyuan_inputs(config, samples: list[list], *, padding_side: str = "le
     image placeholders (its merged rows, each with a newline column, and the begin and end embeddings the merger
     adds), then ``im_end``; ``mm_token_type_ids`` marks the placeholders 1. Pixels are ``(patches, C * P * P)`` in
     raster order, as its image processor returns them."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     if any(not isinstance(item, (Image, Text)) for sample in samples for item in sample):
         raise InputsNotTaken(f"{config.model_type} takes images and text only (its forward has no video inputs)")
+    return _build(config, samples, padding_side, seed, pad_token_id,
+                  markers=(config.im_start_id, config.im_end_id), item_extra=2, specials={config.im_newline_id})
+
+
+def build_hyv4_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                      pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``HYV4VLProcessor`` lays them out: an image is ``lh * (lw + 1)`` image placeholders typed 1
+    (its merged rows, each with a newline column), a video one run of ``t * lh * (lw + 1)`` video placeholders typed
+    2 (every frame's rows, frames one after another), nothing around them (the chat template writes any markers).
+    Pixels are ``(patches, C * P * P)`` in raster order per frame, as its image and video processors return them."""
+    return _build(config, samples, padding_side, seed, pad_token_id, markers=None, item_extra=0, specials=set())
+
+
+def _build(config, samples, padding_side, seed, pad_token_id, *, markers, item_extra, specials) -> dict:
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
-    image, begin, end = config.image_token_id, config.im_start_id, config.im_end_id
+    image, video = config.image_token_id, getattr(config, "video_token_id", None)
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    specials = {image, begin, end, config.im_newline_id, pad}
+    specials = {image, video, pad, *specials, *(markers or ())}
     gen = torch.Generator().manual_seed(seed)
 
     def text(n: int) -> list[int]:
         ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
         return [i if i not in specials else 1 for i in ids]
 
-    rows, types, grids = [], [], []
+    rows, types, grids = [], [], ([], [])
     for sample in samples:
         ids, kinds = [], []
         for item in sample:
@@ -117,12 +186,15 @@ def build_hunyuan_inputs(config, samples: list[list], *, padding_side: str = "le
                 ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
                 continue
             t, h, w = item_grid(item, patch, merge, 1)
-            grids.append((t, h, w))
-            tokens = (h // merge) * (w // merge + 1) + 2
-            ids += [begin] + [image] * tokens + [end]
-            kinds += [0] + [1] * tokens + [0]
+            is_video = isinstance(item, Video)
+            grids[is_video].append((t, h, w))
+            tokens = t * (h // merge) * (w // merge + 1) + item_extra
+            run, kind = [video if is_video else image] * tokens, [2 if is_video else 1] * tokens
+            if markers:
+                run, kind = [markers[0]] + run + [markers[1]], [0] + kind + [0]
+            ids, kinds = ids + run, kinds + kind
         rows.append(ids)
         types.append(kinds)
     out = pack_rows(rows, types, pad, padding_side)
-    out.update(pixel_inputs(vc, grids, [], gen))
+    out.update(pixel_inputs(vc, *grids, gen))
     return out

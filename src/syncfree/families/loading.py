@@ -85,6 +85,17 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
     return config
 
 
+def _attn_implementation(config, attn: str):
+    """``attn`` for every sub-model, or where the family's text model has only one implementation (a preset's
+    ``text_attn``), that one for the text model (and the outer model, which holds no attention of its own)."""
+    only = next((p.text_attn for p in PRESETS.values() if p.text_attn and p.values["model_type"] == config.model_type),
+                None)
+    if only is None or only == attn:
+        return attn
+    config.text_config._attn_implementation = only
+    return {"": only, "text_config": only, "vision_config": attn}
+
+
 def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torch.dtype = torch.float32,
                 text_layers: int | None = None, seed: int = 0, device: str | torch.device = "cpu"):
     """A ``*ForConditionalGeneration`` model in eval mode, on ``device`` (the CPU by default).
@@ -96,6 +107,7 @@ def build_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtype: torc
     from transformers import AutoModelForImageTextToText
 
     config = load_config(model, text_layers=text_layers, attn=attn)
+    attn = _attn_implementation(config, attn)
     if model not in PRESETS:
         return AutoModelForImageTextToText.from_pretrained(
             model, config=config, dtype=dtype, local_files_only=True, attn_implementation=attn

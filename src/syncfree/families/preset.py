@@ -13,3 +13,6 @@ class Preset:
     values: dict  # the config's values, model_type included
     pad_token_id: int
     about: str
+    # The text model's only attention implementation, where it has one (HY-V4-VL's sink + indexer attention is
+    # eager-only): the vision tower still takes the one asked for.
+    text_attn: str | None = None
