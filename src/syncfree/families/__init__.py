@@ -12,14 +12,15 @@ import torch
 
 from ..plan.spec import register_layout
 from ..rewrite.targets import Family
-from . import cohere, cosmos, ernie, exaone, glm, lfm, omni, paddle, qwen_vl, videollama3
+from . import cohere, cosmos, ernie, exaone, glm, lfm, minicpm, omni, paddle, qwen_vl, videollama3
 from .preset import Preset
 from .shared import MODULE_TARGETS
 
 __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
            "processor_batch", "batch_to"]
 
-GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3)  # the registry: one line per family group
+# The registry: one line per family group.
+GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3, minicpm)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

@@ -55,6 +55,10 @@ class Layout:
     # Each image and video comes with its own spatial merge size, a forward input (VideoLLaMA3's image_merge_sizes /
     # video_merge_sizes: images 1, videos 2) instead of a config value: the plan keeps them on the host per item.
     item_merge_sizes: bool = False
+    # NaViT packing (MiniCPM-V): no grid_thw; each crop is a ``(h, w)`` row of ``target_sizes`` /
+    # ``target_sizes_videos`` (one per video frame crop), which the plan takes as the grid row ``(1, h, w)``. Tokens
+    # per crop are ``h * w // 4`` (``downsample_mode="4x"``) or ``// 16``: the plan's merge is 2 or 4 on a side.
+    target_sizes: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -101,6 +105,7 @@ class ModelSpec:
     align_corners: bool = True  # (Layout.interp_align_corners_from)
     video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
     item_merge_sizes: bool = False  # (Layout.item_merge_sizes: spatial_merge_size is then 1, the merges come per item)
+    target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -117,7 +122,7 @@ class ModelSpec:
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
                         rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
         return cls(
-            model_type, 1 if layout.item_merge_sizes else vc.spatial_merge_size, _table_side(vc, layout),
+            model_type, _spatial_merge(config, layout), _table_side(vc, layout),
             config.image_token_id, config.video_token_id, module,
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
@@ -126,7 +131,7 @@ class ModelSpec:
             video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
             align_corners=_align_corners(module, layout),
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
-            item_merge_sizes=layout.item_merge_sizes, **omni,
+            item_merge_sizes=layout.item_merge_sizes, target_sizes=layout.target_sizes, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -156,6 +161,15 @@ class ModelSpec:
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
         )
+
+
+def _spatial_merge(config, layout: Layout) -> int:
+    """The merge on a side the plan's split sizes divide by (per item: 1; NaViT: the downsample mode's)."""
+    if layout.item_merge_sizes:
+        return 1
+    if layout.target_sizes:  # (MiniCPM-V: the processor's ``image_token_divisor``, 4 or 16)
+        return 2 if config.downsample_mode == "4x" else 4
+    return config.vision_config.spatial_merge_size
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:

@@ -12,7 +12,8 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES"]
+           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID",
+           "FEATURE_SCATTER_MASK"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -247,4 +248,32 @@ TEMPORAL_SLICES = (
 KEPT_VIDEO_FEATURES = (
     Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
          "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
+)
+
+# MiniCPM-V's NaViT tower builds its segments' cumulative lengths from ``target_sizes`` and copies them to the device
+# (from the plan's host sizes the wrapper hands it: a blocking copy): the plan's, moved with it, instead.
+NAVIT_CU_SEQLENS = (
+    Edit("stmt", """
+         cu_seqlens = F.pad(torch.cumsum(target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(
+             hidden_states.device), (1, 0))""", """
+         cu_seqlens = _syncfree.navit_cu_seqlens(kwargs, lambda: F.pad(torch.cumsum(
+             target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(hidden_states.device), (1, 0)))"""),
+)
+
+# MiniCPM-V's get_placeholder_mask serves both kinds (``token_id`` says which): its count and its check by boolean
+# select, from the plan's counts (the same message and error).
+_KIND = '"image" if token_id == self.config.image_token_id else "video"'
+PLACEHOLDER_BY_TOKEN_ID = (
+    Edit("stmt", "n_tokens = special_mask.sum()",
+         f"n_tokens = _syncfree.placeholder_count(input_ids, special_mask, {_KIND})"),
+    Edit("expr", "inputs_embeds[special_mask].numel()",
+         f"_syncfree.placeholder_numel(input_ids, special_mask, {_KIND}, inputs_embeds)"),
+)
+
+# MiniCPM-V's forward scatters both kinds through one mask name: the kind comes from the features' name.
+FEATURE_SCATTER_MASK = (
+    Edit("expr", "inputs_embeds.masked_scatter(mask, image_features)",
+         '_syncfree.scatter_features(inputs_embeds, mask, image_features, input_ids, "image")'),
+    Edit("expr", "inputs_embeds.masked_scatter(mask, video_features)",
+         '_syncfree.scatter_features(inputs_embeds, mask, video_features, input_ids, "video")'),
 )

@@ -28,7 +28,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "kept_video_features"]
+           "kept_video_features", "placeholder_numel", "navit_cu_seqlens"]
 
 
 def _compiling() -> bool:
@@ -232,3 +232,24 @@ def kept_video_features(video_embeds: torch.Tensor, video_compression_mask: torc
         return video_embeds[video_compression_mask.to(video_embeds.device)]
     count = int(host.sum())  # (a host tensor: no device involved)
     return video_embeds.index_select(0, _positions(video_compression_mask.to(video_embeds.device), count))
+
+
+def placeholder_numel(input_ids, mask: torch.Tensor, kind: str, inputs_embeds: torch.Tensor):
+    """``inputs_embeds[mask].numel()`` for the (B, S, H) placeholder mask of ``kind`` (MiniCPM-V's check): the
+    plan's count times the width, a host int, when the active plan was built from these input_ids."""
+    entry = None if _compiling() else active.current()
+    if entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.shape == inputs_embeds.shape:
+        return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
+    return inputs_embeds[mask].numel()
+
+
+def navit_cu_seqlens(kwargs: dict, stock):
+    """A NaViT tower's ``cu_seqlens`` (MiniCPM-V: ``cumsum(target_sizes ...).to(device)``, a copy from the host
+    sizes the wrapper hands it): the plan's, which ``make_vision_forward_target_sizes`` put in the tower's kwargs.
+    The position ids it put there too (the embeddings have taken them by now) leave with it, so they do not travel
+    on into the attention functions. Without a plan: ``stock()``, the stock expression."""
+    planned = kwargs.pop("syncfree_cu_seqlens", None)
+    if planned is None:
+        return stock()
+    kwargs.pop("position_ids", None)
+    return planned
