@@ -70,11 +70,13 @@ MARKERS = dict(image_start=1002, image_end=1003, slice_start=1004, slice_end=100
                id_end=1008, digit0=1010)
 
 # A tiny model with the real layout rules: patch 14, "4x" (2x2 merge in the merger), a 2-layer tower, a 2-layer
-# Qwen3.5 text model (a linear-attention layer and a full-attention layer).
+# Qwen3.5 text model (a linear-attention layer and a full-attention layer). (``spatial_merge_size``: not a config
+# value of this family; it tells syncfree's CLI the pixel unit of its inputs, patch x the "4x" merge. The model never
+# reads it.)
 _OCR_TINY = dict(
     model_type="minicpm_ocr", image_token_id=1000, video_token_id=1001, downsample_mode="4x",
     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_channels=3, image_size=112, patch_size=14),
+                       num_channels=3, image_size=112, patch_size=14, spatial_merge_size=2),
     text_config=dict(model_type="qwen3_5_text", vocab_size=1024, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                      linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,

@@ -64,13 +64,14 @@ def make_vision_forward_target_sizes(stock):
 
     @functools.wraps(stock)
     def forward(self, *args, **kwargs):
+        vp = kwargs.pop("syncfree_vision_plan", None)  # (a caller holding the plan: compile_vision, torch.compile)
         given = given_args(names, args, kwargs)
         pixels, sizes = given.get(names[0]), given.get(names[1])
         use_vit_merger = given.get(names[2], True)
-        if torch.compiler.is_compiling() or not isinstance(pixels, torch.Tensor) \
+        if (vp is None and torch.compiler.is_compiling()) or not isinstance(pixels, torch.Tensor) \
                 or not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[0] == 0:
             return stock(self, *args, **kwargs)
-        found = _planned(sizes)
+        found = (vp, sizes) if vp is not None else _planned(sizes)
         if found is None:  # a tower called on its own: one read of the sizes (none if already on the host)
             host = read_to_host_syncs_once({"target_sizes": sizes})["target_sizes"]
             spec = ModelSpec(type(self).__module__, 1, None, -1, -1, type(self).__module__,
@@ -88,7 +89,8 @@ def make_vision_forward_target_sizes(stock):
         if position_ids is None:
             rows = [(h, w) for _, h, w in vp.grid_thw.tolist()]  # (host tensor: no device involved)
             position_ids = nearest_position_ids(rows, self.embeddings.num_patches_per_side, pixels.device)
-            vp.tables_made[key] = position_ids
+            if not torch.compiler.is_compiling():
+                vp.tables_made[key] = position_ids
         extra = {"position_ids": position_ids, "syncfree_cu_seqlens": vp.cu_seqlens,
                  "syncfree_seqlens": vp.seqlens_by_length()}
         if _flash(self.config):  # (stock reads the longest segment only for flash attention)

@@ -1,0 +1,118 @@
+"""MiniCPM-OCR: a NaViT tower whose crops come as (h, w) target_sizes rows, a per-crop merger after it, Qwen3.5's text
+model without 3D positions. Parity with stock over the processor's layouts (thumbnails and slices, videos), no syncs
+and no blocking copies with prepare(), generate (dynamic, static and beams), gradients, the tower under compile, and
+"16x" (the in-tower window merger) still equal to stock."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import syncfree
+from family_checks import (
+    check_forward_equals_stock,
+    check_generate_and_backward_equal_stock,
+    check_generate_modes_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    model_pair,
+    standard_layouts,
+)
+from syncfree.families.minicpm import MARKERS, SLICE, build_minicpm_inputs
+from syncfree.inputs import Image, Text, Video, processor_batch
+
+# (family folder, tiny preset, pixel unit: patch 14 x the "4x" merge 2)
+FAMILIES = [pytest.param(("minicpm_ocr", "minicpm-ocr-tiny", 28),
+                         marks=pytest.mark.skipif(importlib.util.find_spec("transformers.models.minicpm_ocr") is None,
+                                                  reason="this Transformers release has no MiniCPM-OCR"))]
+U = 28
+# The shared layouts, and an image large enough to be sliced (a thumbnail, then rows of slices).
+LAYOUTS = {**standard_layouts(U),
+           "a sliced image": [[Text(2), Image(9 * U, 6 * U), Text(1), Image(U, U), Text(2)], [Text(3)]]}
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    return request.param
+
+
+def test_the_processor_layout(family):
+    """No token types; an image is its id, its thumbnail between <image> markers, then its slices row by row."""
+    _, name, unit = family
+    config = model_pair(name)[0].config
+    batch = processor_batch(config, [[Text(1), Image(9 * unit, 6 * unit)]])
+    assert "mm_token_type_ids" not in batch and {"target_sizes", "pixel_values"} <= set(batch)
+    rows, cols = -(-9 // SLICE), -(-6 // SLICE)  # slices of SLICE x SLICE merged tokens
+    thumb = (round(9 * SLICE / 9), round(6 * SLICE / 9))
+    m, img = MARKERS, config.image_token_id
+    want = [m["id_start"], m["digit0"], m["id_end"], m["image_start"]] + [img] * (thumb[0] * thumb[1]) + [m["image_end"]]
+    for r in range(rows):
+        want += [m["newline"]] if r else []
+        want += ([m["slice_start"]] + [img] * SLICE**2 + [m["slice_end"]]) * cols
+    assert batch["input_ids"][0, 1:].tolist() == want
+    assert batch["target_sizes"].tolist() == [[2 * thumb[0], 2 * thumb[1]]] + [[2 * SLICE, 2 * SLICE]] * (rows * cols)
+    assert batch["pixel_values"].shape[-1] == batch["target_sizes"].prod(-1).sum() * config.vision_config.patch_size
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_equals_stock(family, attn, layout, padding):
+    stock, patched = model_pair(family[1], attn)
+    check_forward_equals_stock(stock, patched, build_minicpm_inputs(stock.config, LAYOUTS[layout],
+                                                                    padding_side=padding))
+
+
+def test_16x_with_the_window_merger_equals_stock(family):
+    """A "16x" call runs the window merger inside the tower (a 3-layer tower reaches it): not planned for (it shrinks
+    every segment and keeps their count), run on stock's own splits, still equal to stock."""
+    from syncfree.presets import build_model
+
+    name = family[1]
+    stock, patched = build_model(name), build_model(name)
+    for model in (stock, patched):
+        model.config.vision_config.insert_layer_id = 0
+    patched = syncfree.patch(patched)
+    batch = build_minicpm_inputs(stock.config, [[Text(2), Image(4 * U, 4 * U), Text(1), Image(2 * U, 4 * U)]])
+    # ("16x" merges 4 on a side: 4 crops of 2x2 merged tokens become 1 token each; placeholders for that.)
+    stock.config.downsample_mode = patched.config.downsample_mode = "16x"
+    batch16 = build_minicpm_inputs(stock.config, [[Text(2), Image(4 * U, 4 * U), Text(1), Image(4 * U, 8 * U)]])
+    with torch.no_grad():
+        assert torch.equal(patched(**batch16).logits, stock(**batch16).logits)
+    stock.config.downsample_mode = patched.config.downsample_mode = "4x"
+    check_forward_equals_stock(stock, patched, batch)
+
+
+def test_prepared_prefill_has_no_sync_and_no_blocking_copy(family):
+    stock, patched = model_pair(family[1])
+    batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+@pytest.mark.parametrize("layout", ["images", "videos"])
+def test_generate_and_backward_equal_stock(family, layout):
+    stock, patched = model_pair(family[1])
+    samples = ([[Text(2), Image(6 * U, 2 * U), Text(2), Image(2 * U, 2 * U), Text(1)], [Text(1), Image(2 * U, 2 * U),
+                                                                                       Text(2)]]
+               if layout == "images" else [[Text(2), Video(4, 2 * U, 2 * U), Text(1)], [Text(1), Video(2, 2 * U, 3 * U),
+                                                                                       Text(2)]])
+    batch = build_minicpm_inputs(stock.config, samples, padding_side="left")
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
+
+
+def test_the_patched_tower_compiles_without_a_graph_break(family):
+    """Handed the plan, the tower's position ids, cumulative lengths and splits come from it: no break."""
+    _, patched = model_pair(family[1])
+    batch = processor_batch(patched.config, [[Image(3 * U, 4 * U), Image(2 * U, U)]])
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
+    tower, sizes = patched.model.vision_tower, plan.host["target_sizes"]
+    explained = torch._dynamo.explain(tower)(batch["pixel_values"], target_sizes=sizes,
+                                             syncfree_vision_plan=plan.image)
+    assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+    with torch.no_grad():
+        want = model_pair(family[1])[0].model.vision_tower(batch["pixel_values"], target_sizes=batch["target_sizes"])
+        got = torch.compile(tower)(batch["pixel_values"], target_sizes=sizes, syncfree_vision_plan=plan.image)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
