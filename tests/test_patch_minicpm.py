@@ -115,4 +115,5 @@ def test_the_patched_tower_compiles_without_a_graph_break(family):
     with torch.no_grad():
         want = model_pair(family[1])[0].model.vision_tower(batch["pixel_values"], target_sizes=batch["target_sizes"])
         got = torch.compile(tower)(batch["pixel_values"], target_sizes=sizes, syncfree_vision_plan=plan.image)
-    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+    # (Inductor fuses differently from eager: close, not bit for bit.)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
