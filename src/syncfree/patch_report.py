@@ -28,6 +28,8 @@ WRAPPER_ROLES = {
     "make_omni_rope_index": "the plan's 3D positions (stock's index, run on the host copies)",
     "make_vision_forward_item_merges": "hands the stock tower the plan's segment sizes and tables, its grid and "
                                        "per-item merge sizes on the host (its per-item loop reads nothing)",
+    "make_vision_forward_target_sizes": "hands the stock NaViT tower its target_sizes on the host, the plan's "
+                                        "segment sizes, cumulative lengths and position ids",
 }
 
 

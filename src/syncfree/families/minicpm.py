@@ -26,7 +26,14 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import FEATURE_SCATTER_MASK, NAVIT_CU_SEQLENS, PLACEHOLDER_BY_TOKEN_ID, VISION_ATTENTION
+from ..rewrite.edits import (
+    FEATURE_SCATTER_MASK,
+    NAVIT_CU_SEQLENS,
+    NAVIT_MERGED_CU_SEQLENS,
+    NAVIT_WINDOW_MERGER,
+    PLACEHOLDER_BY_TOKEN_ID,
+    VISION_ATTENTION,
+)
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video
@@ -52,6 +59,9 @@ def _minicpm(model_type: str, prefix: str) -> Family:
         Target(f"{p}VisionEmbeddings", "forward", check_only=True,
                needs=("get_vision_nearest_position_ids(target_sizes, self.num_patches_per_side, kwargs=kwargs)",)),
         Target(f"{p}Merger", "forward", check_only=True, needs=("height, width = target_sizes[batch_idx]",)),
+        # The in-tower window merger ("16x") and the segments after it.
+        Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
+        Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
         Target(f"{p}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_TOKEN_ID),
         Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap="make_model_forward", params=_MODEL_PARAMS,
                needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
@@ -62,7 +72,7 @@ def _minicpm(model_type: str, prefix: str) -> Family:
     return Family(model_type, targets, layout)
 
 
-FAMILIES: tuple[Family, ...] = (_minicpm("minicpm_ocr", "MiniCPMOcr"),)
+FAMILIES: tuple[Family, ...] = (_minicpm("minicpm_ocr", "MiniCPMOcr"), _minicpm("minicpmv4_6", "MiniCPMV4_6"))
 
 # Marker ids of the tiny presets' tokenizer (text tokens to the model): <image> </image> <slice> </slice> "\n"
 # <image_id> </image_id>, and the digits of an image id.
@@ -83,10 +93,18 @@ _OCR_TINY = dict(
                      linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"],
                      max_position_embeddings=4096, pad_token_id=0, bos_token_id=None, eos_token_id=None),
 )
+# MiniCPM-V 4.6: "16x", the window merger after the tower's first layer (``insert_layer_id=0``: the tiny tower reaches
+# it), 4 on a side in all (the CLI's pixel unit: 14 x 4).
+_V46_TINY = dict(
+    _OCR_TINY, model_type="minicpmv4_6", downsample_mode="16x", insert_layer_id=0, tie_word_embeddings=False,
+    vision_config=dict(_OCR_TINY["vision_config"], spatial_merge_size=4),
+)
 PRESETS: dict[str, Preset] = {
     "minicpm-ocr-tiny": Preset("minicpm-ocr-tiny", _OCR_TINY, 0, "tiny MiniCPM-OCR for tests (NaViT crops, 4x)"),
+    "minicpmv4-6-tiny": Preset("minicpmv4-6-tiny", _V46_TINY, 0,
+                               "tiny MiniCPM-V 4.6 for tests (NaViT crops, 16x: the window merger in the tower)"),
 }
-VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel"}
+VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel"}
 MODEL_CLASSES: dict = {}
 
 SLICE = 4  # a slice's side in merged tokens (the tiny presets' stand-in for the processor's scale resolution)

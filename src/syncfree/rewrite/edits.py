@@ -13,7 +13,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID",
-           "FEATURE_SCATTER_MASK"]
+           "FEATURE_SCATTER_MASK", "NAVIT_WINDOW_MERGER", "NAVIT_MERGED_CU_SEQLENS"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -276,4 +276,28 @@ FEATURE_SCATTER_MASK = (
          '_syncfree.scatter_features(inputs_embeds, mask, image_features, input_ids, "image")'),
     Edit("expr", "inputs_embeds.masked_scatter(mask, video_features)",
          '_syncfree.scatter_features(inputs_embeds, mask, video_features, input_ids, "video")'),
+)
+
+# MiniCPM-V's in-tower window merger ("16x"): its window order and boundaries (stock builds them on the host from the
+# host sizes and copies them over) and its window attention's split sizes, from the tables the tower wrapper made
+# (``rewrite/navit.py``); stock's own where there are none.
+NAVIT_WINDOW_MERGER = (
+    Edit("stmt", "window_index, window_cu_seqlens, window_max_seqlens = self.get_window_index(target_sizes, "
+                 "kwargs=kwargs)",
+         "window_index, window_cu_seqlens, window_max_seqlens = _syncfree.navit_window_index(self, target_sizes, "
+         "kwargs)"),
+    Edit("stmt", """
+         hidden_states, _ = self.self_attn(hidden_states=hidden_states, cu_seqlens=window_cu_seqlens.to(device),
+                                           max_seqlen=window_max_seqlens)""", """
+         hidden_states, _ = self.self_attn(hidden_states=hidden_states, cu_seqlens=window_cu_seqlens.to(device),
+                                           max_seqlen=window_max_seqlens, **_syncfree.navit_window_kwargs(kwargs))"""),
+)
+
+# The segments after the window merger (4x shorter, as many): the planned ones, with their own split sizes.
+NAVIT_MERGED_CU_SEQLENS = (
+    Edit("stmt", """
+         cu_seqlens = F.pad(torch.cumsum(target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(
+             device), (1, 0))""", """
+         cu_seqlens = _syncfree.navit_merged_cu_seqlens(kwargs, lambda: F.pad(torch.cumsum(
+             target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(device), (1, 0)))"""),
 )

@@ -21,6 +21,7 @@ from ..plan import active
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
+from .navit import navit_cu_seqlens, navit_merged_cu_seqlens, navit_window_index, navit_window_kwargs  # noqa: F401
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
@@ -28,7 +29,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "kept_video_features", "placeholder_numel", "navit_cu_seqlens"]
+           "kept_video_features", "placeholder_numel", "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs",
+           "navit_merged_cu_seqlens"]
 
 
 def _compiling() -> bool:
@@ -242,14 +244,3 @@ def placeholder_numel(input_ids, mask: torch.Tensor, kind: str, inputs_embeds: t
         return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
     return inputs_embeds[mask].numel()
 
-
-def navit_cu_seqlens(kwargs: dict, stock):
-    """A NaViT tower's ``cu_seqlens`` (MiniCPM-V: ``cumsum(target_sizes ...).to(device)``, a copy from the host
-    sizes the wrapper hands it): the plan's, which ``make_vision_forward_target_sizes`` put in the tower's kwargs.
-    The position ids it put there too (the embeddings have taken them by now) leave with it, so they do not travel
-    on into the attention functions. Without a plan: ``stock()``, the stock expression."""
-    planned = kwargs.pop("syncfree_cu_seqlens", None)
-    if planned is None:
-        return stock()
-    kwargs.pop("position_ids", None)
-    return planned

@@ -8,8 +8,9 @@ same values), the position ids made on the device by stock's own per-crop arithm
 the planned ``cu_seqlens`` (taken by ``NAVIT_CU_SEQLENS``) and the host segment sizes for the split.
 
 The in-tower window merger (``use_vit_merger`` with a layer past ``insert_layer_id``: MiniCPM-V 4.6's "16x" mode)
-shrinks every segment 4x and keeps their count, which the planned split sizes (keyed by segment count) cannot
-tell apart: such a call runs stock on the host sizes (correct, still reading the device for its splits).
+shrinks every segment 4x and keeps their count, which the planned split sizes (keyed by segment count) cannot tell
+apart: for such a call the wrapper also makes the merger's tables (``navit.MergerTables``: stock's window order on
+the host sizes, the window and post-merger segments) and holds them in ``navit.MERGER`` while stock runs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from ..plan.tensors import same_host_values
 from ..plan.vision import VisionPlan, vision_plan
 from .call_args import given_args, positional_names, same_device
 from .host_read import read_to_host_syncs_once, send_plan_back
+from .modality_moe import host_index_to
+from .navit import MERGER, MergerTables
 
 __all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
 
@@ -80,8 +83,6 @@ def make_vision_forward_target_sizes(stock):
                                 "target_sizes"), host
         vp, host = found
         rest = {k: v for k, v in kwargs.items() if k not in names[:3]}
-        if _merger_runs(self, use_vit_merger):
-            return stock(self, pixels, host, use_vit_merger, **rest)
         if not same_device(vp.device, pixels.device):
             vp = send_plan_back(vp, pixels.device)
         key = ("navit_position_ids", self.embeddings.num_patches_per_side)
@@ -95,10 +96,34 @@ def make_vision_forward_target_sizes(stock):
                  "syncfree_seqlens": vp.seqlens_by_length()}
         if _flash(self.config):  # (stock reads the longest segment only for flash attention)
             extra["max_seqlen"] = vp.max_seqlen
-        return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
+        if not _merger_runs(self, use_vit_merger):
+            return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
+        tables = vp.tables_made.get("navit_merger")
+        if tables is None:
+            tables = _merger_tables(self.vit_merger, host, pixels.device)
+            if not torch.compiler.is_compiling():
+                vp.tables_made["navit_merger"] = tables
+        token = MERGER.set(tables)
+        try:
+            return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
+        finally:
+            MERGER.reset(token)
 
     forward.syncfree_buckets_ok = False  # (compile_vision's buckets are Qwen-VL grids: not for this tower)
     return forward
+
+
+def _merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
+    """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
+    no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
+    window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
+    windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
+    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
+    merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
+                                        (1, 0))
+    return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
+                        {len(windows) + 1: tuple(windows)}, host_index_to(merged_cu, device),
+                        {len(merged) + 1: tuple(merged)})
 
 
 def _flash(config) -> bool:
