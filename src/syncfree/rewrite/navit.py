@@ -46,7 +46,7 @@ def navit_cu_seqlens(kwargs: dict, stock):
 
 
 def _tables() -> MergerTables | None:
-    return None if torch.compiler.is_compiling() else MERGER.get()
+    return MERGER.get()
 
 
 def navit_window_index(merger, target_sizes, kwargs):
