@@ -29,6 +29,8 @@ WRAPPER_ROLES = {
     "make_vision_forward_item_merges": "hands the stock tower the plan's segment sizes and tables, its grid and "
                                        "per-item merge sizes on the host (its per-item loop reads nothing)",
     "make_host_rope_index": "the plan's multimodal positions (the family's own stock index, run on the host copies)",
+    "make_vision_forward_target_sizes": "hands the stock NaViT tower its target_sizes on the host, the plan's "
+                                        "segment sizes, cumulative lengths and position ids",
 }
 
 

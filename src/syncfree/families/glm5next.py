@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import BLOCK_KWARGS, POOLED_KEEP, POOLED_WRITTEN
+from ..rewrite.edits import BLOCK_KWARGS
+from ..rewrite.edits_variants import POOLED_KEEP, POOLED_WRITTEN
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs

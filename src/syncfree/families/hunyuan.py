@@ -32,7 +32,8 @@ import torch
 
 from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
-from ..rewrite.edits import PLACEHOLDER_MASK, PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
+from ..rewrite.edits import PLACEHOLDER_MASK
+from ..rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs

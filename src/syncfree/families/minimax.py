@@ -24,7 +24,8 @@ import importlib.util
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import PLACEHOLDER_NUMEL, VISION_ATTENTION_WEIGHTS
+from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ..rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs

@@ -29,7 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import AUDIO_PLACEHOLDER_MASK, AUDIO_SCATTER_EMBEDS, AUDIO_VALID_TOKENS, BLOCK_KWARGS_BY_TYPE
+from ..rewrite.edits_variants import (
+    AUDIO_PLACEHOLDER_MASK,
+    AUDIO_SCATTER_EMBEDS,
+    AUDIO_VALID_TOKENS,
+    BLOCK_KWARGS_BY_TYPE,
+)
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows

@@ -12,7 +12,7 @@ Qwen3-VL's: one run per video frame between the config's vision start/end ids, t
 from __future__ import annotations
 
 from ..plan.spec import Layout
-from ..rewrite.edits import QSA_MASK, QSA_VISIBLE
+from ..rewrite.edits_variants import QSA_MASK, QSA_VISIBLE
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets

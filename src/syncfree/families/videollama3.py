@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import KEPT_VIDEO_FEATURES, VISION_ATTENTION_WEIGHTS
+from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ..rewrite.edits_variants import KEPT_VIDEO_FEATURES
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows

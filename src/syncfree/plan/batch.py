@@ -44,11 +44,12 @@ PLAN_KEY = "syncfree_plan"
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
                "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
-               "input_values_mask")
+               "input_values_mask", "target_sizes", "target_sizes_videos")
 # (``input_values_mask``: Muse Spark's real audio samples per clip, which give the audio tokens each clip keeps.)
 # (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
 # per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
-# selection of the kept features reads the device.)
+# selection of the kept features reads the device. ``target_sizes`` / ``target_sizes_videos``: MiniCPM-V's (h, w) per
+# crop, its grids (``Layout.target_sizes``): host copies for the tower's cumulative lengths and the merger's loop.)
 
 
 @dataclass
@@ -156,7 +157,8 @@ class Plan(DeviceFields):
         grids = {}
         for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
                               ("second_per_grid_ts", self.videos_per_row), ("image_merge_sizes", self.images_per_row),
-                              ("video_merge_sizes", self.videos_per_row)):
+                              ("video_merge_sizes", self.videos_per_row), ("target_sizes", self.images_per_row),
+                              ("target_sizes_videos", self.videos_per_row)):
             grid = host.get(name)
             if grid is None:
                 grids[name] = None
@@ -282,7 +284,8 @@ class Draft:
 def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
                position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
-               video_compression_mask=None, input_values_mask=None) -> Draft:
+               video_compression_mask=None, input_values_mask=None, target_sizes=None,
+               target_sizes_videos=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
@@ -291,7 +294,12 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
             "position_ids": _host(position_ids), "moe_mm_token_type_ids": _host(moe_mm_token_type_ids),
             "image_merge_sizes": _host(image_merge_sizes), "video_merge_sizes": _host(video_merge_sizes),
-            "video_compression_mask": _host(video_compression_mask), "input_values_mask": _host(input_values_mask)}
+            "video_compression_mask": _host(video_compression_mask), "target_sizes": _host(target_sizes),
+            "target_sizes_videos": _host(target_sizes_videos),
+            "input_values_mask": _host(input_values_mask)}
+    if spec.target_sizes:  # (MiniCPM-V: each (h, w) crop is the grid row (1, h, w))
+        image_grid_thw, video_grid_thw = (_navit_grid(host[name], name) for name in ("target_sizes", "target_sizes_videos"))
+        host["image_grid_thw"], host["video_grid_thw"] = image_grid_thw, video_grid_thw
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
         raise ValueError("syncfree needs input_ids or mm_token_type_ids of shape (batch, sequence) to plan a forward")
@@ -312,6 +320,15 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
         rows[:, 0] = 1
         frames = vision_plan(torch.from_numpy(rows), spec, "video_grid_thw")
     return Draft(spec, host, types, mask, placeholder_runs(types), image, video, frames)
+
+
+def _navit_grid(sizes, name: str):
+    """NaViT ``(N, 2)`` crop sizes as ``(N, 3)`` grid rows ``(1, h, w)`` (host tensors; None stays None)."""
+    if sizes is None:
+        return None
+    if not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[1] != 2:
+        raise ValueError(f"{name} must have shape (N, 2), got {tuple(getattr(sizes, 'shape', ()))}")
+    return torch.nn.functional.pad(sizes, (1, 0), value=1)
 
 
 def build_plan(spec: ModelSpec, *, use_audio_in_video: bool = False, **inputs) -> Plan:

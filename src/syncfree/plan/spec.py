@@ -81,6 +81,10 @@ class Layout:
     pixel_shuffle: bool = False
     # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces (Muse Spark).
     audio_tokens: bool = False
+    # NaViT packing (MiniCPM-V): no grid_thw; each crop is a ``(h, w)`` row of ``target_sizes`` /
+    # ``target_sizes_videos`` (one per video frame crop), which the plan takes as the grid row ``(1, h, w)``. Tokens
+    # per crop are ``h * w // 4`` (``downsample_mode="4x"``) or ``// 16``: the plan's merge is 2 or 4 on a side.
+    target_sizes: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -136,6 +140,7 @@ class ModelSpec:
     interp_swap_hw: bool = False  # (Layout.interp_swap_hw)
     interp_padding: str = "border"  # (Layout.interp_padding)
     pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (Layout.pixel_shuffle), else 0
+    target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -154,7 +159,7 @@ class ModelSpec:
         if layout.host_rope_class is not None:
             omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config), config=config)
         return cls(
-            model_type, 1 if layout.item_merge_sizes else getattr(vc, layout.merge_attr), _table_side(vc, layout),
+            model_type, _spatial_merge(config, layout), _table_side(vc, layout),
             config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
             window_size=_window_size(vc, layout), patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
@@ -167,7 +172,7 @@ class ModelSpec:
             item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
-            **_tower_options(vc, layout), **omni,
+            target_sizes=layout.target_sizes, **_tower_options(vc, layout), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -218,6 +223,15 @@ def _tower_options(vc, layout: Layout) -> dict:
         return {}
     return dict(interp_swap_hw=layout.interp_swap_hw, interp_padding=layout.interp_padding,
                 pixel_shuffle=getattr(vc, layout.merge_attr) if layout.pixel_shuffle else 0)
+
+
+def _spatial_merge(config, layout: Layout) -> int:
+    """The merge on a side the plan's split sizes divide by (per item: 1; NaViT: the downsample mode's)."""
+    if layout.item_merge_sizes:
+        return 1
+    if layout.target_sizes:  # (MiniCPM-V: the processor's ``image_token_divisor``, 4 or 16)
+        return 2 if config.downsample_mode == "4x" else 4
+    return getattr(config.vision_config, layout.merge_attr)
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:

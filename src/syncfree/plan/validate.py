@@ -116,9 +116,13 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                     if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (HunYuan-VL's)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
                              f"needs one run per {unit} of {expected} tokens ({rule})")
-        if pixels is not None and pixels.shape[0] != vp.num_patches:
-            raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {pixels.shape[0]} "
-                             f"patches but {name}_grid_thw describes {vp.num_patches}")
+        # (NaViT pixels, MiniCPM-V's: one (1, C, p, patches * p) strip, its grids named target_sizes)
+        patches = pixels.shape[-1] // spec.patch_size if spec.target_sizes and pixels is not None else \
+            getattr(pixels, "shape", (0,))[0]
+        grids = ("target_sizes" if kind == 1 else "target_sizes_videos") if spec.target_sizes else f"{name}_grid_thw"
+        if pixels is not None and patches != vp.num_patches:
+            raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {patches} "
+                             f"patches but {grids} describes {vp.num_patches}")
     if seconds is not None and video_grid_thw is not None and len(seconds) != len(video_grid_thw):
         raise ValueError(f"{seconds_name} has {len(seconds)} entries but video_grid_thw describes "
                          f"{len(video_grid_thw)} videos")

@@ -12,9 +12,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL",
-           "POOLED_WRITTEN", "POOLED_KEEP", "QSA_MASK", "QSA_VISIBLE",
-           "BLOCK_KWARGS_BY_TYPE", "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS", "AUDIO_VALID_TOKENS"]
+           "FEATURE_SCATTER_FEATURES"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -242,89 +240,4 @@ TEMPORAL_SLICES = (
     Edit("stmt", "second_slice_offsets = torch.cat(second_slice_offsets, dim=-1).to(hidden_states.device)",
          "second_slice_offsets = _syncfree.host_index_to(torch.cat(second_slice_offsets, dim=-1), "
          "hidden_states.device)"),
-)
-
-# VideoLLaMA3's video token compression keeps the video features its processor's mask marks, by a boolean select (a
-# read of the count): by the positions of the mask's ones instead, counted on the plan's host copy of that mask.
-KEPT_VIDEO_FEATURES = (
-    Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
-         "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
-)
-
-# The same split where each segment's call passes only the scale (HunYuan-VL's and HY-V4-VL's tower attention): its
-# block hands the attention ``attention_mask=None``, which reaches the call in ``kwargs``; a backend's own mask
-# (block_diagonal) replaces it there.
-VISION_ATTENTION_SCALING = VISION_ATTENTION[:2] + (
-    Edit("stmt", """
-         attn_outputs = [attention_interface(self, q, k, v, scaling=self.scaling, is_causal=False, **kwargs)[0]
-                         for q, k, v in zip(*splits)]""", """
-         attn_outputs = _syncfree.segment_attention(
-             lambda q, k, v, attention_mask=None: attention_interface(
-                 self, q, k, v, scaling=self.scaling, is_causal=False,
-                 **(kwargs if attention_mask is None else {**kwargs, "attention_mask": attention_mask}))[0],
-             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
-             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen)"""),
-)
-
-# get_placeholder_mask checking the count by boolean select, ``inputs_embeds[mask].numel() == features.numel()``
-# (MiniMax-M3-VL; HunYuan-VL takes the image line; survey 19 §A): a read of the count every call. The plan's host
-# count times the width instead (the same number, so the same check, message and exception).
-PLACEHOLDER_NUMEL = (
-    Edit("expr", "inputs_embeds[special_image_mask].numel()",
-         '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
-    Edit("expr", "inputs_embeds[special_video_mask].numel()",
-         '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
-)
-
-# GLM-5-Next's pooled DSA indexer keeps the pools some row can use with a boolean select (a read of their number);
-# where the plan's host mask shows they are a prefix, by an index of that length (rewrite/pooled_keep.py). The
-# indexer's forward says first whether every slot of the states it pools is a written token (no static cache
-# still filling): POOLED_WRITTEN is the forward's edit, POOLED_KEEP get_pooled_states'.
-POOLED_WRITTEN = (
-    Edit("stmt", "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)",
-         "_syncfree.pools_written(packed_states, seq_len, kv_len, current_length)\n"
-         "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)"),
-)
-POOLED_KEEP = (
-    Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
-)
-
-# Qwen4-Exp's QSA indexer: each (row, query)'s visible key positions by ``nonzero_static`` with a count the host knows
-# (rewrite/qsa.py): the text model keeps the counts for the causal mask it makes, the indexer asks for them.
-QSA_MASK = (
-    Edit("expr", "create_causal_mask(**mask_kwargs)", "_syncfree.indexed_causal_mask(create_causal_mask, mask_kwargs)"),
-)
-QSA_VISIBLE = (
-    Edit("expr", "torch.nonzero(visible_token_indices[batch_idx, 0, query_idx], as_tuple=False)",
-         "_syncfree.visible_positions(visible_token_indices[batch_idx, 0, query_idx], attention_mask, batch_idx, "
-         "query_idx)"),
-)
-
-# The same pass-on where the blocks are called with the segmentation of their layer type (Muse Glimmer / Spark: full
-# and window layers): the plan's sizes of both segmentations reach every block, whose attention picks its own by count.
-BLOCK_KWARGS_BY_TYPE = (
-    Edit("stmt", """
-         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
-                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],)""", """
-         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
-                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],
-                               **_syncfree.planned_kwargs(kwargs))"""),
-)
-
-# Muse Spark's audio: the placeholder count (as PLACEHOLDER_MASK), the scatter (as FEATURE_SCATTER) and the valid audio
-# tokens of each clip, a boolean select (a read of the count) taken by the positions of the mask's ones instead, whose
-# count the plan's host copy of ``input_values_mask`` gives.
-AUDIO_PLACEHOLDER_MASK = (
-    Edit("stmt", "n_audio_tokens = audio_mask.sum()",
-         'n_audio_tokens = _syncfree.placeholder_count(input_ids, audio_mask, "audio")'),
-)
-AUDIO_SCATTER_EMBEDS = (
-    Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_embeds)",
-         '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_embeds, input_ids, "audio")'),
-)
-AUDIO_VALID_TOKENS = (
-    Edit("stmt", "audio_features = audio_features[token_mask]",
-         "audio_features = _syncfree.valid_audio_tokens(audio_features, token_mask, input_values_mask, "
-         "samples_per_token)"),
 )

@@ -123,13 +123,14 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
 
 
 def _with_host_grids(names, args, kwargs, plan: Plan):
-    """The call's arguments with the grids (and per-item merge sizes, VideoLLaMA3's) replaced by the plan's host
-    copies (the same values)."""
+    """The call's arguments with the grids (and per-item merge sizes, VideoLLaMA3's; MiniCPM-V's target sizes) replaced
+    by the plan's host copies (the same values)."""
     args = list(args)
-    for name, vp, field in (("image_grid_thw", plan.image, "grid_thw"), ("video_grid_thw", plan.video, "grid_thw"),
-                            ("image_merge_sizes", plan.image, "merge_sizes"),
-                            ("video_merge_sizes", plan.video, "merge_sizes")):
-        host = getattr(vp, field, None)
+    hosts = [(name, getattr(vp, field, None)) for name, vp, field in (
+        ("image_grid_thw", plan.image, "grid_thw"), ("video_grid_thw", plan.video, "grid_thw"),
+        ("image_merge_sizes", plan.image, "merge_sizes"), ("video_merge_sizes", plan.video, "merge_sizes"))]
+    hosts += [(name, plan.host.get(name)) for name in ("target_sizes", "target_sizes_videos")]
+    for name, host in hosts:
         if host is None:
             continue
         if name in kwargs:

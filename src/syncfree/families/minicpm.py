@@ -1,0 +1,199 @@
+"""MiniCPM-OCR (and, later, MiniCPM-V 4.6 / 4.7, the same modeling code): a SigLIP-style NaViT tower whose crops come
+as ``(h, w)`` rows of ``target_sizes`` (no ``grid_thw``), an optional in-tower window merger, a per-crop merger
+after the tower, and Qwen3.5's text model without 3D positions.
+
+What is its own, beside the Qwen-VL pieces:
+
+* NaViT packing (``Layout.target_sizes``): all crops side by side in one ``(1, C, p, patches * p)`` strip; the plan
+  keeps host copies of ``target_sizes`` / ``target_sizes_videos`` and takes each row as the grid row ``(1, h, w)``;
+  a crop gets ``h * w // 4`` placeholders in the default ``downsample_mode="4x"`` (``// 16`` in "16x");
+* the tower (``make_vision_forward_target_sizes``) is handed the host sizes, the nearest-bucket position ids made on
+  the device from host ints, the planned ``cu_seqlens`` (``NAVIT_CU_SEQLENS``) and the split sizes; the merger's
+  per-crop loop (``height, width = target_sizes[batch_idx]``) runs on the host sizes the forward hands it;
+* ``get_placeholder_mask`` serves both kinds through ``token_id`` (``PLACEHOLDER_BY_TOKEN_ID``) and the forward
+  scatters both through one ``mask`` (``FEATURE_SCATTER_MASK``);
+* the processor writes an image as ``<image_id>i</image_id>``, its thumbnail ``<image>`` + placeholders +
+  ``</image>``, then its slices, a row of ``<slice>`` + placeholders + ``</slice>`` per line; a video frame likewise
+  (the video placeholder), frames one after another.
+
+Only the "4x" mode is sync free: "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) shrinks every
+segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
+``rewrite/wrappers_navit.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.edits import VISION_ATTENTION
+from ..rewrite.edits_variants import (
+    FEATURE_SCATTER_MASK,
+    NAVIT_CU_SEQLENS,
+    NAVIT_MERGED_CU_SEQLENS,
+    NAVIT_WINDOW_MERGER,
+    PLACEHOLDER_BY_TOKEN_ID,
+)
+from ..rewrite.targets import Family, Target
+from .preset import Preset
+from .qwen_vl.inputs import Image, Text, Video
+from .shared import MODEL_NEEDS, family_module, handled_by
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_minicpm_inputs", "MARKERS"]
+
+_MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
+                 "target_sizes", "target_sizes_videos", "downsample_mode")
+
+
+def _minicpm(model_type: str, prefix: str) -> Family:
+    p = prefix
+    targets = (
+        Target(f"{p}VisionAttention", "forward", edits=VISION_ATTENTION),
+        Target(f"{p}VisionModel", "forward", edits=NAVIT_CU_SEQLENS, wrap="make_vision_forward_target_sizes",
+               params=("pixel_values", "target_sizes", "use_vit_merger"),
+               needs=("self.embeddings(pixel_values, target_sizes=target_sizes, **kwargs)",
+                      "get_max_seqlen(cu_seqlens, self.config, kwargs=kwargs)", "**kwargs,")),
+        # Stock's code the wrapper relies on, kept: the position ids it takes from kwargs, and the merger's loop on
+        # the host sizes the forward hands it.
+        Target(f"{p}VisionEmbeddings", "forward", check_only=True,
+               needs=("get_vision_nearest_position_ids(target_sizes, self.num_patches_per_side, kwargs=kwargs)",)),
+        Target(f"{p}Merger", "forward", check_only=True, needs=("height, width = target_sizes[batch_idx]",)),
+        # The in-tower window merger ("16x") and the segments after it.
+        Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
+        Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
+        Target(f"{p}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_TOKEN_ID),
+        Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap="make_model_forward", params=_MODEL_PARAMS,
+               needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
+        Target(f"{p}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    )
+    layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=False,
+                    tower_holds_projector=False, target_sizes=True)
+    return Family(model_type, targets, layout)
+
+
+FAMILIES: tuple[Family, ...] = (_minicpm("minicpm_ocr", "MiniCPMOcr"), _minicpm("minicpmv4_6", "MiniCPMV4_6"))
+
+# Marker ids of the tiny presets' tokenizer (text tokens to the model): <image> </image> <slice> </slice> "\n"
+# <image_id> </image_id>, and the digits of an image id.
+MARKERS = dict(image_start=1002, image_end=1003, slice_start=1004, slice_end=1005, newline=1006, id_start=1007,
+               id_end=1008, digit0=1010)
+
+# A tiny model with the real layout rules: patch 14, "4x" (2x2 merge in the merger), a 2-layer tower, a 2-layer
+# Qwen3.5 text model (a linear-attention layer and a full-attention layer). (``spatial_merge_size``: not a config
+# value of this family; it tells syncfree's CLI the pixel unit of its inputs, patch x the "4x" merge. The model never
+# reads it.)
+_OCR_TINY = dict(
+    model_type="minicpm_ocr", image_token_id=1000, video_token_id=1001, downsample_mode="4x",
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_channels=3, image_size=112, patch_size=14, spatial_merge_size=2),
+    text_config=dict(model_type="qwen3_5_text", vocab_size=1024, hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                     linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"],
+                     max_position_embeddings=4096, pad_token_id=0, bos_token_id=None, eos_token_id=None),
+)
+# MiniCPM-V 4.6: "16x", the window merger after the tower's first layer (``insert_layer_id=0``: the tiny tower reaches
+# it), 4 on a side in all (the CLI's pixel unit: 14 x 4).
+_V46_TINY = dict(
+    _OCR_TINY, model_type="minicpmv4_6", downsample_mode="16x", insert_layer_id=0, tie_word_embeddings=False,
+    vision_config=dict(_OCR_TINY["vision_config"], spatial_merge_size=4),
+)
+PRESETS: dict[str, Preset] = {
+    "minicpm-ocr-tiny": Preset("minicpm-ocr-tiny", _OCR_TINY, 0, "tiny MiniCPM-OCR for tests (NaViT crops, 4x)"),
+    "minicpmv4-6-tiny": Preset("minicpmv4-6-tiny", _V46_TINY, 0,
+                               "tiny MiniCPM-V 4.6 for tests (NaViT crops, 16x: the window merger in the tower)"),
+}
+VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel"}
+MODEL_CLASSES: dict = {}
+
+SLICE = 4  # a slice's side in merged tokens (the tiny presets' stand-in for the processor's scale resolution)
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    return build_minicpm_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+
+
+def _merge(config) -> int:
+    return 2 if getattr(config, "downsample_mode", "16x") == "4x" else 4
+
+
+def _crops(item, patch: int, merge: int) -> tuple[tuple[int, int], list[list[tuple[int, int]]]]:
+    """The thumbnail's (h, w) in patches and the slices' (h, w) by row: an image larger than ``SLICE`` merged
+    tokens on a side is cut into ``ceil(side / SLICE)`` slices on that side, its thumbnail shrunk to fit one."""
+    unit = patch * merge
+    if item.height % unit or item.width % unit or item.height <= 0 or item.width <= 0:
+        raise ValueError(f"{item}: height and width must be positive multiples of {unit} pixels")
+    h, w = item.height // unit, item.width // unit  # merged tokens
+    if h <= SLICE and w <= SLICE:
+        return (h * merge, w * merge), []
+    rows, cols = -(-h // SLICE), -(-w // SLICE)
+    scale = SLICE / max(h, w)
+    thumb = (max(1, round(h * scale)) * merge, max(1, round(w * scale)) * merge)
+    return thumb, [[(SLICE * merge, SLICE * merge)] * cols for _ in range(rows)]
+
+
+def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                         pad_token_id: int | None = None, use_image_id: bool = True) -> dict[str, torch.Tensor]:
+    """Inputs laid out as ``MiniCPMOcrProcessor`` lays them out (see the module docstring): ``target_sizes`` holds
+    each image's thumbnail then its slices row by row; ``target_sizes_videos`` each frame's; the pixels are one
+    ``(1, C, p, patches * p)`` strip per modality."""
+    from .qwen_vl.inputs import pack_rows
+
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    vc, tc = config.vision_config, config.text_config
+    patch, merge = vc.patch_size, _merge(config)
+    specials = {config.image_token_id, config.video_token_id, *MARKERS.values()}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+    m = MARKERS
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad and not m["digit0"] <= i < m["digit0"] + 10 else 1 for i in ids]
+
+    def crop(token: int, size: tuple[int, int], start: int, end: int) -> list[int]:
+        return [start] + [token] * (size[0] * size[1] // merge**2) + [end]
+
+    rows, types, sizes = [], [], {1: [], 2: []}
+    for sample in samples:
+        ids: list[int] = []
+        n_images = 0
+        for item in sample:
+            if isinstance(item, Text):
+                ids += text(item.tokens)
+                continue
+            assert isinstance(item, (Image, Video))
+            kind = 1 if isinstance(item, Image) else 2
+            token = config.image_token_id if kind == 1 else config.video_token_id
+            thumb, slices = _crops(item, patch, merge)
+            frames = 1 if kind == 1 else item.frames
+            if use_image_id:  # (a per-sample index, written before each image or video)
+                ids += [m["id_start"]] + [m["digit0"] + int(d) for d in str(n_images)] + [m["id_end"]]
+                n_images += 1
+            for _ in range(frames):
+                ids += crop(token, thumb, m["image_start"], m["image_end"])
+                sizes[kind].append(thumb)
+                for r, row in enumerate(slices):
+                    if r:
+                        ids.append(m["newline"])
+                    for size in row:
+                        ids += crop(token, size, m["slice_start"], m["slice_end"])
+                        sizes[kind].append(size)
+        rows.append(ids)
+        types.append([0] * len(ids))
+    out = pack_rows(rows, types, pad, padding_side)
+    del out["mm_token_type_ids"]  # (the processor returns none)
+    channels = vc.num_channels
+    for kind, pixels_name, sizes_name in ((1, "pixel_values", "target_sizes"),
+                                          (2, "pixel_values_videos", "target_sizes_videos")):
+        if sizes[kind]:
+            patches = sum(h * w for h, w in sizes[kind])
+            out[pixels_name] = torch.randn(1, channels, patch, patches * patch, generator=gen)
+            out[sizes_name] = torch.tensor(sizes[kind], dtype=torch.int32)
+    return out

@@ -1,0 +1,130 @@
+"""The vision tower of a NaViT-packed family (MiniCPM-V / MiniCPM-OCR: ``forward(pixel_values, target_sizes,
+use_vit_merger)``, all crops side by side in one ``(1, C, p, patches * p)`` strip, one ``(h, w)`` row per crop).
+
+Stock reads ``target_sizes`` three ways: the embeddings' nearest-bucket position ids (``target_sizes.tolist()``, a
+loop per crop), the cumulative lengths built in the tower (``cumsum(...).to(device)``) and the attention's split
+(``lengths.tolist()`` in every block). This wrapper hands the stock forward the plan's host ``target_sizes`` (the
+same values), the position ids made on the device by stock's own per-crop arithmetic on host integers (no read),
+the planned ``cu_seqlens`` (taken by ``NAVIT_CU_SEQLENS``) and the host segment sizes for the split.
+
+The in-tower window merger (``use_vit_merger`` with a layer past ``insert_layer_id``: MiniCPM-V 4.6's "16x" mode)
+shrinks every segment 4x and keeps their count, which the planned split sizes (keyed by segment count) cannot tell
+apart: for such a call the wrapper also makes the merger's tables (``navit.MergerTables``: stock's window order on
+the host sizes, the window and post-merger segments) and holds them in ``navit.MERGER`` while stock runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..plan import active
+from ..plan.spec import ModelSpec
+from ..plan.tensors import same_host_values
+from ..plan.vision import VisionPlan, vision_plan
+from .call_args import given_args, positional_names, same_device
+from .host_read import read_to_host_syncs_once, send_plan_back
+from .modality_moe import host_index_to
+from .navit import MERGER, MergerTables
+
+__all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
+
+
+def nearest_position_ids(rows: list, num_patches_per_side: int, device) -> torch.Tensor:
+    """``get_vision_nearest_position_ids`` (Transformers' ``vision_utils``) on host ``(h, w)`` rows: its very ops,
+    made on ``device`` (factories sized by host ints: no read, no copy)."""
+    boundaries = torch.arange(1 / num_patches_per_side, 1.0, 1 / num_patches_per_side, device=device)
+    pos_ids_list = []
+    for height, width in rows:
+        h_coords = torch.arange(height, device=device) / height
+        w_coords = torch.arange(width, device=device) / width
+        bucket_h = torch.bucketize(h_coords, boundaries, right=True)
+        bucket_w = torch.bucketize(w_coords, boundaries, right=True)
+        pos_ids_list.append((bucket_h[:, None] * num_patches_per_side + bucket_w).flatten())
+    return torch.cat(pos_ids_list)
+
+
+def _planned(target_sizes) -> tuple[VisionPlan, torch.Tensor] | None:
+    """The active plan's vision plan for these crop sizes, with the plan's host copy of them."""
+    entry = active.current()
+    if entry is None:
+        return None
+    for vp, name in ((entry.plan.image, "target_sizes"), (entry.plan.video, "target_sizes_videos")):
+        host = entry.plan.host.get(name)
+        if vp is not None and isinstance(host, torch.Tensor) and same_host_values(target_sizes, host):
+            return vp, host
+    return None
+
+
+def _merger_runs(tower, use_vit_merger) -> bool:
+    layer = tower.config.insert_layer_id if use_vit_merger else -1
+    return bool(use_vit_merger) and 0 <= layer < len(tower.encoder.layers)
+
+
+def make_vision_forward_target_sizes(stock):
+    names = positional_names(stock)  # (pixel_values, target_sizes, use_vit_merger)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        vp = kwargs.pop("syncfree_vision_plan", None)  # (a caller holding the plan: compile_vision, torch.compile)
+        given = given_args(names, args, kwargs)
+        pixels, sizes = given.get(names[0]), given.get(names[1])
+        use_vit_merger = given.get(names[2], True)
+        if (vp is None and torch.compiler.is_compiling()) or not isinstance(pixels, torch.Tensor) \
+                or not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[0] == 0:
+            return stock(self, *args, **kwargs)
+        found = (vp, sizes) if vp is not None else _planned(sizes)
+        if found is None:  # a tower called on its own: one read of the sizes (none if already on the host)
+            host = read_to_host_syncs_once({"target_sizes": sizes})["target_sizes"]
+            spec = ModelSpec(type(self).__module__, 1, None, -1, -1, type(self).__module__,
+                             patch_size=self.config.patch_size)
+            found = vision_plan(torch.nn.functional.pad(host.to(torch.long), (1, 0), value=1), spec,
+                                "target_sizes"), host
+        vp, host = found
+        rest = {k: v for k, v in kwargs.items() if k not in names[:3]}
+        if not same_device(vp.device, pixels.device):
+            vp = send_plan_back(vp, pixels.device)
+        key = ("navit_position_ids", self.embeddings.num_patches_per_side)
+        position_ids = vp.tables_made.get(key)
+        if position_ids is None:
+            rows = [(h, w) for _, h, w in vp.grid_thw.tolist()]  # (host tensor: no device involved)
+            position_ids = nearest_position_ids(rows, self.embeddings.num_patches_per_side, pixels.device)
+            if not torch.compiler.is_compiling():
+                vp.tables_made[key] = position_ids
+        extra = {"position_ids": position_ids, "syncfree_cu_seqlens": vp.cu_seqlens,
+                 "syncfree_seqlens": vp.seqlens_by_length()}
+        if _flash(self.config):  # (stock reads the longest segment only for flash attention)
+            extra["max_seqlen"] = vp.max_seqlen
+        if not _merger_runs(self, use_vit_merger):
+            return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
+        tables = vp.tables_made.get("navit_merger")
+        if tables is None:
+            tables = _merger_tables(self.vit_merger, host, pixels.device)
+            if not torch.compiler.is_compiling():
+                vp.tables_made["navit_merger"] = tables
+        token = MERGER.set(tables)
+        try:
+            return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
+        finally:
+            MERGER.reset(token)
+
+    forward.syncfree_buckets_ok = False  # (compile_vision's buckets are Qwen-VL grids: not for this tower)
+    return forward
+
+
+def _merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
+    """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
+    no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
+    window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
+    windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
+    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
+    merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
+                                        (1, 0))
+    return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
+                        {len(windows) + 1: tuple(windows)}, host_index_to(merged_cu, device),
+                        {len(merged) + 1: tuple(merged)})
+
+
+def _flash(config) -> bool:
+    return "flash" in str(getattr(config, "_attn_implementation", "") or "")

@@ -1,0 +1,135 @@
+"""MiniCPM-OCR ("4x") and MiniCPM-V 4.6 ("16x": a window merger inside the tower): a NaViT tower whose crops come as
+(h, w) target_sizes rows, a per-crop merger after it, Qwen3.5's text model without 3D positions. Parity with stock over
+the processor's layouts (thumbnails and slices, videos), no syncs and no blocking copies with prepare(), generate
+(dynamic, static and beams), gradients, the tower under compile, and a call's other downsample mode."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import syncfree
+from family_checks import (
+    check_forward_equals_stock,
+    check_generate_and_backward_equal_stock,
+    check_generate_modes_equal_stock,
+    check_prepared_prefill_is_sync_and_copy_free,
+    model_pair,
+    standard_layouts,
+)
+from syncfree.families.minicpm import MARKERS, SLICE, build_minicpm_inputs
+from syncfree.inputs import Image, Text, Video, processor_batch
+
+
+def _family(folder: str, preset: str, unit: int):
+    return pytest.param((folder, preset, unit), id=folder,
+                        marks=pytest.mark.skipif(importlib.util.find_spec(f"transformers.models.{folder}") is None,
+                                                 reason=f"this Transformers release has no {folder}"))
+
+
+# (family folder, tiny preset, pixel unit: patch 14 x the merge on a side, 2 in "4x", 4 in "16x")
+FAMILIES = [_family("minicpm_ocr", "minicpm-ocr-tiny", 28), _family("minicpmv4_6", "minicpmv4-6-tiny", 56)]
+LAYOUT_NAMES = ("one image", "images of different sizes", "video", "image and videos", "padding and a text-only row",
+                "a sliced image")
+
+
+def _layouts(unit: int) -> dict:
+    """The shared layouts, and an image large enough to be sliced (a thumbnail, then rows of slices)."""
+    return {**standard_layouts(unit),
+            "a sliced image": [[Text(2), Image(9 * unit, 6 * unit), Text(1), Image(unit, unit), Text(2)], [Text(3)]]}
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    return request.param
+
+
+def test_the_processor_layout(family):
+    """No token types; an image is its id, its thumbnail between <image> markers, then its slices row by row."""
+    _, name, unit = family
+    config = model_pair(name)[0].config
+    batch = processor_batch(config, [[Text(1), Image(9 * unit, 6 * unit)]])
+    assert "mm_token_type_ids" not in batch and {"target_sizes", "pixel_values"} <= set(batch)
+    rows, cols = -(-9 // SLICE), -(-6 // SLICE)  # slices of SLICE x SLICE merged tokens
+    thumb = (round(9 * SLICE / 9), round(6 * SLICE / 9))
+    m, img = MARKERS, config.image_token_id
+    want = [m["id_start"], m["digit0"], m["id_end"], m["image_start"]] + [img] * (thumb[0] * thumb[1]) + [m["image_end"]]
+    for r in range(rows):
+        want += [m["newline"]] if r else []
+        want += ([m["slice_start"]] + [img] * SLICE**2 + [m["slice_end"]]) * cols
+    assert batch["input_ids"][0, 1:].tolist() == want
+    merge = unit // config.vision_config.patch_size
+    assert batch["target_sizes"].tolist() == ([[merge * thumb[0], merge * thumb[1]]]
+                                              + [[merge * SLICE, merge * SLICE]] * (rows * cols))
+    assert batch["pixel_values"].shape[-1] == batch["target_sizes"].prod(-1).sum() * config.vision_config.patch_size
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_equals_stock(family, attn, layout, padding):
+    stock, patched = model_pair(family[1], attn)
+    check_forward_equals_stock(stock, patched, build_minicpm_inputs(stock.config, _layouts(family[2])[layout],
+                                                                    padding_side=padding))
+
+
+def test_a_calls_other_downsample_mode_equals_stock(family):
+    """``downsample_mode`` passed to the forward (the other one than the config's: "16x" on MiniCPM-OCR runs the window
+    merger, "4x" on 4.6 skips it): not what the plan's split sizes were made for, still stock's result."""
+    from syncfree.presets import build_model
+
+    name = family[1]
+    stock, patched = build_model(name), build_model(name)
+    for model in (stock, patched):
+        model.config.vision_config.insert_layer_id = 0  # (the tiny tower reaches the window merger)
+    patched = syncfree.patch(patched)
+    other = "16x" if stock.config.downsample_mode == "4x" else "4x"
+    config = type(stock.config).from_dict({**stock.config.to_dict(), "downsample_mode": other})
+    batch = build_minicpm_inputs(config, [[Text(2), Image(224, 224), Text(1), Image(112, 224)], [Text(1)]])
+    with torch.no_grad():
+        want = stock(**batch, downsample_mode=other).logits
+        assert torch.equal(patched(**batch, downsample_mode=other).logits, want)
+
+
+def test_prepared_prefill_has_no_sync_and_no_blocking_copy(family):
+    stock, patched = model_pair(family[1])
+    layouts = _layouts(family[2])
+    batch = processor_batch(stock.config, layouts["image and videos"] + layouts["padding and a text-only row"][2:])
+    check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+@pytest.mark.parametrize("layout", ["images", "videos"])
+def test_generate_and_backward_equal_stock(family, layout):
+    stock, patched = model_pair(family[1])
+    U = family[2]  # noqa: N806  (the pixel unit)
+    samples = ([[Text(2), Image(6 * U, 2 * U), Text(2), Image(2 * U, 2 * U), Text(1)], [Text(1), Image(2 * U, 2 * U),
+                                                                                       Text(2)]]
+               if layout == "images" else [[Text(2), Video(4, 2 * U, 2 * U), Text(1)], [Text(1), Video(2, 2 * U, 3 * U),
+                                                                                       Text(2)]])
+    batch = build_minicpm_inputs(stock.config, samples, padding_side="left")
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
+    check_generate_modes_equal_stock(stock, patched, batch, options)
+
+
+def test_the_patched_tower_compiles_without_a_graph_break(family):
+    """Handed the plan, the tower's position ids, cumulative lengths and splits come from it: no break in "4x"; in
+    "16x" the window merger's tables (a context variable) break the graph, and the result is still stock's."""
+    _, patched = model_pair(family[1])
+    u = family[2]
+    batch = processor_batch(patched.config, [[Image(3 * u, 4 * u), Image(2 * u, u)]])
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
+    tower, sizes = patched.model.vision_tower, plan.host["target_sizes"]
+    explained = torch._dynamo.explain(tower)(batch["pixel_values"], target_sizes=sizes,
+                                             syncfree_vision_plan=plan.image)
+    if family[0] == "minicpm_ocr":  # ("4x": no window merger)
+        assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+    else:  # (the window merger's tables travel in a context variable, which Dynamo does not trace: it breaks there)
+        assert explained.graph_break_count > 0
+    with torch.no_grad():
+        want = model_pair(family[1])[0].model.vision_tower(batch["pixel_values"], target_sizes=batch["target_sizes"])
+        got = torch.compile(tower)(batch["pixel_values"], target_sizes=sizes, syncfree_vision_plan=plan.image)
+    # (Inductor fuses differently from eager: close, not bit for bit.)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
