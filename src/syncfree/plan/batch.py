@@ -26,10 +26,11 @@ import torch
 from .audio import AudioPlan
 from .checksum import host_checksums
 from .omni import omni_fields, omni_rope
-from .rope_host import rope_index_host, runs_of
+from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
 from .spec import ModelSpec
 from .tensors import DeviceFields, host_array, move
+from .token_types import Runs, placeholder_runs, span_types, token_types
 from .vision import VisionPlan, vision_plan
 
 __all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "PLAN_INPUTS", "PLAN_KEY",
@@ -196,56 +197,6 @@ def _host(value):
 
 _NUMPY_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float32,
                  torch.float64, torch.float16)
-
-
-@dataclass(frozen=True)
-class Runs:
-    """The runs of equal token types in each row (over every position, masked or not: stock counts
-    placeholders that way), in row-major order."""
-
-    kinds: np.ndarray  # the type of each run
-    lengths: np.ndarray
-    rows: np.ndarray  # the row each run is in
-    n_rows: int
-
-    def lengths_of(self, kind: int) -> list[int]:
-        return self.lengths[self.kinds == kind].tolist()
-
-    def per_row(self, kind: int) -> tuple[int, ...]:
-        return tuple(np.bincount(self.rows[self.kinds == kind], minlength=self.n_rows).tolist())
-
-
-def placeholder_runs(types: np.ndarray) -> Runs:
-    """The runs of ``types`` (B, S), found in a few whole-array operations."""
-    n_rows, width = types.shape
-    flat = types.reshape(-1)
-    row_starts = np.zeros(flat.shape[0], dtype=bool)
-    row_starts[::width] = True
-    starts, lengths = runs_of(flat, row_starts)
-    return Runs(flat[starts], lengths, starts // width, n_rows)
-
-
-def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | None:
-    """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given (from
-    mm_token_type_ids where video frames are written with the image placeholder: only they tell them apart; from
-    input_ids' video start/end spans where those tell them apart, as GLM-5-Next's stock does)."""
-    if spec.video_span_ids is not None and input_ids is not None and input_ids.dim() == 2:
-        return span_types(host_array(input_ids), spec.image_token_id, *spec.video_span_ids)
-    if (spec.video_frames_as_images and mm_token_type_ids is not None and mm_token_type_ids.dim() == 2
-            and (input_ids is None or input_ids.shape == mm_token_type_ids.shape)):
-        return host_array(mm_token_type_ids).astype(np.int64)
-    if input_ids is not None and input_ids.dim() == 2:
-        ids = host_array(input_ids)
-        return (ids == spec.image_token_id).astype(np.int64) + 2 * (ids == spec.video_token_id)
-    if mm_token_type_ids is not None and mm_token_type_ids.dim() == 2:
-        return host_array(mm_token_type_ids).astype(np.int64)
-    return None
-
-
-def span_types(ids: np.ndarray, image_token_id: int, start_id: int, end_id: int) -> np.ndarray:
-    """Image placeholders typed 2 inside a video's start/end span and 1 outside (stock's ``in_video_span``)."""
-    in_span = np.cumsum(ids == start_id, axis=-1) > np.cumsum(ids == end_id, axis=-1)
-    return np.where(ids == image_token_id, np.where(in_span, 2, 1), 0).astype(np.int64)
 
 
 @dataclass
