@@ -12,7 +12,7 @@ import torch
 
 from ..plan.spec import register_layout
 from ..rewrite.targets import Family
-from . import cohere, cosmos, ernie, exaone, glm, hunyuan, lfm, minimax, omni, paddle, qwen_vl, videollama3
+from . import cohere, cosmos, ernie, exaone, glm, hunyuan, kimi, lfm, minimax, omni, paddle, qwen_vl, videollama3
 from .preset import Preset
 from .shared import MODULE_TARGETS
 
@@ -20,7 +20,7 @@ __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_
            "processor_batch", "batch_to"]
 
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax)  # the registry: one line per family group
+          hunyuan, minimax, kimi)  # the registry: one line per family group
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

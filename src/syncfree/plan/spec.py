@@ -66,6 +66,15 @@ class Layout:
     # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``): MiniMax-M3-VL's.
     clip_segments: bool = False
     temporal_position_ids: bool = False
+    # Kimi-K2.5's tower: its config's ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size``; after its encoder
+    # it averages each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
+    # t), and it adds a frame embedding per patch: the plan's split sizes ignore t, and it makes the frame index and
+    # the pooling's destination and weight (``TableSpec.pool``).
+    temporal_pooling: bool = False
+    # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
+    # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
+    interp_mode: str = "bilinear"
+    table_side_attr: str | None = None
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -117,6 +126,8 @@ class ModelSpec:
     item_extra_tokens: int = 0  # (Layout.item_extra_tokens)
     clip_segments: bool = False  # (Layout.clip_segments)
     temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
+    temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
+    interp_mode: str = "bilinear"  # (Layout.interp_mode)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -135,7 +146,7 @@ class ModelSpec:
         if layout.host_rope_class is not None:
             omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config), config=config)
         return cls(
-            model_type, 1 if layout.item_merge_sizes else vc.spatial_merge_size, _table_side(vc, layout),
+            model_type, 1 if layout.item_merge_sizes else _merge_size(vc, layout), _table_side(vc, layout),
             config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
             window_size=vc.window_size if layout.windows else None, patch_size=vc.patch_size,
             split_video_frames=layout.frames_as_runs,
@@ -146,7 +157,8 @@ class ModelSpec:
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
             item_merge_sizes=layout.item_merge_sizes, row_extra_tokens=layout.row_extra_tokens,
             item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
-            temporal_position_ids=layout.temporal_position_ids, **omni,
+            temporal_position_ids=layout.temporal_position_ids, temporal_pooling=_pool_kernel(vc, layout),
+            interp_mode=layout.interp_mode, **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
@@ -170,14 +182,31 @@ class ModelSpec:
         nested = layout is not None and layout.tower_merge is not None
         per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
         return cls(
-            model_type, 1 if per_item else vc.spatial_merge_size,
+            model_type, 1 if per_item else _merge_size(vc, layout),
             _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
             clip_segments=layout is not None and layout.clip_segments,
             temporal_position_ids=layout is not None and layout.temporal_position_ids,
+            temporal_pooling=_pool_kernel(vc, layout) if layout is not None else None,
+            interp_mode=layout.interp_mode if layout is not None else "bilinear",
         )
+
+
+def _pool_kernel(vc, layout: Layout) -> tuple[int, int] | None:
+    """Kimi-K2.5's merge kernel (h, w), where the tower pools frames after its encoder (``Layout.temporal_pooling``)."""
+    return tuple(vc.merge_kernel_size) if layout.temporal_pooling else None
+
+
+def _merge_size(vc, layout: Layout | None) -> int:
+    """The tokens' spatial merge: ``spatial_merge_size``, or Kimi-K2.5's square ``merge_kernel_size``."""
+    if layout is None or not layout.temporal_pooling:
+        return vc.spatial_merge_size
+    kh, kw = vc.merge_kernel_size
+    if kh != kw:
+        raise ValueError(f"syncfree plans square merge kernels only, got merge_kernel_size={(kh, kw)}")
+    return kh
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:
@@ -204,6 +233,8 @@ def _table_side(vc, layout: Layout) -> int | None:
     """The side of the tower's learned position table, where the plan resamples it (else None)."""
     if not layout.learned_positions:
         return None
+    if layout.table_side_attr is not None:
+        return getattr(vc, layout.table_side_attr)
     if layout.table_side_from_image_size:
         return vc.image_size // vc.patch_size
     return int(vc.num_position_embeddings**0.5)
