@@ -97,7 +97,9 @@ def check_emulation() -> None:
 # ---- sizes --------------------------------------------------------------------------------------------
 def image_unit(config) -> int:
     """Image sides are multiples of patch size x merge size: 32 for Qwen3-VL, 28 for Qwen2/2.5-VL."""
-    return config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    from ..plan.spec import vision_merge_size
+
+    return config.vision_config.patch_size * vision_merge_size(config.vision_config)
 
 
 def check_image_side(side: int | None, config) -> None:
@@ -108,7 +110,7 @@ def check_image_side(side: int | None, config) -> None:
     unit = image_unit(config)
     if side <= 0 or side % unit:
         raise ValueError(f"--image-side {side}: must be a positive multiple of {unit} pixels for this model "
-                         f"(patch size {vc.patch_size} x spatial merge size {vc.spatial_merge_size}), e.g. "
+                         f"(patch size {vc.patch_size} x spatial merge size {unit // vc.patch_size}), e.g. "
                          f"{max(unit, round(side / unit) * unit)}")
 
 

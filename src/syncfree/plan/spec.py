@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .rope_stock import host_rope_key, rope_config_key
 
-__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of"]
+__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,13 @@ class ModelSpec:
 def _pool_kernel(vc, layout: Layout) -> tuple[int, int] | None:
     """Kimi-K2.5's merge kernel (h, w), where the tower pools frames after its encoder (``Layout.temporal_pooling``)."""
     return tuple(vc.merge_kernel_size) if layout.temporal_pooling else None
+
+
+def vision_merge_size(vc) -> int:
+    """A vision config's spatial merge (image sides are multiples of patch x this): ``spatial_merge_size``, or the
+    first side of Kimi-K2.5's ``merge_kernel_size`` where the config names no other."""
+    merge = getattr(vc, "spatial_merge_size", None)
+    return merge if merge is not None else vc.merge_kernel_size[0]
 
 
 def _merge_size(vc, layout: Layout | None) -> int:
