@@ -102,7 +102,13 @@ def spec_batch(spec: AuditSpec, config) -> dict:
                          f"{spec.model} takes no audio")
     else:
         samples = named_layout(spec.inputs, spec.side(unit), unit)
-    return processor_batch(config, samples, seed=spec.seed, pad_token_id=pad)
+    batch = processor_batch(config, samples, seed=spec.seed, pad_token_id=pad)
+    if spec.dtype == torch.float32:
+        return batch
+    # As processor(...).to(dtype): a tower that does not cast its pixels (Kimi-K2.5's Conv2d) needs them in the model's
+    # dtype; the others cast them first thing.
+    return {k: v.to(spec.dtype) if k.startswith("pixel_values") and v.is_floating_point() else v
+            for k, v in batch.items()}
 
 
 def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
@@ -147,10 +153,6 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
     attn = "sdpa" if varlen else spec.attn  # varlen is switched on after the build (see use_torch_varlen)
     config = load_config(spec.model, attn=attn)
     batch = spec_batch(spec, config)
-    if spec.dtype != torch.float32:  # (as processor(...).to(dtype): a tower that does not cast its pixels, Kimi-K2.5's
-        # Conv2d, needs them in the model's dtype; the others cast them first thing)
-        batch = {k: v.to(spec.dtype) if k.startswith("pixel_values") and v.is_floating_point() else v
-                 for k, v in batch.items()}
     started = time.perf_counter()
     say(f"building {spec.model}" + (" (random weights)" if spec.model in PRESETS else ""))
     if spec.scope == "vision":
