@@ -55,9 +55,9 @@ _TARGETS += (
 
 
 def _written_for() -> bool:
-    """Whether the installed Kimi-K2.5 is the code this family was written for (Transformers 5.24's, with the frame
-    index helper); older releases lack the family or these helpers and it is not registered there (read from the
-    file: nothing imported)."""
+    """Whether the installed Kimi-K2.5 is the code this family was written for (Transformers 5.24's: the frame index
+    helper and the tower's ``temporal_merge`` by ``index_add_``). Transformers 5.17's tower pools frames by a gather
+    of its own: the family is not registered there (its tower stays stock; read from the file: nothing imported)."""
     try:
         spec = importlib.util.find_spec(_MODELING)
     except ModuleNotFoundError:
@@ -66,7 +66,7 @@ def _written_for() -> bool:
         return False
     with open(spec.origin, encoding="utf-8") as f:
         source = f.read()
-    return "def get_vision_frame_index(" in source and "get_vision_temporal_merge_index(" in source
+    return "def get_vision_frame_index(" in source and "def temporal_merge(self" in source
 
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
