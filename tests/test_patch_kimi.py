@@ -183,3 +183,12 @@ def test_a_placeholder_count_mismatch_raises_stocks_error():
             model(**batch)
         errors.append(str(raised.value))
     assert errors[0] == errors[1] and "tokens: 5, features: 6" in errors[0]
+
+
+def test_vision_every_step_is_refused():
+    from syncfree.presets import build_model
+
+    model = build_model(NAME)
+    with pytest.raises(ValueError, match="projector sits outside"):
+        syncfree.patch(model, vision_every_step=True)
+    assert not syncfree.is_patched(model)
