@@ -97,13 +97,9 @@ def check_emulation() -> None:
 # ---- sizes --------------------------------------------------------------------------------------------
 def image_unit(config) -> int:
     """Image sides are multiples of patch size x merge size: 32 for Qwen3-VL, 28 for Qwen2/2.5-VL."""
-    vc = config.vision_config
-    return vc.patch_size * _merge(vc)
+    from ..plan.spec import vision_merge_size
 
-
-def _merge(vc) -> int:
-    # (Muse's vision config names it merge_size; VideoLLaMA3's names none: its merges come per item)
-    return getattr(vc, "spatial_merge_size", None) or getattr(vc, "merge_size", None) or 1
+    return config.vision_config.patch_size * vision_merge_size(config.vision_config)
 
 
 def check_image_side(side: int | None, config) -> None:
@@ -114,7 +110,7 @@ def check_image_side(side: int | None, config) -> None:
     unit = image_unit(config)
     if side <= 0 or side % unit:
         raise ValueError(f"--image-side {side}: must be a positive multiple of {unit} pixels for this model "
-                         f"(patch size {vc.patch_size} x spatial merge size {_merge(vc)}), e.g. "
+                         f"(patch size {vc.patch_size} x spatial merge size {unit // vc.patch_size}), e.g. "
                          f"{max(unit, round(side / unit) * unit)}")
 
 

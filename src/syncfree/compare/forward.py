@@ -102,7 +102,13 @@ def spec_batch(spec: AuditSpec, config) -> dict:
                          f"{spec.model} takes no audio")
     else:
         samples = named_layout(spec.inputs, spec.side(unit), unit)
-    return processor_batch(config, samples, seed=spec.seed, pad_token_id=pad)
+    batch = processor_batch(config, samples, seed=spec.seed, pad_token_id=pad)
+    if spec.dtype == torch.float32:
+        return batch
+    # As processor(...).to(dtype): a tower that does not cast its pixels (Kimi-K2.5's Conv2d) needs them in the model's
+    # dtype; the others cast them first thing.
+    return {k: v.to(spec.dtype) if k.startswith("pixel_values") and v.is_floating_point() else v
+            for k, v in batch.items()}
 
 
 def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:

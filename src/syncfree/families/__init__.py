@@ -20,6 +20,7 @@ from . import (
     glm,
     glm5next,
     hunyuan,
+    kimi,
     lfm,
     minicpm,
     minimax,
@@ -37,7 +38,7 @@ __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_
            "processor_batch", "batch_to"]
 
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm)  # the registry: one line per family group
+          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi)  # the registry: one line per family group
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .rope_stock import host_rope_key, rope_config_key
 
-__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of"]
+__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,14 @@ class Layout:
     # ``target_sizes_videos`` (one per video frame crop), which the plan takes as the grid row ``(1, h, w)``. Tokens
     # per crop are ``h * w // 4`` (``downsample_mode="4x"``) or ``// 16``: the plan's merge is 2 or 4 on a side.
     target_sizes: bool = False
+    # Kimi-K2.5's tower: its config's ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size``; after its encoder
+    # it averages each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
+    # t), and it adds a frame embedding per patch: the plan's split sizes ignore t, and it makes the frame index and
+    # the pooling's destination and weight (``TableSpec.pool``).
+    temporal_pooling: bool = False
+    # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
+    # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
+    interp_mode: str = "bilinear"
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -141,6 +149,8 @@ class ModelSpec:
     interp_padding: str = "border"  # (Layout.interp_padding)
     pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (Layout.pixel_shuffle), else 0
     target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
+    temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
+    interp_mode: str = "bilinear"  # (Layout.interp_mode)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -172,6 +182,7 @@ class ModelSpec:
             item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
+            temporal_pooling=_pool_kernel(vc, layout), interp_mode=layout.interp_mode,
             target_sizes=layout.target_sizes, **_tower_options(vc, layout), **omni,
         )
 
@@ -200,13 +211,15 @@ class ModelSpec:
                        window_size=_window_size(vc, layout), patch_size=vc.patch_size, tower_merge=layout.tower_merge,
                        align_corners=_align_corners(module, layout), **_tower_options(vc, layout))
         return cls(
-            model_type, 1 if per_item else vc.spatial_merge_size,
+            model_type, 1 if per_item else _merge_size(vc, layout),
             _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
             clip_segments=layout is not None and layout.clip_segments,
             temporal_position_ids=layout is not None and layout.temporal_position_ids,
+            temporal_pooling=_pool_kernel(vc, layout) if layout is not None else None,
+            interp_mode=layout.interp_mode if layout is not None else "bilinear",
         )
 
 
@@ -231,7 +244,31 @@ def _spatial_merge(config, layout: Layout) -> int:
         return 1
     if layout.target_sizes:  # (MiniCPM-V: the processor's ``image_token_divisor``, 4 or 16)
         return 2 if config.downsample_mode == "4x" else 4
+    if layout.temporal_pooling:  # (Kimi-K2.5: its merge_kernel_size)
+        return _merge_size(config.vision_config, layout)
     return getattr(config.vision_config, layout.merge_attr)
+
+
+def _pool_kernel(vc, layout: Layout) -> tuple[int, int] | None:
+    """Kimi-K2.5's merge kernel (h, w), where the tower pools frames after its encoder (``Layout.temporal_pooling``)."""
+    return tuple(vc.merge_kernel_size) if layout.temporal_pooling else None
+
+
+def vision_merge_size(vc) -> int:
+    """A vision config's spatial merge (image sides are multiples of patch x this): ``spatial_merge_size``, or the
+    first side of Kimi-K2.5's ``merge_kernel_size`` where the config names no other."""
+    merge = getattr(vc, "spatial_merge_size", None)
+    return merge if merge is not None else vc.merge_kernel_size[0]
+
+
+def _merge_size(vc, layout: Layout | None) -> int:
+    """The tokens' spatial merge: ``spatial_merge_size``, or Kimi-K2.5's square ``merge_kernel_size``."""
+    if layout is None or not layout.temporal_pooling:
+        return vc.spatial_merge_size
+    kh, kw = vc.merge_kernel_size
+    if kh != kw:
+        raise ValueError(f"syncfree plans square merge kernels only, got merge_kernel_size={(kh, kw)}")
+    return kh
 
 
 def _align_corners(module_name: str, layout: Layout) -> bool:

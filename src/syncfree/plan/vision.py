@@ -110,6 +110,9 @@ class VisionPlan(DeviceFields):
                           max_window_seqlen=self.max_window_seqlen)
         if "pixel_shuffle_index" in tables:  # (Muse)
             kwargs["pixel_shuffle_index"] = tables["pixel_shuffle_index"]
+        if "frame_index" in tables:  # Kimi-K2.5: the merged-token count is the split sizes' sum (a host integer)
+            kwargs.update(frame_index=tables["frame_index"], temporal_merge_index=(
+                tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
         kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 
@@ -132,7 +135,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
     table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
                            spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids,
-                           swap_hw=spec.interp_swap_hw, padding=spec.interp_padding, shuffle=spec.pixel_shuffle)
+                           swap_hw=spec.interp_swap_hw, padding=spec.interp_padding, shuffle=spec.pixel_shuffle,
+                           mode=spec.interp_mode, pool=spec.temporal_pooling)
     extra = {}
     if spec.window_size is not None:
         windows = window_seqlens(rows, table_spec)
@@ -143,6 +147,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (HunYuan-VL's merger: a newline per row, begin and end)
         split_sizes = tuple(t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
                             for t, h, w in rows)
+    if spec.temporal_pooling is not None:  # a clip's frames averaged onto one frame's tokens (Kimi-K2.5)
+        split_sizes = tuple(h * w // merge**2 for t, h, w in rows)
     if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
         seqlens = tuple(t * h * w for t, h, w in rows)
     return VisionPlan(

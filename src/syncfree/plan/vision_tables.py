@@ -56,6 +56,11 @@ class TableSpec(NamedTuple):
     swap_hw: bool = False
     padding: str = "border"
     shuffle: int = 0
+    # How the learned table is resampled: stock's interpolation mode ("bicubic": Kimi-K2.5's 16 taps).
+    mode: str = "bilinear"
+    # Kimi-K2.5's tower: each patch's index into its frame-embedding table (``get_vision_frame_index``) and the
+    # temporal pooling after its encoder (``get_vision_temporal_merge_index``) by this (height, width) kernel.
+    pool: tuple[int, int] | None = None
 
 
 def window_seqlens(rows, spec: TableSpec) -> list[int]:
@@ -98,6 +103,23 @@ def _frames(grids: torch.Tensor, total: int) -> torch.Tensor:
     """Each patch's frame in its image or video (stock's ``arange(t).repeat_interleave(h * w)``)."""
     heights, widths, local, _ = _spread(grids, total)
     return local // (heights * widths)
+
+
+def _pooling(grids: torch.Tensor, total: int, kernel: tuple[int, int]) -> dict:
+    """Kimi-K2.5's frame index (0 for a one-frame clip, else frame + 1) and its temporal pooling's destination
+    (merged token * kernel + place in the kernel, frames of a clip onto the same token) and weight (1 / frames),
+    stock's arithmetic on each patch's raster (row, col). The merged-token count is the plan's host integer."""
+    kh, kw = kernel
+    heights, widths, local, _ = _spread(grids, total)
+    which = torch.repeat_interleave(grids[:, 0] * grids[:, 1] * grids[:, 2], output_size=total)
+    frames = grids[:, 0].index_select(0, which)
+    within = local % (heights * widths)
+    row, col = within // widths, within % widths
+    merged = (grids[:, 1] // kh) * (grids[:, 2] // kw)
+    offset = (merged.cumsum(0) - merged).index_select(0, which)
+    destination = (offset + (row // kh) * (widths // kw) + col // kw) * (kh * kw) + (row % kh) * kw + col % kw
+    return {"frame_index": local // (heights * widths) + (frames > 1),
+            "merge_destination": destination, "frame_weight": 1.0 / frames.to(torch.float32)}
 
 
 def _window_index(grids: torch.Tensor, merged: int, spec: TableSpec) -> torch.Tensor:
@@ -143,9 +165,9 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torc
         at, side = (_decode(torch.stack([grids[:, 0], grids[:, 2], grids[:, 1]], 1), total, merge) if spec.swap_hw
                     else (row, col, heights, widths)), spec.side
         options = {"padding": spec.padding} if spec.padding != "border" else {}  # (older kernels take no padding)
-        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], side, "bilinear", spec.align_corners,
+        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], side, spec.mode, spec.align_corners,
                                                                     **options)
-        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], side, "bilinear", spec.align_corners,
+        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], side, spec.mode, spec.align_corners,
                                                                     **options)
         n = h_taps.shape[1]
         tables["interp_indices"] = (h_taps[:, :, None] * spec.side + w_taps[:, None, :]).reshape(-1, n * n)
@@ -154,6 +176,8 @@ def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torc
         tables["window_index"] = _window_index(grids, total // spec.merge ** 2, spec)
     if spec.shuffle:
         tables["pixel_shuffle_index"] = _shuffle_index(grids, total, spec.shuffle)
+    if spec.pool is not None:
+        tables.update(_pooling(grids, total, spec.pool))
     return tables
 
 
@@ -178,13 +202,17 @@ def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | 
     if spec.side is not None:
         options = {"padding": spec.padding} if spec.padding != "border" else {}
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
-            grid_thw[:, [0, 2, 1]] if spec.swap_hw else grid_thw, num_grid_per_side=spec.side, mode="bilinear",
+            grid_thw[:, [0, 2, 1]] if spec.swap_hw else grid_thw, num_grid_per_side=spec.side, mode=spec.mode,
             align_corners=spec.align_corners, spatial_merge_size=spec.merge, **options)
     if spec.window is not None:
         tables["window_index"] = module.get_vision_window_index(
             grid_thw, spatial_merge_size=spec.merge, window_size=spec.window, patch_size=spec.patch)[0]
     if spec.shuffle:
         tables["pixel_shuffle_index"] = module.get_vision_pixel_shuffle_index(grid_thw, spec.shuffle)
+    if spec.pool is not None:
+        tables["frame_index"] = module.get_vision_frame_index(grid_thw)
+        tables["merge_destination"], tables["frame_weight"], _ = module.get_vision_temporal_merge_index(
+            grid_thw, *spec.pool)
     return tables
 
 
