@@ -114,11 +114,15 @@ def _family_batch(model) -> dict | None:
     images of different sizes; None for the others (they get ``census_batch``'s)."""
     from ..families import FAMILIES
     from ..inputs import Image, Text, processor_batch
+    from ..plan.spec import ModelSpec
 
     if model.config.model_type not in FAMILIES:
         return None
     vc = model.config.vision_config
-    unit = vc.patch_size * getattr(vc, "spatial_merge_size", 1)  # (VideoLLaMA3's names none: its merges come per item)
+    # Sides are multiples of the patch times the plan's merge (MiniCPM-V 4.6's "16x": 4; VideoLLaMA3's merges come per
+    # item: its config's, where it names one; Kimi-K2.5's: its merge kernel).
+    merge = max(getattr(vc, "spatial_merge_size", 1) or 1, ModelSpec.from_config(model.config).spatial_merge_size)
+    unit = vc.patch_size * merge
     return processor_batch(model.config, [[Text(6), Image(2 * unit, 2 * unit), Text(6), Image(4 * unit, 4 * unit),
                                            Text(6)]])
 
