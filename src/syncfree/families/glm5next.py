@@ -27,7 +27,7 @@ from ..rewrite.edits_variants import POOLED_KEEP, POOLED_WRITTEN
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, vlm_targets
+from .shared import family_module, handled_by, installed_source_has, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_glm5next_inputs"]
@@ -47,7 +47,10 @@ def _glm5_next() -> Family:
     return Family("glm5_next", targets, layout)
 
 
-FAMILIES: tuple[Family, ...] = (_glm5_next(),)
+# Registered where the installed GLM-5-Next has the indexed-attention layers its pooled-indexer edits stand for
+# (Transformers 5.24; 5.17 has other DSA code: left stock there).
+FAMILIES: tuple[Family, ...] = ((_glm5_next(),) if installed_source_has(family_module("glm5_next"), "indexed_attention")
+                                else ())
 
 # A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2; a text model of two KDA and two
 # indexed (latent, NoPE) layers, dense and MoE MLPs (4 experts, 2 per token), 2 hyper-connection streams, and an

@@ -18,15 +18,13 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from ..plan.spec import Layout
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, vlm_targets
+from .shared import family_module, handled_by, installed_source_has, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_kimi_inputs", "CHUNK_FRAMES"]
@@ -58,15 +56,7 @@ def _written_for() -> bool:
     """Whether the installed Kimi-K2.5 is the code this family was written for (Transformers 5.24's: the frame index
     helper and the tower's ``temporal_merge`` by ``index_add_``). Transformers 5.17's tower pools frames by a gather
     of its own: the family is not registered there (its tower stays stock; read from the file: nothing imported)."""
-    try:
-        spec = importlib.util.find_spec(_MODELING)
-    except ModuleNotFoundError:
-        return False
-    if spec is None or not spec.origin:
-        return False
-    with open(spec.origin, encoding="utf-8") as f:
-        source = f.read()
-    return "def get_vision_frame_index(" in source and "def temporal_merge(self" in source
+    return installed_source_has(_MODELING, "def get_vision_frame_index(", "def temporal_merge(self")
 
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (

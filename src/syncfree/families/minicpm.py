@@ -37,7 +37,7 @@ from ..rewrite.edits_variants import (
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video
-from .shared import MODEL_NEEDS, family_module, handled_by
+from .shared import MODEL_NEEDS, family_module, handled_by, installed_source_has
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minicpm_inputs", "MARKERS"]
@@ -72,7 +72,12 @@ def _minicpm(model_type: str, prefix: str) -> Family:
     return Family(model_type, targets, layout)
 
 
-FAMILIES: tuple[Family, ...] = (_minicpm("minicpm_ocr", "MiniCPMOcr"), _minicpm("minicpmv4_6", "MiniCPMV4_6"))
+# Registered where the installed code merges windows per crop by the window index (Transformers 5.24); 5.17's merger
+# assumes crops of one size (a vectorised reshape): left stock there.
+_WRITTEN_FOR = "patch_residual = patch.mean(dim=1)"
+FAMILIES: tuple[Family, ...] = tuple(
+    _minicpm(folder, prefix) for folder, prefix in (("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"))
+    if installed_source_has(family_module(folder), _WRITTEN_FOR))
 
 # Marker ids of the tiny presets' tokenizer (text tokens to the model): <image> </image> <slice> </slice> "\n"
 # <image_id> </image_id>, and the digits of an image id.

@@ -19,8 +19,6 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from ..plan.spec import Layout
@@ -29,7 +27,7 @@ from ..rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, vlm_targets
+from .shared import family_module, handled_by, installed_source_has, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minimax_inputs", "CHUNK_FRAMES"]
@@ -50,14 +48,7 @@ def _written_for() -> bool:
     """Whether the installed MiniMax-M3-VL is the code this family was written for (Transformers 5.24's packed tower).
     Older releases (5.17) have a tower without segments or these helpers: the family is not registered there, so
     ``syncfree.patch()`` of every installed family's classes does not refuse (read from the file: nothing imported)."""
-    try:
-        spec = importlib.util.find_spec(_MODELING)
-    except ModuleNotFoundError:
-        return False
-    if spec is None or not spec.origin:
-        return False
-    with open(spec.origin, encoding="utf-8") as f:
-        return "get_vision_attention_seqlens(" in f.read()
+    return installed_source_has(_MODELING, "get_vision_attention_seqlens(")
 
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (

@@ -38,7 +38,7 @@ from ..rewrite.edits_variants import (
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
-from .shared import family_module, handled_by, vlm_targets
+from .shared import family_module, handled_by, installed_source_has, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_muse_inputs", "MARKERS", "Waveform"]
@@ -67,7 +67,12 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
                audio_tokens=audio))
 
 
-FAMILIES: tuple[Family, ...] = (_family("muse_glimmer", "MuseGlimmer"), _family("muse_spark", "MuseSpark", audio=True))
+# Registered where the installed forward hands its tower the caller's kwargs and takes encoder outputs (Transformers
+# 5.24's); 5.17's older forward differs (its patched logits were not stock's there): left stock.
+FAMILIES: tuple[Family, ...] = tuple(
+    make() for folder, make in (("muse_glimmer", lambda: _family("muse_glimmer", "MuseGlimmer")),
+                                ("muse_spark", lambda: _family("muse_spark", "MuseSpark", audio=True)))
+    if installed_source_has(family_module(folder), "mm_encoder_outputs"))
 
 # A tiny model with the real layout rules: patch 14, merge 2 (pixel shuffle), a 4x4 learned table (so windows of 4x4
 # patches: images larger than that get several), window layers and a full one, and a text model of 3 sliding layers and

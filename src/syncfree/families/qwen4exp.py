@@ -17,7 +17,7 @@ from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by
+from .shared import family_module, handled_by, installed_source_has
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -30,7 +30,9 @@ _TARGETS = qwen3_vl_targets(_P, deepstack=False) + (
     Target(f"{_P}ForConditionalGeneration", "prepare_inputs_for_generation", wrap="make_generation_masks",
            inherited=True),
 )
-FAMILIES: tuple[Family, ...] = (
+# Registered where the installed Qwen4-Exp has the indexed-attention layers its QSA edits stand for (Transformers
+# 5.24; 5.17 names them qwen_sparse_attention, with other code: left stock there).
+FAMILIES: tuple[Family, ...] = () if not installed_source_has(family_module("qwen4_exp"), "indexed_attention") else (
     Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT)),
 )
 

@@ -3,6 +3,8 @@ and what the wrappers of a Qwen-VL-style vision tower and multimodal forward rel
 
 from __future__ import annotations
 
+import importlib.util
+
 from ..rewrite.edits import (
     FEATURE_SCATTER,
     GENERATION_POSITIONS,
@@ -15,7 +17,7 @@ from ..rewrite.edits import (
 from ..rewrite.targets import Target
 
 __all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets", "handled_by"]
+           "vlm_targets", "handled_by", "installed_source_has"]
 
 
 def handled_by(config, families) -> bool:
@@ -98,3 +100,18 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
     ("transformers.cache_utils", "DynamicSlidingWindowLayer.lazy_initialization"): Target(
         "DynamicSlidingWindowLayer", "lazy_initialization", edits=SLIDING_WINDOW_TENSOR, optional=True),
 }
+
+
+def installed_source_has(module: str, *needles: str) -> bool:
+    """Whether the installed file of ``module`` (a modeling module, read as text: nothing imported) holds every one of
+    ``needles``: a family registers only where Transformers ships the code it was written for, so that an older
+    release's different code stays stock (and the class-level ``syncfree.patch()`` of every family does not refuse)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return False
+    if spec is None or not spec.origin:
+        return False
+    with open(spec.origin, encoding="utf-8") as f:
+        source = f.read()
+    return all(needle in source for needle in needles)
