@@ -5,8 +5,6 @@ blocking copies with prepare(), generate (dynamic, static and beams), gradients,
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -25,7 +23,7 @@ from family_checks import (
 from syncfree.inputs import Image, Text, Video, processor_batch
 from syncfree.presets import build_model
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.muse_glimmer") is None,
+pytestmark = pytest.mark.skipif("muse_glimmer" not in syncfree.families.FAMILIES,
                                 reason="this Transformers release has no Muse Glimmer")
 NAME = "muse-glimmer-tiny"
 
@@ -145,7 +143,7 @@ def test_vision_every_step_is_refused():
 
 # ---- Muse Spark: the same tower, a MoE text model and an audio tower --------------------------------------------------
 SPARK = "muse-spark-tiny"
-needs_spark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.muse_spark") is None,
+needs_spark = pytest.mark.skipif("muse_spark" not in syncfree.families.FAMILIES,
                                  reason="this Transformers release has no Muse Spark")
 
 
