@@ -27,7 +27,7 @@ from ..rewrite.edits_variants import POOLED_KEEP, POOLED_WRITTEN
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, installed_source_has, vlm_targets
+from .shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_glm5next_inputs"]
@@ -75,6 +75,7 @@ PRESETS: dict[str, Preset] = {
                              "tiny GLM-5-Next for tests (KDA and pooled-indexer layers, MoE, span-typed video)"),
 }
 VISION_CLASSES = {"glm5_next": f"{_P}VisionModel"}
+PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
 
 

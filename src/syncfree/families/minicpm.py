@@ -37,7 +37,7 @@ from ..rewrite.edits_variants import (
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video
-from .shared import MODEL_NEEDS, family_module, handled_by, installed_source_has
+from .shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minicpm_inputs", "MARKERS"]
@@ -110,6 +110,7 @@ PRESETS: dict[str, Preset] = {
                                "tiny MiniCPM-V 4.6 for tests (NaViT crops, 16x: the window merger in the tower)"),
 }
 VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel"}
+PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
 
 SLICE = 4  # a slice's side in merged tokens (the tiny presets' stand-in for the processor's scale resolution)

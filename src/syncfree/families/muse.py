@@ -38,7 +38,7 @@ from ..rewrite.edits_variants import (
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
-from .shared import family_module, handled_by, installed_source_has, vlm_targets
+from .shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_muse_inputs", "MARKERS", "Waveform"]
@@ -101,6 +101,7 @@ PRESETS: dict[str, Preset] = {
                               "tiny Muse Spark for tests (Glimmer's tower, MoE text model, audio tower)"),
 }
 VISION_CLASSES = {"muse_glimmer": "MuseGlimmerVisionModel", "muse_spark": "MuseSparkVisionModel"}
+PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
 
 # The processor's marker tokens (its tokenizer's ids; the config names none): ids of the tiny presets' vocabulary.

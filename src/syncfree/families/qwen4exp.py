@@ -17,7 +17,7 @@ from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by, installed_source_has
+from .shared import family_module, handled_by, installed_source_has, registered_only
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -67,6 +67,7 @@ PRESETS: dict[str, Preset] = {
                              "tiny Qwen4-Exp for tests (DeltaNet, QSA-indexed attention, MoE, n-gram embeddings)"),
 }
 VISION_CLASSES = {"qwen4_exp": f"{_P}VisionModel"}
+PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
 
 

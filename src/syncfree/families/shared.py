@@ -17,7 +17,7 @@ from ..rewrite.edits import (
 from ..rewrite.targets import Target
 
 __all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets", "handled_by", "installed_source_has"]
+           "vlm_targets", "handled_by", "installed_source_has", "registered_only"]
 
 
 def handled_by(config, families) -> bool:
@@ -115,3 +115,11 @@ def installed_source_has(module: str, *needles: str) -> bool:
     with open(spec.origin, encoding="utf-8") as f:
         source = f.read()
     return all(needle in source for needle in needles)
+
+
+def registered_only(families, presets: dict, vision_classes: dict) -> tuple[dict, dict]:
+    """A group's presets and tower classes for the families it registers here (none for a family this release ships
+    older code for: ``installed_source_has``)."""
+    own = {f.model_type for f in families}
+    return ({n: p for n, p in presets.items() if p.values["model_type"] in own},
+            {t: c for t, c in vision_classes.items() if t in own})
