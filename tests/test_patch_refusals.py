@@ -12,7 +12,9 @@ import syncfree
 from syncfree.census import discover
 from syncfree.census.tiny import build_tiny
 
-BORROWER = "minicpmv4_6"  # its own vision tower (with the packed split) under Qwen3.5's text model
+# A family with its own vision tower (with the packed split) under Qwen3.5's text model, and no full support of its
+# own: MiniCPM-V 4.7 (Transformers 5.24), or 4.6 where it is not registered (5.17, whose 4.6 code syncfree leaves stock).
+BORROWER = "minicpmv4_7" if "minicpmv4_7" in discover() else "minicpmv4_6"
 
 
 def _snapshot(model: torch.nn.Module) -> dict:
