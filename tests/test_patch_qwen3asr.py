@@ -18,8 +18,10 @@ from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
 )
+from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.families.shared import installed_source_has
 from syncfree.inputs import Audio, Text, processor_batch
+from syncfree.presets import build_model
 
 # (Skipped only where Transformers ships no such encoder: where it does, the family must be registered.)
 pytestmark = pytest.mark.skipif(not installed_source_has("transformers.models.qwen3_asr.modeling_qwen3_asr",
@@ -124,6 +126,26 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     stock, patched = _pair()
     batch = processor_batch(stock.config, LAYOUTS["clips of different lengths"])
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
+
+
+def test_the_encoder_patches_alone():
+    """syncfree.patch() takes the audio encoder alone (it has no vision tower): stock's outputs, one read of the mask."""
+    stock, _ = _pair()
+    encoder = syncfree.patch(build_model(NAME).model.audio_tower)
+    assert syncfree.is_patched(encoder)
+    batch = _build(stock.config, LAYOUTS["clips of different lengths"])
+    with torch.no_grad():
+        want = stock.model.audio_tower(batch["input_features"], batch["input_features_mask"]).last_hidden_state
+        with emulate_cuda():
+            encoder.to("cuda")
+            try:
+                features, mask = batch["input_features"].to("cuda"), batch["input_features_mask"].to("cuda")
+                with assert_no_sync(max_syncs=1):
+                    got = encoder(features, mask)
+                got = got.last_hidden_state.cpu()
+            finally:
+                encoder.to("cpu")
+    assert torch.equal(got, want)
 
 
 def test_a_placeholder_mismatch_is_stocks_error():
