@@ -19,6 +19,7 @@ from . import (
     exaone,
     glm,
     glm5next,
+    glm_image,
     hunyuan,
     kimi,
     lfm,
@@ -38,7 +39,7 @@ __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_
            "processor_batch", "batch_to"]
 
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi)  # the registry: one line per family group
+          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, glm_image)  # the registry: one line per family group
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

@@ -93,6 +93,10 @@ class Layout:
     # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
     # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
     interp_mode: str = "bilinear"
+    # GLM-Image: ``image_grid_thw`` holds each sample's source grids, then the grids of the images it generates (1 in
+    # image-to-image, 2 in text-to-image), split by ``images_per_sample``; the tower sees the sources only. Its own
+    # rotary index (run as stock on the host: ``host_rope_class``) also leaves each row's decode positions on the model.
+    target_grids: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -151,6 +155,7 @@ class ModelSpec:
     target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
     temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
     interp_mode: str = "bilinear"  # (Layout.interp_mode)
+    target_grids: bool = False  # (Layout.target_grids)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -183,7 +188,7 @@ class ModelSpec:
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
             temporal_pooling=_pool_kernel(vc, layout), interp_mode=layout.interp_mode,
-            target_sizes=layout.target_sizes, **_tower_options(vc, layout), **omni,
+            target_sizes=layout.target_sizes, target_grids=layout.target_grids, **_tower_options(vc, layout), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
