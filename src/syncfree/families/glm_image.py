@@ -80,14 +80,15 @@ FAMILIES: tuple[Family, ...] = () if not _written_for() else (
 )
 
 # A tiny model with the real layout rules: patch 16, no merge, a learned 8x8 position table (image_size 128) resampled
-# to every grid; a 64-code VQ-VAE whose codes lie below the image start and end ids (64, 65; 16384, 16385 published),
-# which the text model's 128 image-token outputs include; M-RoPE over half of each text head.
+# to every grid; a 64-code VQ-VAE whose codes lie below the image start and end ids (64, 65; 16384, 16385 published);
+# M-RoPE over half of each text head. Its head predicts the whole vocabulary (the published one only its 16512 image
+# tokens), as Transformers' own tests have it: stock's loss views the logits by the text vocabulary's size.
 _TINY = dict(
     model_type="glm_image", image_token_id=1000, image_start_token_id=64, image_end_token_id=65,
     vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, image_size=128,
                        patch_size=16, spatial_merge_size=1, hidden_act="gelu", attention_bias=True),
     vq_config=dict(embed_dim=16, num_embeddings=64, latent_channels=32, in_channels=3),
-    text_config=dict(vocab_size=1024, vision_vocab_size=128, hidden_size=64, intermediate_size=128,
+    text_config=dict(vocab_size=1024, vision_vocab_size=1024, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                      rms_norm_eps=1e-5, pad_token_id=0, eos_token_id=65,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1],
