@@ -102,7 +102,7 @@ def test_census_rows(family):
 # Families the census runs through a config fix or an input packing of their own (census.fixes, census.inputs):
 # the stock Qwen-VL-style batch and shrinker did not fit them.
 # (MiniCPM-V 4.6 and Muse Spark take the same hooks as MiniCPM-V 4.7 and Muse Glimmer: left to `syncfree census`.)
-HOOKED = ["cohere_compass", "glm5_next", "hunyuan_vl", "hy_v4_vl", "inkling2", "kimi_k25", "minicpm_ocr",
+HOOKED = ["cohere_compass", "glm5_next", "glm_image", "hunyuan_vl", "hy_v4_vl", "inkling2", "kimi_k25", "minicpm_ocr",
           "minicpmv4_7", "minimax_m3_vl", "muse_glimmer", "qwen4_exp", "video_llama_3"]
 
 
