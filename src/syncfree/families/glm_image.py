@@ -35,7 +35,8 @@ from .qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, installed_source_has, registered_only
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
-           "build_glm_image_inputs", "target_grids"]
+           "build_glm_image_inputs", "target_grids",
+           "installed_code_supported"]
 
 _MODELING = family_module("glm_image")
 _MODEL = "GlmImageModel"
@@ -68,14 +69,14 @@ _TARGETS = (
 )
 
 
-def _written_for() -> bool:
+def installed_code_supported() -> bool:
     """Transformers 5.24's GLM-Image: sources split off by ``get_image_grids_for_generation``, decode positions cached
     by its index. 5.17's forward counts end markers on the device instead: not registered there (read from the file)."""
     return installed_source_has(_MODELING, "def get_image_grids_for_generation(", "self._cached_decode_position_ids =",
                                 "sum(images_per_sample) == len(image_grid_thw)")
 
 
-FAMILIES: tuple[Family, ...] = () if not _written_for() else (
+FAMILIES: tuple[Family, ...] = () if not installed_code_supported() else (
     Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, host_rope_class=_MODEL, target_grids=True)),
 )
 
