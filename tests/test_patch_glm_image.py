@@ -131,7 +131,8 @@ def test_the_plans_positions_are_the_familys_stock_index(drawn, left, seed):
 
 
 def test_the_placeholder_check_raises_stocks_error():
-    """A placeholder short: stock's ValueError and message, from the plan's count (no device sum read)."""
+    """A placeholder short: stock's ValueError and message, from the plan's count (no device sum read); prepare() says
+    the same."""
     stock, patched = _pair()
     batch = _inputs(stock.config, LAYOUTS["one image"])
     ids = batch["input_ids"]
@@ -142,6 +143,9 @@ def test_the_placeholder_check_raises_stocks_error():
             model(**batch)
         errors.append(str(raised.value))
     assert errors[0] == errors[1] and errors[0].startswith("Number of image placeholder tokens (11) does not match")
+    with pytest.raises(ValueError) as raised:  # prepare(): stock's words, then the grids' sources
+        syncfree.prepare(batch, None, patched)
+    assert str(raised.value) == errors[0] + " (image_grid_thw describes 1 images of [12] tokens)"
 
 
 @pytest.mark.parametrize("layout", ["two prompts with padding", "text to image with padding"])
