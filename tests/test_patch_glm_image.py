@@ -193,3 +193,16 @@ def test_the_patched_tower_breaks_the_graph_no_more_than_stock():
     grid = syncfree.prepare(batch, None, patched)["syncfree_plan"].image.grid_thw
     stock_explained = torch._dynamo.explain(stock.model.visual)(batch["pixel_values"], grid_thw=grid)
     assert explained.graph_break_count <= stock_explained.graph_break_count
+
+
+@pytest.mark.parametrize("scope", ["rope", "vision", "full"])
+def test_the_audit_scopes(scope):
+    """``syncfree audit --scope``: the index alone and the tower alone (handed the sources, as the forward hands them),
+    and the whole forward: stock's syncs, none with prepare(). Without prepare() the tower alone waits twice: its
+    caller's split of the sources reads images_per_sample on the device (stock's own method, as stock's forward calls
+    it; the patched forward hands it the host copy), then the tower's one read of its grid."""
+    from syncfree.compare.forward import AuditSpec, run_compare
+
+    reports, _ = run_compare(AuditSpec(model=NAME, inputs="images", scope=scope), "emulated")
+    assert len(reports["stock"].syncs) > 0 and len(reports["patched+prepare"].syncs) == 0
+    assert len(reports["patched"].syncs) <= (2 if scope == "vision" else 1)
