@@ -33,6 +33,8 @@ WRAPPER_ROLES = {
                                         "segment sizes, cumulative lengths and position ids",
     "make_masked_audio_forward": "hands the stock audio encoder the plan's windows and valid frames (from the host "
                                  "copy of input_features_mask)",
+    "make_decode_cache_rope_index": "the plan's positions and the decode steps' positions it leaves on the model "
+                                    "(the family's own stock index, run on the host copies)",
 }
 
 

@@ -19,7 +19,8 @@ _QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.m
 _CHECKED = PLAN_INPUTS + ("pixel_values", "pixel_values_videos", "input_features")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
 # looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device).
-_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")
+_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid",
+              "images_per_sample")  # (GLM-Image's grid rows per sample: read with .tolist(), as the grids are)
 
 
 def _ids_from_types(spec: ModelSpec, batch: Mapping) -> ModelSpec:

@@ -127,7 +127,8 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
             for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                        ("pixel_values_videos", "video_grid_thw", "video")):
                 if pixels in kwargs:
-                    tower_pixels, tower_grid, extra = tower_call(model, kind, kwargs[pixels], kwargs[grid], plan)
+                    tower_pixels, tower_grid, extra = tower_call(model, kind, kwargs[pixels], kwargs[grid], plan,
+                                                                 images_per_sample=kwargs.get("images_per_sample"))
                     visual(tower_pixels, grid_thw=tower_grid, **extra)
         elif keep_last:
             model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
@@ -180,7 +181,8 @@ def _graph_breaks(model, batch: dict, variant: str, device: str) -> int | None:
     plan = plan_of(kwargs)
     if "pixel_values" not in kwargs:
         return None
-    pixels, grid, extra = tower_call(model, "image", kwargs["pixel_values"], kwargs["image_grid_thw"], plan)
+    pixels, grid, extra = tower_call(model, "image", kwargs["pixel_values"], kwargs["image_grid_thw"], plan,
+                                     images_per_sample=kwargs.get("images_per_sample"))
     torch._dynamo.reset()
     explained = torch._dynamo.explain(vision_tower_of(model))(pixels, grid_thw=grid, **extra)
     return explained.graph_break_count

@@ -65,6 +65,12 @@ def _hunyuan_vl(config) -> None:
     text.rope_parameters = rope
 
 
+def _glm_image(config) -> None:
+    # Its VQ-VAE quantizes the tower's features: its input width (latent_channels) is the tower's, which the shrink
+    # changed (the VQ config names it otherwise).
+    config.vq_config.latent_channels = config.vision_config.hidden_size
+
+
 def _image_token(config) -> None:
     # The default leaves the image placeholder id unset (the checkpoint's tokenizer names it): any text id will do.
     if config.image_token_id is None:
@@ -85,6 +91,7 @@ CONFIG_FIXES: dict[str, Callable] = {
     "muse_spark": _muse_glimmer,
     "hunyuan_vl": _hunyuan_vl,
     "minimax_m3_vl": _minimax_m3_vl,
+    "glm_image": _glm_image,
     "minicpm_ocr": _image_token,
     "minicpmv4_6": _image_token,
     "minicpmv4_7": _image_token,

@@ -68,8 +68,13 @@ def _forward(model, batch: dict, scope: str) -> None:
         for pixels, grid, kind in (("pixel_values", "image_grid_thw", "image"),
                                    ("pixel_values_videos", "video_grid_thw", "video")):
             if pixels in batch:  # (as the model's get_*_features hands them: PaddleOCR-VL's 5D pixels, GLM's frames)
-                pixels, grid, extra = tower_call(model, kind, batch[pixels], batch[grid], plan)
+                pixels, grid, extra = tower_call(model, kind, batch[pixels], batch[grid], plan,
+                                                 images_per_sample=batch.get("images_per_sample"))
                 model(pixels, grid_thw=grid, **extra)
+    elif scope == "rope" and "images_per_sample" in batch:  # GLM-Image's index (its grids split per sample)
+        model.model.get_rope_index(input_ids=batch["input_ids"], image_grid_thw=batch["image_grid_thw"],
+                                   images_per_sample=batch["images_per_sample"],
+                                   attention_mask=batch.get("attention_mask"))
     elif scope == "rope" and "mm_token_type_ids" not in batch:  # an Omni thinker's index (audio lengths too)
         inner = model.model if hasattr(model.model, "audio_tower") else model
         mask = batch.get("feature_attention_mask")

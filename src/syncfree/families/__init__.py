@@ -19,6 +19,7 @@ from . import (
     exaone,
     glm,
     glm5next,
+    glm_image,
     hunyuan,
     kimi,
     lfm,
@@ -38,8 +39,9 @@ from .shared import MODULE_TARGETS
 __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
            "processor_batch", "batch_to"]
 
+# The registry: one entry per family group.
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, qwen3asr)  # the registry: one line per family group
+          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, qwen3asr, glm_image)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

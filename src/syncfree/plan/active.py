@@ -124,6 +124,9 @@ class Entry:
     attention_mask: object = None
     in_generate: bool = False
     given: dict = field(default_factory=dict)  # the control tensors of the call, by name
+    # Token ids the forward derived from ``input_ids`` whose rotary positions are still the plan's (GLM-Image's, with its
+    # source images' VQ codes written into the placeholders: its index reads only the image start and end ids).
+    rope_ids: object = None
 
     def owns(self, input_ids) -> bool:
         """True when ``input_ids`` is the tensor this plan was matched to (so its counts apply)."""

@@ -30,6 +30,7 @@ from .omni import omni_fields, omni_rope
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
 from .spec import ModelSpec
+from .target_grids import expanded_inputs, source_grids, target_grid_rope
 from .tensors import DeviceFields, host_array, move
 from .token_types import Runs, placeholder_runs, span_types, token_types
 from .vision import VisionPlan, vision_plan
@@ -46,14 +47,16 @@ PLAN_KEY = "syncfree_plan"
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
                "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
-               "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask")
+               "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask",
+               "images_per_sample")
 # (``input_features_mask``: Qwen3-ASR's real mel frames per clip, which lay out its audio encoder's windows and valid
 # frames: ``plan.audio_mask``.)
 # (``input_values_mask``: Muse Spark's real audio samples per clip, which give the audio tokens each clip keeps.)
 # (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
 # per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
 # selection of the kept features reads the device. ``target_sizes`` / ``target_sizes_videos``: MiniCPM-V's (h, w) per
-# crop, its grids (``Layout.target_sizes``): host copies for the tower's cumulative lengths and the merger's loop.)
+# crop, its grids (``Layout.target_sizes``): host copies for the tower's cumulative lengths and the merger's loop.
+# ``images_per_sample``: GLM-Image's grid rows per sample, its sources and then its targets: ``Layout.target_grids``.)
 
 
 @dataclass
@@ -92,8 +95,12 @@ class Plan(DeviceFields):
     stock_rope: bool = False
     # Where the tower sees each video frame as its own (1, h, w) grid row (GLM-4.1V): the plan for those rows.
     video_frames: VisionPlan | None = None
+    # GLM-Image (``Layout.target_grids``): what its index leaves on the model for the decode steps, (B, 3, steps) and
+    # the prompt's length; ``image`` plans the source grids, the ones its tower sees.
+    decode_position_ids: torch.Tensor | None = None
+    prefill_len: int | None = None
 
-    _TENSORS = ("position_ids", "rope_deltas", "checksums")
+    _TENSORS = ("position_ids", "rope_deltas", "checksums", "decode_position_ids")
     _PARTS = ("image", "video", "audio", "video_frames")
 
     @property
@@ -145,6 +152,8 @@ class Plan(DeviceFields):
         if rows % own:
             raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
         k, host = rows // own, self.host
+        if self.spec.target_grids:  # (GLM-Image: generate() repeats its grids row by row too)
+            return build_plan(self.spec, **expanded_inputs(host, k)).to(self.device)
         if self.spec.rope_class is not None:
             # An Omni thinker's generate() repeats every batch tensor row by row (GenerationMixin's default):
             # the plan describes what the forward will then be given.
@@ -241,7 +250,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
                position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
                video_compression_mask=None, input_values_mask=None, target_sizes=None,
-               target_sizes_videos=None, input_features_mask=None) -> Draft:
+               target_sizes_videos=None, input_features_mask=None,
+               images_per_sample=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
@@ -252,7 +262,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             "image_merge_sizes": _host(image_merge_sizes), "video_merge_sizes": _host(video_merge_sizes),
             "video_compression_mask": _host(video_compression_mask), "target_sizes": _host(target_sizes),
             "target_sizes_videos": _host(target_sizes_videos),
-            "input_values_mask": _host(input_values_mask), "input_features_mask": _host(input_features_mask)}
+            "input_values_mask": _host(input_values_mask), "input_features_mask": _host(input_features_mask),
+            "images_per_sample": _host(images_per_sample)}
     if spec.target_sizes:  # (MiniCPM-V: each (h, w) crop is the grid row (1, h, w))
         image_grid_thw, video_grid_thw = (_navit_grid(host[name], name) for name in ("target_sizes", "target_sizes_videos"))
         host["image_grid_thw"], host["video_grid_thw"] = image_grid_thw, video_grid_thw
@@ -262,10 +273,13 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     given_mask = host["attention_mask"]
     # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
+    tower_grid = host["image_grid_thw"]
+    if spec.target_grids:  # (GLM-Image: the tower's grids are the sources)
+        image_grid_thw = tower_grid = source_grids(spec, host, int(np.count_nonzero(types == 1)))
     # (Per-item merge sizes, VideoLLaMA3's: passed only where given, so other families' calls stay as they were.)
     merges = {kind: {"merge_sizes": host[f"{kind}_merge_sizes"]} if host[f"{kind}_merge_sizes"] is not None else {}
               for kind in ("image", "video")}
-    image = (vision_plan(host["image_grid_thw"], spec, "image_grid_thw", **merges["image"])
+    image = (vision_plan(tower_grid, spec, "image_grid_thw", **merges["image"])
              if image_grid_thw is not None else None)
     video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge, **merges["video"])
              if video_grid_thw is not None else None)
@@ -300,6 +314,10 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
         found = omni_rope(spec, host, mask, bool(use_audio_in_video))
         position_ids, rope_deltas = found if found else (None, None)
         extra = omni_fields(spec, host, bool(use_audio_in_video))
+    elif spec.target_grids:  # GLM-Image: stock's own index on the host, with its decode positions
+        extra = target_grid_rope(spec, host)
+        position_ids, rope_deltas = extra.pop("position_ids"), extra.pop("rope_deltas")
+        extra.update(_per_row(spec, draft.runs, draft.video))
     else:
         position_ids, rope_deltas, stock_rope = _qwen_vl_rope(spec, host, mask, draft.image or draft.video)
         extra = dict(_per_row(spec, draft.runs, draft.video) if spec.mrope else _per_row_by_count(draft),

@@ -14,7 +14,8 @@ import inspect
 
 import torch
 
-__all__ = ["stock_rope_on_host", "stock_rope_index", "rope_config_key", "host_rope_key", "mm_counts_per_row"]
+__all__ = ["stock_rope_on_host", "stock_rope_index", "rope_config_key", "host_rope_key", "mm_counts_per_row",
+           "stock_on_host"]
 
 # What the stock index reads from the config (compared between a plan and the model it runs on).
 _ROPE_FIELDS = ("image_token_id", "video_token_id", "audio_token_id", "vision_start_token_id", "audio_start_token_id",
@@ -34,9 +35,12 @@ def host_rope_key(config) -> tuple:
     rotary axes, from ``mrope_section``, and the merge size)."""
     rope = getattr(config.text_config, "rope_parameters", None) or {}
     section = rope.get("mrope_section")
+    # (GLM-Image's index finds each image by its start and end ids.)
+    markers = tuple((name, getattr(config, name)) for name in ("image_start_token_id", "image_end_token_id")
+                    if isinstance(getattr(config, name, None), int))
     return (("image_token_id", getattr(config, "image_token_id", None)),
             ("text_config.mrope_section", tuple(section) if section is not None else None),
-            ("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
+            ("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size)) + markers
 
 
 class _HostSelf:
@@ -76,6 +80,13 @@ def stock_rope_index(modeling: str, cls_name: str, config, **inputs):
     host = _HostSelf(cls, config)
     taken = inspect.signature(inspect.unwrap(inspect.getattr_static(cls, "get_rope_index"))).parameters
     return host.get_rope_index(**{name: value for name, value in inputs.items() if name in taken})
+
+
+def stock_on_host(modeling: str, cls_name: str, config, method: str, **inputs):
+    """A method of the family's own class (``method``) exactly as stock computes it, from host tensors, and the stand-in
+    it ran on: what the method left on ``self`` (GLM-Image's index: its decode positions) can be read there."""
+    host = _HostSelf(getattr(importlib.import_module(modeling), cls_name), config)
+    return getattr(host, method)(**inputs), host
 
 
 def mm_counts_per_row(input_ids: torch.Tensor, config_key: dict) -> tuple[list[int], list[int], list[int]]:

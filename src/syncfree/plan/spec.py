@@ -97,6 +97,10 @@ class Layout:
     # windows and valid frames the plan lays out from the processor's host ``input_features_mask``
     # (``plan.audio_mask``). The config's ``audio_config`` gives the encoder's ``n_window`` / ``n_window_infer``.
     audio_encoder: str | None = None
+    # GLM-Image: ``image_grid_thw`` holds each sample's source grids, then the grids of the images it generates (1 in
+    # image-to-image, 2 in text-to-image), split by ``images_per_sample``; the tower sees the sources only. Its own
+    # rotary index (run as stock on the host: ``host_rope_class``) also leaves each row's decode positions on the model.
+    target_grids: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -157,6 +161,7 @@ class ModelSpec:
     interp_mode: str = "bilinear"  # (Layout.interp_mode)
     # (Layout.audio_encoder: that class, and its config's n_window and n_window_infer), else None
     audio_encoder: tuple[str, int, int] | None = None
+    target_grids: bool = False  # (Layout.target_grids)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -193,7 +198,7 @@ class ModelSpec:
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
             temporal_pooling=_pool_kernel(vc, layout), interp_mode=layout.interp_mode,
-            target_sizes=layout.target_sizes, **_tower_options(vc, layout), **omni,
+            target_sizes=layout.target_sizes, target_grids=layout.target_grids, **_tower_options(vc, layout), **omni,
         )
 
     def rope_options(self, second_per_grid_ts=None) -> dict:

@@ -100,8 +100,11 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
             raise ValueError(f"video_compression_mask has shape {tuple(compression.shape)} but video_grid_thw "
                              f"describes {sum(vp.split_sizes)} video features")
         if tokens != features:  # stock's words (get_placeholder_mask), then what it means
-            raise ValueError(f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, "
-                             f"features: {features} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
+            words = (f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, features: "
+                     f"{features}" if not spec.target_grids else  # (GLM-Image's: its features are VQ codes)
+                     f"Number of image placeholder tokens ({tokens}) does not match number of image tokens from VQVAE "
+                     f"({features})")
+            raise ValueError(f"{words} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
         runs = draft.runs.lengths_of(kind)
         if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens

@@ -36,7 +36,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "kept_video_features", "kept_pools", "pools_written",
            "indexed_causal_mask", "visible_positions", "valid_audio_tokens",
            "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs", "navit_merged_cu_seqlens",
-           "planned_valid_indices"]
+           "planned_valid_indices", "scatter_image_ids"]
 
 
 def _compiling() -> bool:
@@ -246,3 +246,19 @@ def valid_audio_tokens(audio_features: torch.Tensor, token_mask: torch.Tensor, i
     count = sum(min(-(-n // samples_per_token), token_mask.shape[1]) for n in lengths)
     rows = audio_features.reshape(-1, *audio_features.shape[2:])
     return rows.index_select(0, _positions(token_mask, count))
+
+
+def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
+    """``input_ids.masked_scatter(mask, image_ids)`` (GLM-Image writes its source images' VQ codes into their
+    placeholders). Where the active plan was built from these input_ids and no code can be an image start or end id
+    (the codebook is smaller than both: the only ids its rotary index reads), the new ids have the plan's positions:
+    the active entry says so (``Entry.rope_ids``), so the index answers from the plan."""
+    scattered = input_ids.masked_scatter(mask, image_ids)
+    entry = None if _compiling() else active.current()
+    config = entry.plan.spec.config if entry is not None else None
+    if entry is not None and entry.owns(input_ids) and config is not None:
+        codes = getattr(getattr(config, "vq_config", None), "num_embeddings", None)
+        markers = (getattr(config, "image_start_token_id", None), getattr(config, "image_end_token_id", None))
+        if isinstance(codes, int) and all(isinstance(m, int) and m >= codes for m in markers):
+            entry.rope_ids = scattered
+    return scattered

@@ -129,7 +129,9 @@ def _with_host_grids(names, args, kwargs, plan: Plan):
     hosts = [(name, getattr(vp, field, None)) for name, vp, field in (
         ("image_grid_thw", plan.image, "grid_thw"), ("video_grid_thw", plan.video, "grid_thw"),
         ("image_merge_sizes", plan.image, "merge_sizes"), ("video_merge_sizes", plan.video, "merge_sizes"))]
-    hosts += [(name, plan.host.get(name)) for name in ("target_sizes", "target_sizes_videos")]
+    if plan.spec.target_grids:  # (GLM-Image: the forward's grids hold each sample's targets too; the tower's do not)
+        hosts[0] = ("image_grid_thw", plan.host.get("image_grid_thw"))
+    hosts += [(name, plan.host.get(name)) for name in ("target_sizes", "target_sizes_videos", "images_per_sample")]
     for name, host in hosts:
         if host is None:
             continue
