@@ -28,6 +28,9 @@ def rope_config_key(config) -> tuple:
     values.append(("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
     return tuple(values)
 
+_CANVAS_FIELDS = ("video_token_id", "image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id",
+                  "downsample_mode")
+
 
 def host_rope_key(config) -> tuple:
     """What a family's own index run by ``stock_rope_index`` reads from the config (HunYuan-VL's: the number of
@@ -36,7 +39,9 @@ def host_rope_key(config) -> tuple:
     section = rope.get("mrope_section")
     return (("image_token_id", getattr(config, "image_token_id", None)),
             ("text_config.mrope_section", tuple(section) if section is not None else None),
-            ("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
+            ("vision_config.spatial_merge_size", getattr(config.vision_config, "spatial_merge_size", None)),
+            # (MiniCPM-V 4.7's canvas index: the markers it reads, and the mode that sets its merge)
+            *((name, getattr(config, name, None)) for name in _CANVAS_FIELDS))
 
 
 class _HostSelf:
