@@ -1,10 +1,12 @@
 """MiniCPM-V 4.7's own pieces beyond 4.6's (tests/test_patch_minicpm.py runs the shared checks on it): the processor's
 token types and video frames without ids; its canvas M-RoPE index (host Python over ``input_ids.tolist()``), which the
 plan runs as stock on the host copies, against stock's index over random layouts; the rope deltas the decode steps
-read; and generate() from a prepared batch on the (emulated) device: no wait in the modeling code, prefill or decode."""
+read; and generate() from a prepared batch on the (emulated) device: no wait in the modeling code, prefill or decode
+(the generation loop's own checks are all that is left)."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import pytest
@@ -17,7 +19,7 @@ from family_checks import model_pair
 from syncfree.audit import audit, emulate_cuda
 from syncfree.families.minicpm import MARKERS, build_minicpm_inputs
 from syncfree.inputs import Image, Text, Video
-from syncfree.presets import build_model
+from syncfree.presets import PRESETS, build_model
 
 # (Skipped only where Transformers ships no MiniCPM-V 4.7, 5.17: where it does, syncfree must support it.)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.minicpmv4_7") is None,
@@ -78,6 +80,26 @@ def test_the_plans_positions_are_stocks_canvas_index(rows, left, seed):
             assert g.dtype == w.dtype and torch.equal(g, w)
 
 
+def test_the_published_configs_plan_is_stocks():
+    """The published vision config names no ``spatial_merge_size`` (the tiny preset's tells the CLI its pixel unit):
+    the plan's index, stock's on the host, needs none, and the forward is stock's."""
+    from transformers import MiniCPMV4_7Config, MiniCPMV4_7ForConditionalGeneration
+
+    values = dict(PRESETS[PRESET].values)
+    values["vision_config"] = {k: v for k, v in values["vision_config"].items() if k != "spatial_merge_size"}
+    config = MiniCPMV4_7Config(**values)
+    assert not hasattr(config.vision_config, "spatial_merge_size")
+    torch.manual_seed(0)
+    stock = MiniCPMV4_7ForConditionalGeneration(config).eval()
+    patched = syncfree.patch(copy.deepcopy(stock))
+    batch = build_minicpm_inputs(config, [[Text(2), Image(6 * U, 2 * U), Text(1)], [Video(2, U, U)]])
+    plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
+    for g, w in zip((plan.position_ids, plan.rope_deltas), _stock_index(stock, batch)):
+        assert torch.equal(g, w)
+    with torch.no_grad():
+        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, stock(**batch).logits)
+
+
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_forward_caches_stocks_rope_deltas(padding):
     """A sliced image and a video: the same logits as stock, and the deltas the decode steps add (cached by the
@@ -119,6 +141,10 @@ def test_generate_waits_for_nothing_in_the_modeling_code(cache):
     assert torch.equal(got_deltas, deltas)
     assert not [e for e in report.syncs if e.where and MODELING in str(e.where)]
     assert not [e for e in report.blocking_copies if e.where and MODELING in str(e.where)]
+    # What is left is the generation loop's own (its stopping checks); with the static cache, generate() makes the
+    # padding mask itself, and the linear-attention layers' all-ones check reads that one (not the plan's).
+    left = [str(e.where) for e in report.syncs if "transformers/generation/" not in str(e.where)]
+    assert left == [] if cache == "dynamic" else all("create_recurrent_attention_mask" in w for w in left)
 
 
 def test_a_call_without_token_types_falls_back_as_stock_does():

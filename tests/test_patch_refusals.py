@@ -37,11 +37,16 @@ def _snapshot(model: torch.nn.Module) -> dict:
 
 
 @pytest.fixture(scope="module")
-def borrower():
+def _borrower_model():
     if BORROWER not in discover():
         pytest.skip(f"this Transformers release has no {BORROWER}")
-    with registration_lifted(BORROWER):
-        yield build_tiny(BORROWER)
+    return build_tiny(BORROWER)
+
+
+@pytest.fixture
+def borrower(_borrower_model):
+    with registration_lifted(BORROWER):  # (for the test only: the other tests see it registered)
+        yield _borrower_model
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""MiniCPM-OCR (and, later, MiniCPM-V 4.6 / 4.7, the same modeling code): a SigLIP-style NaViT tower whose crops come
-as ``(h, w)`` rows of ``target_sizes`` (no ``grid_thw``), an optional in-tower window merger, a per-crop merger
-after the tower, and Qwen3.5's text model without 3D positions.
+"""MiniCPM-OCR, MiniCPM-V 4.6 and 4.7 (the same tower, merger, placeholder and scatter code): a SigLIP-style NaViT
+tower whose crops come as ``(h, w)`` rows of ``target_sizes`` (no ``grid_thw``), an optional in-tower window merger,
+a per-crop merger after the tower, and Qwen3.5's text model (without 3D positions, but in 4.7).
 
 What is its own, beside the Qwen-VL pieces:
 
@@ -15,6 +15,15 @@ What is its own, beside the Qwen-VL pieces:
 * the processor writes an image as ``<image_id>i</image_id>``, its thumbnail ``<image>`` + placeholders +
   ``</image>``, then its slices, a row of ``<slice>`` + placeholders + ``</slice>`` per line; a video frame likewise
   (the video placeholder), frames one after another.
+
+MiniCPM-V 4.7 adds its own "canvas" M-RoPE (``get_rope_index``): host Python over ``input_ids.tolist()`` and
+``mm_token_type_ids.tolist()`` that groups frames by their markers, stretches each thumbnail over its slices' canvas and
+pins the ``<slice>`` markers to their corners, then ``rope_deltas`` on the device. The plan runs stock's own index on
+its host copies (``Layout.host_rope_class``: the same numbers by construction) and the forward's
+``compute_3d_position_ids`` and generate()'s position setup (which prepends the text row) take the plan's positions
+and deltas, moved with the plan without a wait (``make_host_rope_index``); the decode steps add the cached deltas on
+the device, as stock. A call's own ``downsample_mode`` other than the config's runs stock's index on one read. Its
+processor types the placeholders (``mm_token_type_ids``) and writes no id before a video.
 
 Only the "4x" mode is sync free: "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) shrinks every
 segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see

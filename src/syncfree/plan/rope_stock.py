@@ -50,7 +50,8 @@ class _HostSelf:
     def __init__(self, cls: type, config) -> None:
         self._cls = cls
         self.config = config
-        self.spatial_merge_size = config.vision_config.spatial_merge_size
+        # (MiniCPM-V 4.7's vision config names none: its index takes the merge from the downsample mode)
+        self.spatial_merge_size = getattr(config.vision_config, "spatial_merge_size", None)
 
     def __getattr__(self, name: str):
         member = inspect.getattr_static(self._cls, name)
