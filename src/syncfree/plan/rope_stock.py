@@ -28,6 +28,8 @@ def rope_config_key(config) -> tuple:
     values.append(("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size))
     return tuple(values)
 
+
+# What MiniCPM-V 4.7's canvas index reads from the config beyond the rest: the markers, and the mode that sets its merge.
 _CANVAS_FIELDS = ("video_token_id", "image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id",
                   "downsample_mode")
 
@@ -40,7 +42,6 @@ def host_rope_key(config) -> tuple:
     return (("image_token_id", getattr(config, "image_token_id", None)),
             ("text_config.mrope_section", tuple(section) if section is not None else None),
             ("vision_config.spatial_merge_size", getattr(config.vision_config, "spatial_merge_size", None)),
-            # (MiniCPM-V 4.7's canvas index: the markers it reads, and the mode that sets its merge)
             *((name, getattr(config, name, None)) for name in _CANVAS_FIELDS))
 
 
