@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 import syncfree
@@ -136,3 +138,25 @@ def standard_layouts(unit: int) -> dict:
         "padding and a text-only row": [[Text(2), Image(2 * u, 3 * u), Text(5)], [Text(1), Video(2, u, u), Text(1)],
                                         [Text(3)]],
     }
+
+
+@contextlib.contextmanager
+def registration_lifted(model_type: str):
+    """The family ``model_type`` as if syncfree did not support it (its entry out of the family table for the block):
+    its models get the generic split fix. Every family with the packed split whose tiny model builds is fully
+    supported now (MiniCPM-V 4.7 last), so the generic fix's tests run on one of them this way."""
+    from syncfree import patching
+    from syncfree.families import FAMILIES
+
+    # patch() caches what it built per stock function: the generic fix and the full support rewrite the same vision
+    # attention differently, so neither may find the other's (a process never sees both but here).
+    table, built = dict(FAMILIES), dict(patching._built)
+    FAMILIES.pop(model_type, None)
+    patching._built.clear()
+    try:
+        yield
+    finally:
+        FAMILIES.clear()
+        FAMILIES.update(table)  # (in its order: the family table's order is the groups')
+        patching._built.clear()
+        patching._built.update(built)

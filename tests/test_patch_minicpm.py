@@ -1,9 +1,11 @@
-"""MiniCPM-OCR ("4x") and MiniCPM-V 4.6 ("16x": a window merger inside the tower): a NaViT tower whose crops come as
-(h, w) target_sizes rows, a per-crop merger after it, Qwen3.5's text model without 3D positions. Parity with stock over
+"""MiniCPM-OCR ("4x"), MiniCPM-V 4.6 and 4.7 ("16x": a window merger inside the tower): a NaViT tower whose crops come as
+(h, w) target_sizes rows, a per-crop merger after it, Qwen3.5's text model (4.7: with its canvas M-RoPE). Parity with stock over
 the processor's layouts (thumbnails and slices, videos), no syncs and no blocking copies with prepare(), generate
 (dynamic, static and beams), gradients, the tower under compile, and a call's other downsample mode."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -21,14 +23,18 @@ from syncfree.families.minicpm import MARKERS, SLICE, build_minicpm_inputs
 from syncfree.inputs import Image, Text, Video, processor_batch
 
 
-def _family(folder: str, preset: str, unit: int):
+def _family(folder: str, preset: str, unit: int, wherever_shipped: bool = False):
+    """``wherever_shipped``: run wherever Transformers ships the family (4.7: only 5.24 has it, and syncfree must
+    support it there), not only where syncfree registers it (4.6 and OCR: 5.17's older code is left stock)."""
+    skip = (importlib.util.find_spec(f"transformers.models.{folder}") is None if wherever_shipped
+            else folder not in syncfree.families.FAMILIES)
     return pytest.param((folder, preset, unit), id=folder,
-                        marks=pytest.mark.skipif(folder not in syncfree.families.FAMILIES,
-                                                 reason=f"this Transformers release has no {folder} syncfree supports"))
+                        marks=pytest.mark.skipif(skip, reason=f"this Transformers release has no {folder} syncfree supports"))
 
 
 # (family folder, tiny preset, pixel unit: patch 14 x the merge on a side, 2 in "4x", 4 in "16x")
-FAMILIES = [_family("minicpm_ocr", "minicpm-ocr-tiny", 28), _family("minicpmv4_6", "minicpmv4-6-tiny", 56)]
+FAMILIES = [_family("minicpm_ocr", "minicpm-ocr-tiny", 28), _family("minicpmv4_6", "minicpmv4-6-tiny", 56),
+            _family("minicpmv4_7", "minicpmv4-7-tiny", 56, wherever_shipped=True)]
 LAYOUT_NAMES = ("one image", "images of different sizes", "video", "image and videos", "padding and a text-only row",
                 "a sliced image")
 
@@ -45,11 +51,15 @@ def family(request):
 
 
 def test_the_processor_layout(family):
-    """No token types; an image is its id, its thumbnail between <image> markers, then its slices row by row."""
-    _, name, unit = family
+    """An image is its id, its thumbnail between <image> markers, then its slices row by row; no token types (4.7's
+    processor types the placeholders 1)."""
+    folder, name, unit = family
     config = model_pair(name)[0].config
     batch = processor_batch(config, [[Text(1), Image(9 * unit, 6 * unit)]])
-    assert "mm_token_type_ids" not in batch and {"target_sizes", "pixel_values"} <= set(batch)
+    assert {"target_sizes", "pixel_values"} <= set(batch)
+    if folder == "minicpmv4_7":
+        assert torch.equal(batch.pop("mm_token_type_ids"), (batch["input_ids"] == config.image_token_id).long())
+    assert "mm_token_type_ids" not in batch
     rows, cols = -(-9 // SLICE), -(-6 // SLICE)  # slices of SLICE x SLICE merged tokens
     thumb = (round(9 * SLICE / 9), round(6 * SLICE / 9))
     m, img = MARKERS, config.image_token_id

@@ -1,6 +1,6 @@
-"""MiniCPM-OCR (and, later, MiniCPM-V 4.6 / 4.7, the same modeling code): a SigLIP-style NaViT tower whose crops come
-as ``(h, w)`` rows of ``target_sizes`` (no ``grid_thw``), an optional in-tower window merger, a per-crop merger
-after the tower, and Qwen3.5's text model without 3D positions.
+"""MiniCPM-OCR, MiniCPM-V 4.6 and 4.7 (the same tower, merger, placeholder and scatter code): a SigLIP-style NaViT
+tower whose crops come as ``(h, w)`` rows of ``target_sizes`` (no ``grid_thw``), an optional in-tower window merger,
+a per-crop merger after the tower, and Qwen3.5's text model (without 3D positions, but in 4.7).
 
 What is its own, beside the Qwen-VL pieces:
 
@@ -15,6 +15,15 @@ What is its own, beside the Qwen-VL pieces:
 * the processor writes an image as ``<image_id>i</image_id>``, its thumbnail ``<image>`` + placeholders +
   ``</image>``, then its slices, a row of ``<slice>`` + placeholders + ``</slice>`` per line; a video frame likewise
   (the video placeholder), frames one after another.
+
+MiniCPM-V 4.7 adds its own "canvas" M-RoPE (``get_rope_index``): host Python over ``input_ids.tolist()`` and
+``mm_token_type_ids.tolist()`` that groups frames by their markers, stretches each thumbnail over its slices' canvas and
+pins the ``<slice>`` markers to their corners, then ``rope_deltas`` on the device. The plan runs stock's own index on
+its host copies (``Layout.host_rope_class``: the same numbers by construction) and the forward's
+``compute_3d_position_ids`` and generate()'s position setup (which prepends the text row) take the plan's positions
+and deltas, moved with the plan without a wait (``make_host_rope_index``); the decode steps add the cached deltas on
+the device, as stock. A call's own ``downsample_mode`` other than the config's runs stock's index on one read. Its
+processor types the placeholders (``mm_token_type_ids``) and writes no id before a video.
 
 Only the "4x" mode is sync free: "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) shrinks every
 segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
@@ -45,8 +54,15 @@ __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
                  "target_sizes", "target_sizes_videos", "downsample_mode")
 
+# MiniCPM-V 4.7's canvas M-RoPE index: what the wrapper finds the plan by, and the stock code it runs on the host.
+_ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos", "downsample_mode",
+                "attention_mask")
+_ROPE_NEEDS = ("self._group_visual_frames(", "self.get_vision_position_ids(", "current_input_ids.tolist()")
 
-def _minicpm(model_type: str, prefix: str) -> Family:
+
+def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
+    """The family's targets; ``host_rope``: MiniCPM-V 4.7, whose forward also takes ``mm_token_type_ids`` and places
+    its own canvas M-RoPE (``get_rope_index``: stock's, run on the plan's host copies)."""
     p = prefix
     targets = (
         Target(f"{p}VisionAttention", "forward", edits=VISION_ATTENTION),
@@ -63,12 +79,17 @@ def _minicpm(model_type: str, prefix: str) -> Family:
         Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
         Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
         Target(f"{p}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_TOKEN_ID),
-        Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap="make_model_forward", params=_MODEL_PARAMS,
-               needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
+        Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap="make_model_forward",
+               params=_MODEL_PARAMS + ("mm_token_type_ids",) if host_rope else _MODEL_PARAMS,
+               needs=MODEL_NEEDS if host_rope else tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
         Target(f"{p}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
     )
-    layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=False,
-                    tower_holds_projector=False, target_sizes=True)
+    if host_rope:  # (its own index, from the plan; generate()'s position setup calls it too)
+        targets += (Target(f"{p}Model", "get_rope_index", wrap="make_host_rope_index", params=_ROPE_PARAMS,
+                           needs=_ROPE_NEEDS),)
+    # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
+    layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,
+                    tower_holds_projector=False, target_sizes=True, host_rope_class=f"{p}Model" if host_rope else None)
     return Family(model_type, targets, layout)
 
 
@@ -76,7 +97,8 @@ def _minicpm(model_type: str, prefix: str) -> Family:
 # assumes crops of one size (a vectorised reshape): left stock there.
 _WRITTEN_FOR = "patch_residual = patch.mean(dim=1)"
 FAMILIES: tuple[Family, ...] = tuple(
-    _minicpm(folder, prefix) for folder, prefix in (("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"))
+    _minicpm(folder, prefix, rope) for folder, prefix, rope in (
+        ("minicpm_ocr", "MiniCPMOcr", False), ("minicpmv4_6", "MiniCPMV4_6", False), ("minicpmv4_7", "MiniCPMV4_7", True))
     if installed_source_has(family_module(folder), _WRITTEN_FOR))
 
 # Marker ids of the tiny presets' tokenizer (text tokens to the model): <image> </image> <slice> </slice> "\n"
@@ -104,12 +126,24 @@ _V46_TINY = dict(
     _OCR_TINY, model_type="minicpmv4_6", downsample_mode="16x", insert_layer_id=0, tie_word_embeddings=False,
     vision_config=dict(_OCR_TINY["vision_config"], spatial_merge_size=4),
 )
+# MiniCPM-V 4.7: 4.6's tower and text model; the config names the markers its canvas index reads, and a full-width
+# rotary (``partial_rotary_factor`` 1, sections 2/3/3) lets each of the three axes move some frequencies.
+_V47_TINY = dict(
+    _V46_TINY, model_type="minicpmv4_7", image_start_id=MARKERS["image_start"], image_end_id=MARKERS["image_end"],
+    slice_start_id=MARKERS["slice_start"], slice_end_id=MARKERS["slice_end"], newline_id=MARKERS["newline"],
+    text_config=dict(_OCR_TINY["text_config"], rope_parameters=dict(
+        rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0, mrope_section=[2, 3, 3],
+        mrope_interleaved=True)),
+)
 PRESETS: dict[str, Preset] = {
     "minicpm-ocr-tiny": Preset("minicpm-ocr-tiny", _OCR_TINY, 0, "tiny MiniCPM-OCR for tests (NaViT crops, 4x)"),
     "minicpmv4-6-tiny": Preset("minicpmv4-6-tiny", _V46_TINY, 0,
                                "tiny MiniCPM-V 4.6 for tests (NaViT crops, 16x: the window merger in the tower)"),
+    "minicpmv4-7-tiny": Preset("minicpmv4-7-tiny", _V47_TINY, 0,
+                               "tiny MiniCPM-V 4.7 for tests (4.6's NaViT tower, 16x; its canvas M-RoPE)"),
 }
-VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel"}
+VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel",
+                  "minicpmv4_7": "MiniCPMV4_7VisionModel"}
 PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
 
@@ -158,6 +192,7 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
     m = MARKERS
+    typed = config.model_type == "minicpmv4_7"  # (its processor types the placeholders, and writes no video ids)
 
     def text(n: int) -> list[int]:
         ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
@@ -179,7 +214,7 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
             token = config.image_token_id if kind == 1 else config.video_token_id
             thumb, slices = _crops(item, patch, merge)
             frames = 1 if kind == 1 else item.frames
-            if use_image_id:  # (a per-sample index, written before each image or video)
+            if use_image_id and not (typed and kind == 2):  # (a per-sample index before each image; 4.6: and video)
                 ids += [m["id_start"]] + [m["digit0"] + int(d) for d in str(n_images)] + [m["id_end"]]
                 n_images += 1
             for _ in range(frames):
@@ -192,9 +227,10 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
                         ids += crop(token, size, m["slice_start"], m["slice_end"])
                         sizes[kind].append(size)
         rows.append(ids)
-        types.append([0] * len(ids))
+        types.append([1 if i == config.image_token_id else 2 if i == config.video_token_id else 0 for i in ids])
     out = pack_rows(rows, types, pad, padding_side)
-    del out["mm_token_type_ids"]  # (the processor returns none)
+    if not typed:
+        del out["mm_token_type_ids"]  # (4.6's and OCR's processors return none)
     channels = vc.num_channels
     for kind, pixels_name, sizes_name in ((1, "pixel_values", "target_sizes"),
                                           (2, "pixel_values_videos", "target_sizes_videos")):

@@ -339,14 +339,18 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     none is computed; (None, None, True) where only stock's own index gives stock's answer (runs that do not
     match their grids, a row with no kept token: stock fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
-    if (spec.mrope and ids is not None and mm_types is not None and ids.shape == mm_types.shape and has_vision
-            and (given_mask is None or mask is not None)):
+    # (A host index of the family's own places positions even where the plan's runs carry no meaning: MiniCPM-V 4.7.)
+    if ((spec.mrope or spec.host_rope_class is not None) and ids is not None and mm_types is not None
+            and ids.shape == mm_types.shape and has_vision and (given_mask is None or mask is not None)):
         if spec.host_rope_class is not None:  # the family's own index (HunYuan-VL's), as stock, on the host
             try:
                 return (*stock_rope_index(spec.vision_module, spec.host_rope_class, spec.config, input_ids=ids,
                                           mm_token_type_ids=mm_types, image_grid_thw=host["image_grid_thw"],
-                                          video_grid_thw=host["video_grid_thw"], attention_mask=mask), False)
-            except (RuntimeError, ValueError):  # stock's own index raises the same on the device
+                                          video_grid_thw=host["video_grid_thw"], attention_mask=mask,
+                                          target_sizes=host["target_sizes"],
+                                          target_sizes_videos=host["target_sizes_videos"]), False)
+            # Stock's own index raises the same on the device (MiniCPM-V 4.7's: a grid iterator run dry or absent).
+            except (RuntimeError, ValueError, StopIteration, TypeError, IndexError):
                 return None, None, True
         try:
             return (*rope_index_host(ids, mm_types, host["image_grid_thw"], host["video_grid_thw"], mask,

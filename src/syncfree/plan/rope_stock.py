@@ -30,6 +30,11 @@ def rope_config_key(config) -> tuple:
     return tuple(values)
 
 
+# What MiniCPM-V 4.7's canvas index reads from the config beyond the rest: the markers, and the mode that sets its merge.
+_CANVAS_FIELDS = ("video_token_id", "image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id",
+                  "downsample_mode")
+
+
 def host_rope_key(config) -> tuple:
     """What a family's own index run by ``stock_rope_index`` reads from the config (HunYuan-VL's: the number of
     rotary axes, from ``mrope_section``, and the merge size)."""
@@ -40,7 +45,8 @@ def host_rope_key(config) -> tuple:
                     if isinstance(getattr(config, name, None), int))
     return (("image_token_id", getattr(config, "image_token_id", None)),
             ("text_config.mrope_section", tuple(section) if section is not None else None),
-            ("vision_config.spatial_merge_size", config.vision_config.spatial_merge_size)) + markers
+            ("vision_config.spatial_merge_size", getattr(config.vision_config, "spatial_merge_size", None)),
+            *((name, getattr(config, name, None)) for name in _CANVAS_FIELDS)) + markers
 
 
 class _HostSelf:
@@ -49,7 +55,8 @@ class _HostSelf:
     def __init__(self, cls: type, config) -> None:
         self._cls = cls
         self.config = config
-        self.spatial_merge_size = config.vision_config.spatial_merge_size
+        # (MiniCPM-V 4.7's vision config names none: its index takes the merge from the downsample mode)
+        self.spatial_merge_size = getattr(config.vision_config, "spatial_merge_size", None)
 
     def __getattr__(self, name: str):
         member = inspect.getattr_static(self._cls, name)

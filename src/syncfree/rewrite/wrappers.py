@@ -298,13 +298,16 @@ def make_host_rope_index(stock):
             return stock(self, *args, **kwargs)
         given = given_args(names, args, kwargs)
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
-        entry = active.current()
+        # The plan's positions are made for the config's downsample mode (MiniCPM-V 4.7's index takes a per-call one):
+        # for another, no plan answers.
+        planned = given.get("downsample_mode") in (None, getattr(self.config, "downsample_mode", None))
+        entry = active.current() if planned else None
         if entry is not None and entry.owns(input_ids) and entry.plan.stock_rope:
             return stock(self, *args, **kwargs)  # inputs stock's index refuses: its own error, from the device
         if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
                 and entry.plan.position_ids is not None:
             return entry.plan.position_ids, entry.plan.rope_deltas
-        plan = _prepared_plan(given, names) if entry is None else None
+        plan = _prepared_plan(given, names) if entry is None and planned else None
         if plan is not None:  # called on a prepared batch outside a forward
             return plan.position_ids, plan.rope_deltas
         # No plan for these inputs: one read of them (the index's own parameters: callers may pass more, e.g. the
