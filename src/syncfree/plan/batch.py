@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 from .audio import AudioPlan
 from .audio_mask import masked_audio_plan
 from .checksum import host_checksums
+from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
 from .omni import omni_fields, omni_rope
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
@@ -317,10 +317,11 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
     elif spec.target_grids:  # GLM-Image: stock's own index on the host, with its decode positions
         extra = target_grid_rope(spec, host)
         position_ids, rope_deltas = extra.pop("position_ids"), extra.pop("rope_deltas")
-        extra.update(_per_row(spec, draft.runs, draft.video))
+        extra.update(items_per_row(spec, draft.runs, draft.video))
     else:
         position_ids, rope_deltas, stock_rope = _qwen_vl_rope(spec, host, mask, draft.image or draft.video)
-        extra = dict(_per_row(spec, draft.runs, draft.video) if spec.mrope else _per_row_by_count(draft),
+        extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
+                     else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host),
                      stock_rope=stock_rope)
         if spec.audio_token_id is not None and host["input_ids"] is not None:  # (Muse Spark's audio placeholders)
             extra["n_audio_tokens"] = int((host["input_ids"] == spec.audio_token_id).sum())
@@ -358,44 +359,3 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
         except RuntimeError:
             return None, None, True
     return None, None, False
-
-
-def _per_row_by_count(draft: Draft) -> dict:
-    """Images and videos per row where placeholder runs carry no meaning (no 3D positions, so two items may
-    touch): each row takes the next items until its placeholder count is reached, as stock scatters features
-    in order. Where a row's count ends inside an item, no split is kept (``expanded`` then refuses)."""
-    found = {}
-    for kind, vp, name in ((1, draft.image, "images_per_row"), (2, draft.video, "videos_per_row")):
-        if vp is None:
-            found[name] = ()
-            continue
-        chosen = draft.runs.kinds == kind
-        tokens = np.bincount(draft.runs.rows[chosen], weights=draft.runs.lengths[chosen], minlength=draft.runs.n_rows)
-        sizes = kept_sizes(draft.host, vp) if kind == 2 else vp.split_sizes  # (a compressed video: what it keeps)
-        ends, row_ends = np.cumsum(sizes), np.cumsum(tokens.astype(np.int64))
-        if np.isin(row_ends, np.concatenate(([0], ends))).all():
-            found[name] = tuple(np.diff(np.searchsorted(ends, row_ends, side="right"), prepend=0).tolist())
-        else:
-            found[name] = ()
-    return found
-
-
-def kept_sizes(host: dict, video: VisionPlan) -> list[int]:
-    """The features each video keeps: its split size, less those ``video_compression_mask`` drops (VideoLLaMA3)."""
-    mask = host.get("video_compression_mask")
-    if not isinstance(mask, torch.Tensor) or mask.shape != (sum(video.split_sizes),):
-        return list(video.split_sizes)
-    return [int(np.count_nonzero(host_array(c))) for c in torch.split(mask, list(video.split_sizes))]
-
-
-def _per_row(spec: ModelSpec, runs: Runs, video: VisionPlan | None) -> dict:
-    """Images and videos per row, kept to rebuild the plan for an expanded batch (generate with beams)."""
-    frames_per_row = runs.per_row(2)
-    videos_per_row = list(frames_per_row)
-    if video is not None and spec.split_video_frames:  # Qwen3-VL: one run per frame
-        frames = list(itertools.accumulate(t for t, _, _ in video.grid_thw.tolist()))
-        done, videos_per_row = 0, []
-        for n in frames_per_row:
-            done += n
-            videos_per_row.append(sum(1 for f in frames if f <= done) - sum(videos_per_row))
-    return dict(images_per_row=runs.per_row(1), videos_per_row=tuple(videos_per_row))
