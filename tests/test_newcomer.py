@@ -110,3 +110,11 @@ def test_the_gpu_scripts_refuse_a_machine_without_a_gpu_in_one_line():
                             os.devnull],
                            capture_output=True, text=True, timeout=120)
     assert cross.returncode == 2 and "needs a CUDA device" in cross.stderr and "FAILED" not in cross.stdout
+
+
+def test_python_dash_m_syncfree_is_the_command():
+    """Where the venv's scripts are not on PATH, ``python -m syncfree`` is the command (it said 'No module named
+    syncfree.__main__')."""
+    run = subprocess.run([sys.executable, "-m", "syncfree", "--version"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == _cli("--version").stdout
