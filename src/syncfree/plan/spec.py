@@ -93,6 +93,9 @@ class Layout:
     # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
     # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
     interp_mode: str = "bilinear"
+    # Audio packed in chunks of whole clips (dots3-note's ``chunk_sample_lengths``, ``audio_config.samples_per_token``
+    # samples per placeholder), with the placeholders of ``audio_tokens``: the plan keeps the chunks' lengths.
+    audio_chunks: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -151,6 +154,7 @@ class ModelSpec:
     target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
     temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
     interp_mode: str = "bilinear"  # (Layout.interp_mode)
+    samples_per_token: int | None = None  # (Layout.audio_chunks: the audio config's samples per placeholder)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -162,6 +166,8 @@ class ModelSpec:
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
         omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
+        if layout.audio_chunks:
+            omni["samples_per_token"] = config.audio_config.samples_per_token
         if layout.audio:
             ac = config.audio_config
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
