@@ -99,3 +99,13 @@ def test_every_tiny_preset_either_takes_it_or_refuses_it(preset):
         assert not syncfree.is_patched(model)
     else:
         assert any(m.__dict__.get(ATTRIBUTE) for m in model.modules())
+
+
+def test_an_audio_model_is_refused_for_having_no_vision_tower():
+    family = syncfree.families.FAMILIES.get("qwen3_asr")
+    if family is None or not installed(family.modeling):
+        pytest.skip("this Transformers release has no Qwen3-ASR syncfree supports")
+    model = build_model("qwen3-asr-tiny")
+    with pytest.raises(ValueError, match="does not support qwen3_asr .an audio model: it has no vision tower"):
+        syncfree.patch(model, vision_every_step=True)
+    assert not syncfree.is_patched(model)

@@ -19,8 +19,10 @@ from .families.omni.inputs import (
                                    omni_forward_kwargs,
                                    omni_layout,
 )
+from .families.qwen3asr import ASR_LAYOUT_NAMES, asr_layout, build_asr_inputs, is_audio_only
 from .families.qwen_vl.inputs import LAYOUT_NAMES, Image, Item, Text, Video, build_inputs, named_layout, pixel_inputs
 
 __all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "VideoWithAudio", "build_inputs",
            "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs", "audio_tokens", "is_omni",
-           "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES"]
+           "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES",
+           "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only"]

@@ -50,9 +50,11 @@ def family_of(model: torch.nn.Module) -> Family | None:
         config = getattr(module, "config", None)
         model_type = getattr(config, "model_type", None) or ""
         # A vision tower or text model alone carries the sub-config's type ("qwen3_vl_vision").
-        # (An Omni thinker's towers: "qwen3_omni_moe_vision_encoder", "..._audio_encoder".)
+        # (An Omni thinker's towers: "qwen3_omni_moe_vision_encoder", "..._audio_encoder"; Qwen3-ASR's encoder:
+        # "qwen3_asr_encoder".)
         for name in (model_type, model_type.removesuffix("_vision"), model_type.removesuffix("_text"),
-                     model_type.replace("_vision_encoder", "_thinker"), model_type.replace("_audio_encoder", "_thinker")):
+                     model_type.replace("_vision_encoder", "_thinker"), model_type.replace("_audio_encoder", "_thinker"),
+                     model_type.removesuffix("_encoder")):
             # A model that only borrows a family's sub-model (MiniCPM-V 4.6 runs Qwen3.5's text model under
             # its own vision tower) is not that family: it must hold one of the classes syncfree patches.
             if name in FAMILIES and any(issubclass(t, family_classes(FAMILIES[name])) for t in held):

@@ -31,6 +31,8 @@ WRAPPER_ROLES = {
     "make_host_rope_index": "the plan's multimodal positions (the family's own stock index, run on the host copies)",
     "make_vision_forward_target_sizes": "hands the stock NaViT tower its target_sizes on the host, the plan's "
                                         "segment sizes, cumulative lengths and position ids",
+    "make_masked_audio_forward": "hands the stock audio encoder the plan's windows and valid frames (from the host "
+                                 "copy of input_features_mask)",
 }
 
 

@@ -235,6 +235,9 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     # Everything that can refuse is checked before anything changes: a refused patch leaves the model, the
     # classes and Transformers' modules exactly as they were.
     family = _family_of(model)
+    if family is not None and vision_every_step and family.layout.audio_encoder is not None:
+        raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} (an audio "
+                         "model: it has no vision tower)")
     if family is not None and vision_every_step and not family.layout.tower_holds_projector:
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
                          "projector sits outside the vision tower, which the one-unit tower pass would not reach)")

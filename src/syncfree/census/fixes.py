@@ -95,6 +95,12 @@ def _image_token(config) -> None:
         config.image_token_id = 5
 
 
+def _qwen3_asr(config) -> None:
+    # The projector after the audio encoder outputs its config's output_dim (the checkpoint's text width), which the
+    # shrink leaves at its default: the text width the shrink chose.
+    config.audio_config.output_dim = config.text_config.hidden_size
+
+
 CONFIG_FIXES: dict[str, Callable] = {
     "cohere_compass": _cohere_compass,
     "qwen4_exp": _qwen4_exp,
@@ -107,6 +113,7 @@ CONFIG_FIXES: dict[str, Callable] = {
     "minicpm_ocr": _image_token,
     "minicpmv4_6": _image_token,
     "minicpmv4_7": _image_token,
+    "qwen3_asr": _qwen3_asr,
 }
 
 

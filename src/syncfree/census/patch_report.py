@@ -41,7 +41,8 @@ def _build(model: str, inputs: str, dtype: torch.dtype, text_layers: int | None)
         built, batch = tiny_model_and_batch(model)
         built = built.to(dtype)
         batch = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in batch.items()}
-        return built, batch, f"a tiny {model} from its config (the census's), two images"
+        inputs = "two images" if "pixel_values" in batch else "its processor's clips"  # (Qwen3-ASR: audio only)
+        return built, batch, f"a tiny {model} from its config (the census's), {inputs}"
     raise ValueError(f"--model {model}: not a preset, a checkpoint folder, or a model type with the packed vision "
                      "split in the installed Transformers (`syncfree census` lists those)")
 

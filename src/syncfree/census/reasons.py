@@ -11,7 +11,6 @@ __all__ = ["KNOWN_GAPS", "reason_for"]
 KNOWN_GAPS: dict[str, str] = {
     "apertus1p5": "its images go through a discrete vision tokenizer, not a patch tower (no input hook yet)",
     "glm_image": "an image generator: its processor adds a target-image grid per sample (no input hook yet)",
-    "qwen3_asr": "an audio model (its encoder packs audio chunks): no image input, and no audio input hook yet",
     "radio": "a vision backbone with no text side: no image placeholders to fill (no input hook yet)",
 }
 

@@ -113,11 +113,13 @@ def _family_batch(model) -> dict | None:
     """A fully supported family's own processor layout (its pixels, markers, token types) with the census's two
     images of different sizes; None for the others (they get ``census_batch``'s)."""
     from ..families import FAMILIES
-    from ..inputs import Image, Text, processor_batch
+    from ..inputs import Image, Text, asr_layout, is_audio_only, processor_batch
     from ..plan.spec import ModelSpec
 
     if model.config.model_type not in FAMILIES:
         return None
+    if is_audio_only(model.config):  # (Qwen3-ASR: no images; its processor's clips of different lengths instead)
+        return processor_batch(model.config, asr_layout("mixed"))
     vc = model.config.vision_config
     # Sides are multiples of the patch times the plan's merge (MiniCPM-V 4.6's "16x": 4; VideoLLaMA3's merges come per
     # item: its config's, where it names one; Kimi-K2.5's: its merge kernel).

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from ..audit import Report, audit, emulate_cuda, real_cuda_available
-from ..inputs import batch_to, is_omni, named_layout, omni_layout, processor_batch
+from ..inputs import asr_layout, batch_to, is_audio_only, is_omni, named_layout, omni_layout, processor_batch
 from ..prepare import plan_of
 from ..presets import PRESETS, build_model, build_vision_model, load_config
 from .checks import check_image_side, image_unit
@@ -57,8 +57,9 @@ VARIANTS = ("stock", "patched", "patched+prepare")
 
 
 def vision_depth(config) -> int:
-    """The vision tower's block count (``depth`` in Qwen-style configs, ``num_hidden_layers`` in SigLIP-style ones)."""
-    vc = config.vision_config
+    """The vision tower's block count (``depth`` in Qwen-style configs, ``num_hidden_layers`` in SigLIP-style ones); an
+    audio-only model's (Qwen3-ASR's) encoder's."""
+    vc = config.vision_config if hasattr(config, "vision_config") else config.audio_config
     return getattr(vc, "depth", None) or vc.num_hidden_layers
 
 def _forward(model, batch: dict, scope: str) -> None:
@@ -92,8 +93,10 @@ def _forward(model, batch: dict, scope: str) -> None:
 
 def spec_batch(spec: AuditSpec, config) -> dict:
     """The processor-style CPU batch a spec describes (its input kind at its image side), checked first."""
-    check_image_side(spec.image_side, config)
     pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
+    if is_audio_only(config):  # Qwen3-ASR: clips only, no image side
+        return processor_batch(config, asr_layout(spec.inputs), seed=spec.seed, pad_token_id=pad)
+    check_image_side(spec.image_side, config)
     unit = image_unit(config)
     if is_omni(config):  # an Omni thinker: audio too
         samples = omni_layout(spec.inputs, spec.side(unit), unit)

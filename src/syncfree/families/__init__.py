@@ -28,6 +28,7 @@ from . import (
     muse,
     omni,
     paddle,
+    qwen3asr,
     qwen4exp,
     qwen_vl,
     videollama3,
@@ -39,7 +40,7 @@ __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_
            "processor_batch", "batch_to"]
 
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, dots3)  # the registry: one line per family group
+          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, qwen3asr, dots3)  # the registry: one line per family group
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

@@ -25,6 +25,7 @@ import torch
 
 from .audio import AudioPlan
 from .audio_chunks import expanded_chunk_lengths
+from .audio_mask import masked_audio_plan
 from .checksum import host_checksums
 from .omni import omni_fields, omni_rope
 from .rope_host import rope_index_host
@@ -46,7 +47,10 @@ PLAN_KEY = "syncfree_plan"
 PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
                "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
-               "input_values_mask", "target_sizes", "target_sizes_videos", "chunk_sample_lengths")
+               "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask",
+               "chunk_sample_lengths")
+# (``input_features_mask``: Qwen3-ASR's real mel frames per clip, which lay out its audio encoder's windows and valid
+# frames: ``plan.audio_mask``.)
 # (``chunk_sample_lengths``: dots3-note's samples per packed audio chunk, which give the frames each chunk keeps.)
 # (``input_values_mask``: Muse Spark's real audio samples per clip, which give the audio tokens each clip keeps.)
 # (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
@@ -157,6 +161,8 @@ class Plan(DeviceFields):
                                             if host.get("video_compression_mask") is not None else None)
         if host.get("input_values_mask") is not None:  # (Muse Spark: one row per clip, repeated as the batch rows)
             tokens["input_values_mask"] = host["input_values_mask"].repeat_interleave(k, dim=0)
+        if host.get("input_features_mask") is not None:  # (Qwen3-ASR: the same, one clip per row)
+            tokens["input_features_mask"] = host["input_features_mask"].repeat_interleave(k, dim=0)
         if host.get("chunk_sample_lengths") is not None and host.get("input_ids") is not None:
             # (dots3-note: each row's audio chunks repeated, row after row, as its generate() repeats them)
             tokens["chunk_sample_lengths"] = expanded_chunk_lengths(
@@ -242,7 +248,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
                video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
                position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
                video_compression_mask=None, input_values_mask=None, target_sizes=None,
-               target_sizes_videos=None, chunk_sample_lengths=None) -> Draft:
+               target_sizes_videos=None, input_features_mask=None,
+               chunk_sample_lengths=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
@@ -253,7 +260,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             "image_merge_sizes": _host(image_merge_sizes), "video_merge_sizes": _host(video_merge_sizes),
             "video_compression_mask": _host(video_compression_mask), "target_sizes": _host(target_sizes),
             "target_sizes_videos": _host(target_sizes_videos),
-            "input_values_mask": _host(input_values_mask), "chunk_sample_lengths": _host(chunk_sample_lengths)}
+            "input_values_mask": _host(input_values_mask), "input_features_mask": _host(input_features_mask),
+            "chunk_sample_lengths": _host(chunk_sample_lengths)}
     if spec.target_sizes:  # (MiniCPM-V: each (h, w) crop is the grid row (1, h, w))
         image_grid_thw, video_grid_thw = (_navit_grid(host[name], name) for name in ("target_sizes", "target_sizes_videos"))
         host["image_grid_thw"], host["video_grid_thw"] = image_grid_thw, video_grid_thw
@@ -307,6 +315,8 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
                      stock_rope=stock_rope)
         if spec.audio_token_id is not None and host["input_ids"] is not None:  # (Muse Spark's audio placeholders)
             extra["n_audio_tokens"] = int((host["input_ids"] == spec.audio_token_id).sum())
+        if spec.audio_encoder is not None and host["input_features_mask"] is not None:  # (Qwen3-ASR's encoder)
+            extra["audio"] = masked_audio_plan(host["input_features_mask"], spec.vision_module, *spec.audio_encoder)
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
         n_image_tokens=draft.stock_count(1), n_video_tokens=draft.stock_count(2), video_frames=draft.video_frames,

@@ -93,6 +93,10 @@ class Layout:
     # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
     # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
     interp_mode: str = "bilinear"
+    # An audio-only model (Qwen3-ASR): no vision tower and no image token; the class of its audio encoder, whose
+    # windows and valid frames the plan lays out from the processor's host ``input_features_mask``
+    # (``plan.audio_mask``). The config's ``audio_config`` gives the encoder's ``n_window`` / ``n_window_infer``.
+    audio_encoder: str | None = None
     # Audio packed in chunks of whole clips (dots3-note's ``chunk_sample_lengths``, ``audio_config.samples_per_token``
     # samples per placeholder), with the placeholders of ``audio_tokens``: the plan keeps the chunks' lengths.
     audio_chunks: bool = False
@@ -154,6 +158,8 @@ class ModelSpec:
     target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
     temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
     interp_mode: str = "bilinear"  # (Layout.interp_mode)
+    # (Layout.audio_encoder: that class, and its config's n_window and n_window_infer), else None
+    audio_encoder: tuple[str, int, int] | None = None
     samples_per_token: int | None = None  # (Layout.audio_chunks: the audio config's samples per placeholder)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -163,6 +169,10 @@ class ModelSpec:
         layout = _LAYOUTS.get(model_type)
         if layout is None:
             raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
+        if layout.audio_encoder is not None:  # audio only: no vision values, no image or video placeholders
+            ac = config.audio_config
+            return cls(model_type, 1, None, -1, -1, layout.modeling, mrope=False, audio_token_id=config.audio_token_id,
+                       audio_encoder=(layout.audio_encoder, ac.n_window, ac.n_window_infer))
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
         omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}

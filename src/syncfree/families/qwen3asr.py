@@ -1,0 +1,177 @@
+"""Qwen3-ASR: an audio-only model, a Whisper-style audio encoder before a Qwen3 text model (no vision tower, no
+image token, no rotary index of its own).
+
+What syncs in stock, and what syncfree does instead:
+
+* the encoder's attention windows (``get_audio_cu_seqlens``: ``.max().item()``, a Python loop over device lengths,
+  an upload), its valid output frames (``valid_mask.flatten().nonzero()``) and, in every encoder layer, the window
+  sizes (``lengths.tolist()``): all follow from the processor's ``input_features_mask``, of which the plan keeps a
+  host copy (``plan.audio_mask``, by stock's own code on that copy). The encoder wrapper hands stock the planned
+  ``cu_seqlens`` and ``max_seqlen`` (stock pops both from its kwargs; the latter carries the window sizes to
+  ``AUDIO_ATTENTION``) and the valid frames' positions (``ASR_VALID_FRAMES``: ``index_select`` with them takes the
+  same rows);
+* the placeholder check (a count printed in its message, a boolean select's size) and the scatter
+  (``ASR_PLACEHOLDER_MASK`` / ``ASR_SCATTER``): the plan counts the audio placeholders.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.spec import Layout
+from ..rewrite.audio_mask import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
+from ..rewrite.edits import AUDIO_ATTENTION
+from ..rewrite.targets import Family, Target
+from .omni.inputs import Audio
+from .preset import Preset
+from .qwen_vl.inputs import Text
+from .shared import family_module, handled_by, installed_source_has
+
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+           "build_asr_inputs", "asr_layout", "ASR_LAYOUT_NAMES", "MARKERS", "audio_tokens", "is_audio_only"]
+
+_MODULE = family_module("qwen3_asr")
+_MODEL_PARAMS = ("input_ids", "input_features", "input_features_mask", "attention_mask", "position_ids",
+                 "inputs_embeds")
+_TARGETS = (
+    Target("Qwen3ASRAudioAttention", "forward", edits=AUDIO_ATTENTION),
+    Target("Qwen3ASREncoder", "forward", edits=ASR_VALID_FRAMES, wrap="make_masked_audio_forward",
+           params=("input_features", "input_features_mask"),
+           needs=("get_audio_cu_seqlens(", "kwargs=kwargs", "get_max_seqlen(cu_seqlens, self.config, kwargs=kwargs)",
+                  "max_seqlen=max_seqlen, **kwargs", "self._post_cnn_length(")),
+    Target("Qwen3ASRModel", "get_placeholder_mask", edits=ASR_PLACEHOLDER_MASK),
+    Target("Qwen3ASRModel", "forward", edits=ASR_SCATTER, wrap="make_model_forward", params=_MODEL_PARAMS,
+           needs=("self.get_placeholder_mask(", "self.get_audio_features(", "self.language_model(")),
+    Target("Qwen3ASRForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+)
+
+# Registered only where Transformers ships the code these targets were written for (the encoder that takes
+# input_features_mask and pops its windows from its kwargs).
+FAMILIES: tuple[Family, ...] = (
+    Family("qwen3_asr", _TARGETS, Layout(_MODULE, mrope=False, vision_markers=False, token_types=False,
+                                         audio_tokens=True, audio_encoder="Qwen3ASREncoder")),
+) if installed_source_has(_MODULE, "def get_audio_cu_seqlens(", "input_features_mask: torch.Tensor,",
+                          "valid_indices = valid_mask.flatten().nonzero().squeeze(-1)") else ()
+
+# A tiny model with the real layout rules: 100-frame chunks (n_window 50: 13 frames each after the three stride-2
+# convolutions, which the processor's token count assumes), attention windows of 2 chunks (n_window_infer 200), 16 mel
+# bins, and a Qwen3 text model of 2 layers.
+_ASR_TINY = dict(
+    model_type="qwen3_asr", audio_token_id=1001, timestamp_token_id=1004, pad_token_id=0, eos_token_id=1005,
+    audio_config=dict(num_mel_bins=16, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, d_model=32,
+                      n_window=50, n_window_infer=200, output_dim=64, downsample_hidden_size=8,
+                      max_position_embeddings=13),
+    text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, pad_token_id=0,
+                     bos_token_id=None, eos_token_id=None, tie_word_embeddings=True),
+)
+_FAMILY_TYPES = {f.model_type for f in FAMILIES}
+PRESETS: dict[str, Preset] = {
+    "qwen3-asr-tiny": Preset("qwen3-asr-tiny", _ASR_TINY, 0,
+                             "tiny Qwen3-ASR for tests (windowed audio encoder, Qwen3 text model)"),
+} if "qwen3_asr" in _FAMILY_TYPES else {}
+VISION_CLASSES: dict = {}  # (no vision tower)
+
+
+def _model_class(model_type: str):
+    """Qwen3ASRForConditionalGeneration (no image-text auto class builds it from its config)."""
+    import importlib
+
+    return importlib.import_module(_MODULE).Qwen3ASRForConditionalGeneration
+
+
+MODEL_CLASSES: dict = {"qwen3_asr": _model_class} if "qwen3_asr" in _FAMILY_TYPES else {}
+
+# The processor's marker tokens around a clip's placeholders (its tokenizer's ids; the config names none): ids of the
+# tiny preset's vocabulary.
+MARKERS = dict(audio_start=1002, audio_end=1003)
+_HOP_FRAMES_MIN = 50  # the feature extractor pads a clip to min_length (8000 samples) before its mel frames: 50
+
+
+def handles(config) -> bool:
+    return handled_by(config, FAMILIES)
+
+
+def is_audio_only(config) -> bool:
+    """True for a registered audio-only family's config (or model type): audio batches, no images."""
+    return handles(config)
+
+
+def audio_tokens(config, frames: int) -> int:
+    """The placeholders the processor writes for a clip of ``frames`` mel frames (its ``_get_audio_token_length``:
+    13 per full 100-frame chunk, the rest through three stride-2 convolutions)."""
+    chunk = config.audio_config.n_window * 2
+    rest = (frames % chunk - 1) // 2 + 1
+    return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
+
+
+def build_asr_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                     pad_token_id: int | None = None) -> dict:
+    """A ``Qwen3ASRProcessor`` batch for ``samples`` (``Text`` and ``Audio`` items), without a tokenizer.
+
+    Each clip (``Audio(frames)``: mel frames, 100 a second, at least 50 as the feature extractor pads short clips) is
+    ``<|audio_start|>``, its placeholders and ``<|audio_end|>``; rows are padded on ``padding_side`` (the processor's
+    default: left). ``input_features`` (clips, mel bins, frames) holds the clips right-padded to the longest, rounded
+    up to a multiple of ``2 * n_window`` frames, and ``input_features_mask`` (int32) their real frames."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    tc, ac = config.text_config, config.audio_config
+    specials = {config.audio_token_id, *MARKERS.values()}
+    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(2, tc.vocab_size, (n,), generator=gen).tolist()
+        return [i if i not in specials and i != pad else 1 for i in ids]
+
+    rows, clips = [], []
+    for sample in samples:
+        ids: list[int] = []
+        for item in sample:
+            if isinstance(item, Text):
+                ids += text(item.tokens)
+                continue
+            if not isinstance(item, Audio):
+                raise ValueError(f"{config.model_type} takes text and audio only, got {type(item).__name__}")
+            frames = max(item.frames, _HOP_FRAMES_MIN)
+            clips.append(frames)
+            ids += [MARKERS["audio_start"]] + [config.audio_token_id] * audio_tokens(config, frames) + \
+                [MARKERS["audio_end"]]
+        rows.append(ids)
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        at = slice(width - len(ids), width) if padding_side == "left" else slice(0, len(ids))
+        input_ids[i, at] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, at] = 1
+    out = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if clips:
+        chunk = ac.n_window * 2
+        frames = -(-max(clips) // chunk) * chunk
+        mask = torch.zeros(len(clips), frames, dtype=torch.int32)
+        for i, n in enumerate(clips):
+            mask[i, :n] = 1
+        out["input_features"] = torch.randn(len(clips), ac.num_mel_bins, frames, generator=gen) * mask[:, None, :]
+        out["input_features_mask"] = mask
+    return out
+
+
+ASR_LAYOUT_NAMES = ("audio", "mixed")
+
+
+def asr_layout(name: str, seconds: float = 3.0) -> list[list]:
+    """Named Qwen3-ASR layouts (one clip per row, as its processor takes them): ``audio``, one clip of ``seconds``;
+    ``mixed``, three rows of clips of different lengths (a partial chunk, several windows, a short clip)."""
+    frames = max(int(seconds * 100), 1)
+    if name == "audio":
+        return [[Text(10), Audio(frames), Text(12)]]
+    if name == "mixed":
+        return [[Text(6), Audio(frames + 17), Text(8)], [Text(5), Audio(frames // 2 + 31), Text(9)],
+                [Text(4), Audio(60), Text(3)]]
+    raise ValueError(f"unknown Qwen3-ASR input kind {name!r}; choose one of {', '.join(ASR_LAYOUT_NAMES)}")
+
+
+def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+    """The processor's layout: left-padded rows, right-padded clips with their frame mask."""
+    return build_asr_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)

@@ -1,0 +1,71 @@
+"""The audio side of a plan for an encoder that takes the processor's ``input_features_mask`` (Qwen3-ASR).
+
+Stock reads the device three ways per encoder call to lay the mel frames out: the attention windows
+(``get_audio_cu_seqlens``: ``.max().item()``, a Python loop over device lengths, then an upload), the valid
+output frames of the padded chunks (``nonzero``), and, in every encoder layer, the window sizes
+(``lengths.tolist()``). All of it follows from the mask, which the processor returns on the host. Here it is
+computed once, on the host, by the installed Transformers' own helpers on a host copy of that mask (so the
+numbers are stock's), and moved with the rest of the plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from .audio import SegmentedMax
+from .tensors import DeviceFields
+
+__all__ = ["MaskedAudioPlan", "masked_audio_plan"]
+
+
+@dataclass
+class MaskedAudioPlan(DeviceFields):
+    feature_lens: torch.Tensor  # (clips,) real mel frames per clip, on the host (stock: input_features_mask.sum(-1))
+    mask_shape: tuple[int, int]  # the (clips, frames) mask this plan was made from
+    seqlens: tuple[int, ...]  # attention window sizes after the convolutions
+    max_seqlen: SegmentedMax  # the longest window, carrying all the sizes to the split in every encoder layer
+    cu_seqlens: torch.Tensor  # (windows + 1,) int32, as stock's get_audio_cu_seqlens returns them
+    valid_shape: tuple[int, int]  # (chunks, output frames per chunk): stock's valid_mask
+    valid_indices: torch.Tensor  # flat positions of the valid output frames (stock: valid_mask's nonzero)
+    n_outputs: int  # encoder output frames: what the audio placeholders must number
+    device: str = "cpu"
+
+    _TENSORS = ("cu_seqlens", "valid_indices")
+
+    def encoder_kwargs(self) -> dict:
+        """What the stock encoder pops from its kwargs (``cu_seqlens``, ``max_seqlen``) instead of deriving it from
+        the device mask, and the valid frames' positions for the rewritten select (``syncfree_valid_indices``)."""
+        return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
+                "syncfree_valid_indices": (self.valid_shape, self.valid_indices)}
+
+
+def masked_audio_plan(mask: torch.Tensor, module_name: str, encoder: str, n_window: int,
+                      n_window_infer: int) -> MaskedAudioPlan | None:
+    """Plan the encoder from the processor's host ``input_features_mask`` (clips, frames), by stock's own code; None
+    where stock refuses the batch (frames not a multiple of its chunk), so that stock raises its own error."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise ValueError("input_features_mask must be a tensor of shape (clips, frames), got "
+                         f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+    mask = mask.to("cpu")
+    chunk_len = n_window * 2
+    clips, frames = mask.shape
+    if frames % chunk_len:
+        return None
+    module = importlib.import_module(module_name)
+    post_cnn = getattr(module, encoder)._post_cnn_length
+    # The encoder's own lines, on the host copy.
+    feature_lens = mask.sum(-1).to(torch.long)
+    chunk_lengths = mask.view(clips, frames // chunk_len, chunk_len).sum(dim=-1).reshape(-1).to(torch.long)
+    cu_seqlens = module.get_audio_cu_seqlens(chunk_lengths, feature_lens, n_window_infer, n_window)
+    # (the chunks' time steps after the three stride-2 convolutions: a chunk of chunk_len frames, as the conv outputs)
+    time_steps = int(post_cnn(torch.tensor([chunk_len]))[0])
+    valid_mask = torch.arange(time_steps) < post_cnn(chunk_lengths).unsqueeze(1)
+    valid_indices = valid_mask.flatten().nonzero().squeeze(-1)
+    seqlens = tuple((cu_seqlens[1:] - cu_seqlens[:-1]).tolist())  # host tensors: no device involved
+    return MaskedAudioPlan(feature_lens=feature_lens, mask_shape=(clips, frames), seqlens=seqlens,
+                           max_seqlen=SegmentedMax(max(seqlens, default=0), seqlens), cu_seqlens=cu_seqlens,
+                           valid_shape=tuple(valid_mask.shape), valid_indices=valid_indices,
+                           n_outputs=int(valid_indices.numel()))
