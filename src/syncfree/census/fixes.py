@@ -45,6 +45,30 @@ def _glm5_next(config) -> None:
     config.text_config.head_dim = config.text_config.qk_rope_head_dim
 
 
+def _dots3_note(config) -> None:
+    text, vision = config.text_config, config.vision_config
+    # Its latent attention's parts, derived once per layer kind (and restated in its sliding layers' overrides): every
+    # layer takes the shrunk head, half of it rotary (a sliding layer checks head_dim == nope + rope), latent ranks of
+    # the text width, an indexer head of the same size, and each kind's rotary fraction recomputed (rope / head).
+    parts = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank")
+    spec = vars(text).get("_heterogeneity_spec")
+    kept = {i: {k: v for k, v in o.items() if k not in parts} for i, o in (spec.per_layer_overrides if spec else {}).items()}
+    text.per_layer_config = None
+    text.qk_rope_head_dim = text.head_dim // 2
+    text.qk_nope_head_dim = text.head_dim - text.qk_rope_head_dim
+    text.q_lora_rank = text.kv_lora_rank = text.hidden_size
+    text.index_head_dim, text.index_n_heads = text.head_dim, 2
+    text.per_layer_config = {i: o for i, o in kept.items() if o} or None
+    for rope in text.rope_parameters.values():
+        rope["partial_rotary_factor"] = text.qk_rope_head_dim / text.head_dim
+    # The tower's MoE blocks lie past the shrunk depth (the default routes only its last 17 of 42): its second block is
+    # one, of 4 experts.
+    vision.mlp_layer_types = ["dense", "sparse"]
+    vision.num_local_experts = 4
+    # The audio encoder's attention has as many key heads as query heads (derived once).
+    config.audio_config.num_key_value_heads = config.audio_config.num_attention_heads
+
+
 def _minimax_m3_vl(config) -> None:
     # The projector's merge MLP takes merge**2 projected patches side by side: derived from the text width.
     config.merged_hidden_size = config.text_config.hidden_size * config.vision_config.spatial_merge_size**2
@@ -87,6 +111,7 @@ CONFIG_FIXES: dict[str, Callable] = {
     "cohere_compass": _cohere_compass,
     "qwen4_exp": _qwen4_exp,
     "glm5_next": _glm5_next,
+    "dots3_note": _dots3_note,
     "muse_glimmer": _muse_glimmer,
     "muse_spark": _muse_glimmer,
     "hunyuan_vl": _hunyuan_vl,

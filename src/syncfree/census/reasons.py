@@ -10,7 +10,6 @@ __all__ = ["KNOWN_GAPS", "reason_for"]
 
 KNOWN_GAPS: dict[str, str] = {
     "apertus1p5": "its images go through a discrete vision tokenizer, not a patch tower (no input hook yet)",
-    "dots3_note": "its text config sizes attention per layer (per_layer_config): the shrinker leaves it full size",
     # (Only where syncfree does not register the family, Transformers 5.17: elsewhere its family lays the batch out.)
     "glm_image": "an image generator: its processor adds target-image grids per sample, laid out by syncfree only "
                  "where it supports the family (Transformers 5.24)",

@@ -84,9 +84,54 @@ def _tie_widths(config, old: set[int], new: int) -> None:
             _set(config, name, new)
 
 
+def _lift_per_layer(config) -> tuple[dict, list] | None:
+    """A per-layer config's overrides (Transformers' ``per_layer_config``: Dots3-Note sizes its sliding layers'
+    attention apart), and its layer kinds, taken off the config so that its shared fields read and shrink as any
+    config's (a heterogeneous config refuses to read them); ``_restore_per_layer`` puts them back. None for others."""
+    spec = vars(config).get("_heterogeneity_spec")
+    if spec is None:
+        return None
+    lifted = copy.deepcopy(spec.per_layer_overrides), list(_get(config, "layer_types") or [])
+    config.per_layer_config = None
+    return lifted
+
+
+def _shrunk_overrides(config, values: dict) -> dict:
+    """One layer's overrides shrunk by the rules that shrink the shared fields (its head sizes from its own heads)."""
+    out = dict(values)
+    for name, value in {**_WIDTHS, **_HEADS, **_EXPERTS}.items():
+        if isinstance(out.get(name), int) and out[name] > value:
+            out[name] = value
+    heads = out.get("num_attention_heads") or _get(config, "num_attention_heads") or 4
+    width = out.get("hidden_size") or _get(config, "hidden_size") or 64
+    for name in _HEAD_DIMS:
+        if isinstance(out.get(name), int) and out[name] > 0:
+            out[name] = max(8, width // heads)
+    if isinstance(_get(config, "kv_lora_rank"), int) and "num_attention_heads" in out:  # (latent attention, as below)
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    return out
+
+
+def _restore_per_layer(config, lifted: tuple[dict, list] | None) -> None:
+    """The lifted overrides, shrunk, back on the layers kept: each takes those of the first old layer of its kind
+    (``layer_types``), or of its own index where layers have no kinds."""
+    if lifted is None:
+        return
+    overrides, kinds = lifted
+    new_kinds = _get(config, "layer_types") or []
+    restored = {}
+    for i in range(_get(config, "num_hidden_layers") or 0):
+        j = kinds.index(new_kinds[i]) if i < len(new_kinds) and new_kinds[i] in kinds else i
+        if overrides.get(j):
+            restored[i] = _shrunk_overrides(config, overrides[j])
+    if restored:
+        config.per_layer_config = restored
+
+
 def _shrink(config, out_width: int | None = None, sections: list[int] | None = None, old: set[int] = frozenset()
             ) -> None:
     """Shrink one (sub-)config in place (``old``: the widths of the other configs before shrinking)."""
+    lifted = _lift_per_layer(config)
     old = {*old, *(v for v in (_get(config, "hidden_size"), _get(config, "embed_dim")) if isinstance(v, int))}
     for name in _LAYERS:
         if isinstance(_get(config, name), int) and _get(config, name) > 2:
@@ -124,6 +169,7 @@ def _shrink(config, out_width: int | None = None, sections: list[int] | None = N
     if out_width is not None and isinstance(_get(config, "out_hidden_size"), int):
         _set(config, "out_hidden_size", out_width)
     _tie_widths(config, old, width)
+    _restore_per_layer(config, lifted)
 
 
 def tiny_config(model_type: str):

@@ -92,6 +92,10 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
     ("transformers.masking_utils", "_ignore_causal_mask_sdpa"): Target(
         "_ignore_causal_mask_sdpa", "", wrap="make_ignore_causal_mask_sdpa", params=("padding_mask",),
         needs=("fast_all(padding_mask", "is_tracing(")),
+    # (dots3-note's audio frames: answered from a host copy only where its audio code made one for that very mask)
+    ("transformers.masking_utils", "_ignore_bidirectional_mask_sdpa"): Target(
+        "_ignore_bidirectional_mask_sdpa", "", wrap="make_ignore_bidirectional_mask_sdpa", params=("padding_mask",),
+        needs=("padding_mask.all()", "is_tracing("), optional=True),
     ("transformers.masking_utils", "create_recurrent_attention_mask"): Target(
         "create_recurrent_attention_mask", "", edits=RECURRENT_MASK, optional=True),
     ("transformers.masking_utils", "find_packed_sequence_indices"): Target(

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .audio import AudioPlan
+from .audio_chunks import expanded_chunk_lengths
 from .audio_mask import masked_audio_plan
 from .checksum import host_checksums
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
@@ -48,9 +49,10 @@ PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_t
                "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
                "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
                "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask",
-               "images_per_sample")
+               "images_per_sample", "chunk_sample_lengths")
 # (``input_features_mask``: Qwen3-ASR's real mel frames per clip, which lay out its audio encoder's windows and valid
 # frames: ``plan.audio_mask``.)
+# (``chunk_sample_lengths``: dots3-note's samples per packed audio chunk, which give the frames each chunk keeps.)
 # (``input_values_mask``: Muse Spark's real audio samples per clip, which give the audio tokens each clip keeps.)
 # (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
 # per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
@@ -169,6 +171,10 @@ class Plan(DeviceFields):
             tokens["input_values_mask"] = host["input_values_mask"].repeat_interleave(k, dim=0)
         if host.get("input_features_mask") is not None:  # (Qwen3-ASR: the same, one clip per row)
             tokens["input_features_mask"] = host["input_features_mask"].repeat_interleave(k, dim=0)
+        if host.get("chunk_sample_lengths") is not None and host.get("input_ids") is not None:
+            # (dots3-note: each row's audio chunks repeated, row after row, as its generate() repeats them)
+            tokens["chunk_sample_lengths"] = expanded_chunk_lengths(
+                host["chunk_sample_lengths"], host["input_ids"], self.spec.audio_token_id, self.spec.samples_per_token, k)
         grids = {}
         for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
                               ("second_per_grid_ts", self.videos_per_row), ("image_merge_sizes", self.images_per_row),
@@ -251,7 +257,7 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
                position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
                video_compression_mask=None, input_values_mask=None, target_sizes=None,
                target_sizes_videos=None, input_features_mask=None,
-               images_per_sample=None) -> Draft:
+               images_per_sample=None, chunk_sample_lengths=None) -> Draft:
     """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
     host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
             "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
@@ -263,7 +269,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
             "video_compression_mask": _host(video_compression_mask), "target_sizes": _host(target_sizes),
             "target_sizes_videos": _host(target_sizes_videos),
             "input_values_mask": _host(input_values_mask), "input_features_mask": _host(input_features_mask),
-            "images_per_sample": _host(images_per_sample)}
+            "images_per_sample": _host(images_per_sample),
+            "chunk_sample_lengths": _host(chunk_sample_lengths)}
     if spec.target_sizes:  # (MiniCPM-V: each (h, w) crop is the grid row (1, h, w))
         image_grid_thw, video_grid_thw = (_navit_grid(host[name], name) for name in ("target_sizes", "target_sizes_videos"))
         host["image_grid_thw"], host["video_grid_thw"] = image_grid_thw, video_grid_thw

@@ -26,7 +26,7 @@ __all__ = ["CHECKED", "host_checksums", "assert_given_match"]
 
 CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "position_ids", "moe_mm_token_type_ids",
            "image_merge_sizes", "video_merge_sizes", "video_compression_mask", "input_values_mask",
-           "input_features_mask")
+           "input_features_mask", "chunk_sample_lengths")
 
 
 def _checksum(t: torch.Tensor) -> torch.Tensor:

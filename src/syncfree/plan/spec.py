@@ -101,6 +101,9 @@ class Layout:
     # image-to-image, 2 in text-to-image), split by ``images_per_sample``; the tower sees the sources only. Its own
     # rotary index (run as stock on the host: ``host_rope_class``) also leaves each row's decode positions on the model.
     target_grids: bool = False
+    # Audio packed in chunks of whole clips (dots3-note's ``chunk_sample_lengths``, ``audio_config.samples_per_token``
+    # samples per placeholder), with the placeholders of ``audio_tokens``: the plan keeps the chunks' lengths.
+    audio_chunks: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -162,6 +165,7 @@ class ModelSpec:
     # (Layout.audio_encoder: that class, and its config's n_window and n_window_infer), else None
     audio_encoder: tuple[str, int, int] | None = None
     target_grids: bool = False  # (Layout.target_grids)
+    samples_per_token: int | None = None  # (Layout.audio_chunks: the audio config's samples per placeholder)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -177,6 +181,8 @@ class ModelSpec:
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
         omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
+        if layout.audio_chunks:
+            omni["samples_per_token"] = config.audio_config.samples_per_token
         if layout.audio:
             ac = config.audio_config
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),

@@ -20,10 +20,12 @@ from ..plan import active
 
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
+from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_tokens  # noqa: F401  (dots3-note)
 from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid audio frames)
 from .host_mask import host_padding_mask
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
 from .navit import navit_cu_seqlens, navit_merged_cu_seqlens, navit_window_index, navit_window_kwargs  # noqa: F401
+from .placeholders_by_id import placeholder_count_by_id, placeholder_numel_by_id  # noqa: F401  (dots3-note)
 from .pooled_keep import kept_pools, pools_written  # noqa: F401  (GLM-5-Next's pooled indexer)
 from .qsa import indexed_causal_mask, visible_positions  # noqa: F401  (Qwen4-Exp's QSA indexer)
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .audio_chunks import make_ignore_bidirectional_mask_sdpa
 from .qsa import make_generation_masks
 from .wrappers import (
                        make_generate,
@@ -26,4 +27,5 @@ WRAPPERS = {f.__name__: f for f in (make_model_forward, make_vision_forward, mak
                                      make_ignore_causal_mask_sdpa, make_audio_forward, make_omni_rope_index,
                                      make_vision_forward_item_merges, make_generation_masks,
                                      make_vision_forward_target_sizes, make_masked_audio_forward,
-                                     make_decode_cache_rope_index)}
+                                     make_decode_cache_rope_index,
+                                     make_ignore_bidirectional_mask_sdpa)}
