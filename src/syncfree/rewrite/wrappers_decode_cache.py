@@ -15,6 +15,7 @@ import functools
 import torch
 
 from ..plan import active
+from ..plan.tensors import move
 from .call_args import given_args, positional_names
 from .host_read import read_to_host_syncs_once
 from .wrappers import _prepared_plan
@@ -23,7 +24,7 @@ __all__ = ["make_decode_cache_rope_index"]
 
 
 def _to(t, device):
-    return t.pin_memory().to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+    return move(t, device) if isinstance(t, torch.Tensor) else t
 
 
 def make_decode_cache_rope_index(stock):
