@@ -172,3 +172,24 @@ def test_a_packed_batch_agrees_with_itself(family, images):
         assert pixels.shape[0] == placeholders == int(grid.prod(-1).sum())
     elif packing.pixels == "navit":  # one strip of (h, w) patches
         assert pixels.shape[-1] == 2 * int(grid.prod(-1).sum())
+
+
+def test_the_census_command_plots_stock_patched_and_prepared_syncs(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from syncfree.cli import main
+
+    assert main(["census", "--families", "qwen2_vl", "--out", str(tmp_path)]) == 0
+    png = tmp_path / "census.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(png) in capsys.readouterr().out
+
+
+def test_without_matplotlib_the_census_says_no_png_was_written(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from syncfree.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert main(["census", "--families", "qwen2_vl", "--out", str(tmp_path)]) == 0
+    assert "no PNG plot written: matplotlib is not installed" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "census.json").exists()

@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 
+from .plot import plot_census
 from .run import CensusRow, as_dicts, discover, run_census
 
 __all__ = ["add_census_args", "run_census_command", "table", "default_out"]
@@ -21,7 +22,8 @@ def default_out() -> str:
 def add_census_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--families", nargs="+", metavar="MODEL_TYPE",
                    help="model types to run (default: every family found in the installed Transformers)")
-    p.add_argument("--out", default=None, help=f"output folder for census.json and census.csv (default: {default_out()})")
+    p.add_argument("--out", default=None,
+                   help=f"output folder for census.json, census.csv and census.png (default: {default_out()})")
     p.add_argument("--name", default="census", help="file name stem (default: census)")
 
 
@@ -84,6 +86,11 @@ def run_census_command(args: argparse.Namespace) -> int:
         writer = csv.DictWriter(f, fieldnames=list(result["rows"][0]) if rows else ["family"])
         writer.writeheader()
         writer.writerows(result["rows"])
+    png = plot_census(rows, os.path.join(out, f"{args.name}.png"),
+                      f"torch {torch.__version__}, transformers {transformers.__version__}")
     print("\n" + table(rows) + "\n\n" + summary(rows) + f" ({result['seconds']} s)")
-    print("wrote " + ", ".join(paths))
+    print("wrote " + ", ".join(paths + ([png] if png else [])))
+    if png is None and rows:
+        print('no PNG plot written: matplotlib is not installed (pip install "syncfree[bench]", or pip install '
+              "matplotlib)")
     return 0
