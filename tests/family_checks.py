@@ -108,6 +108,22 @@ def check_generate_and_backward_equal_stock(stock, patched, batch, options: dict
     assert all(torch.equal(losses[0][1][n], losses[1][1][n]) for n in losses[0][1])
 
 
+def prepared_generate_audited(stock, patched, batch: dict, options: dict):
+    """``generate()`` from a prepared batch on the emulated device, audited: (patched ids, stock's ids, the audit
+    report). The patched model goes back to the CPU afterwards, whatever happens."""
+    with torch.no_grad():
+        expected = stock.generate(**batch, **options)
+        with emulate_cuda():
+            patched.to("cuda")
+            try:
+                with audit() as report:
+                    ids = patched.generate(**syncfree.prepare(batch, "cuda", patched), **options)
+                ids = ids.cpu()
+            finally:
+                patched.to("cpu")
+    return ids, expected, report
+
+
 def check_generate_modes_equal_stock(stock, patched, batch, options: dict) -> None:
     """The same ids as stock from a prepared batch with the static cache, and with beams returning several sequences."""
     with torch.no_grad():

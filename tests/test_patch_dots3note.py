@@ -19,6 +19,7 @@ from family_checks import (
     check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
+    prepared_generate_audited,
     standard_layouts,
     tower_graph_breaks,
 )
@@ -148,16 +149,7 @@ def test_beams_over_audio_chunks_read_nothing_in_the_model():
     batch = _bf16(_build(stock.config, LAYOUTS["audio chunks, a video and a text-only row"][:2]))
     options = dict(max_new_tokens=2, do_sample=False, pad_token_id=0, eos_token_id=None, num_beams=2,
                    num_return_sequences=2)
-    with torch.no_grad():
-        expected = stock.generate(**batch, **options)
-        with emulate_cuda():
-            patched.to("cuda")
-            try:
-                with audit() as report:
-                    ids = patched.generate(**syncfree.prepare(batch, "cuda", patched), **options)
-                ids = ids.cpu()
-            finally:
-                patched.to("cpu")
+    ids, expected, report = prepared_generate_audited(stock, patched, batch, options)
     assert torch.equal(ids, expected)
     assert not [str(e.where) for e in report.syncs if "dots3_note" in str(e.where) or "masking_utils" in str(e.where)]
 

@@ -19,10 +19,10 @@ from family_checks import (
     check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
+    prepared_generate_audited,
     standard_layouts,
     tower_graph_breaks,
 )
-from syncfree.audit import audit, emulate_cuda
 from syncfree.inputs import Image, Text, Video, processor_batch
 from syncfree.plan import active
 from syncfree.plan.batch import build_plan
@@ -160,16 +160,7 @@ def test_the_indexers_decode_steps_do_not_sync_where_the_mask_stays_one_run(padd
     stock, patched = _pair(dtype=torch.bfloat16)
     batch = _inputs(stock.config, [[Text(3), Image(56, 56), Text(2)], [Text(2)]], padding)
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    with torch.no_grad():
-        expected = stock.generate(**batch, **options)
-        with emulate_cuda():
-            patched.to("cuda")
-            try:
-                with audit() as report:
-                    ids = patched.generate(**syncfree.prepare(batch, "cuda", patched), **options)
-                ids = ids.cpu()
-            finally:
-                patched.to("cpu")
+    ids, expected, report = prepared_generate_audited(stock, patched, batch, options)
     assert torch.equal(ids, expected)
     layers = sum(t == "indexed_attention" for t in stock.config.text_config.layer_types)
     # Right padding: the prefill is one run per row, the 2 decode steps that attend to a hole select as stock does.
