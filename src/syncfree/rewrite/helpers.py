@@ -25,13 +25,12 @@ from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid 
 from .host_mask import host_padding_mask
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
 from .navit import navit_cu_seqlens, navit_merged_cu_seqlens, navit_window_index, navit_window_kwargs  # noqa: F401
-from .placeholders_by_id import placeholder_count_by_id, placeholder_numel_by_id  # noqa: F401  (dots3-note)
 from .pooled_keep import kept_pools, pools_written  # noqa: F401  (GLM-5-Next's pooled indexer)
 from .qsa import indexed_causal_mask, visible_positions  # noqa: F401  (Qwen4-Exp's QSA indexer)
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
-           "segment_lengths", "placeholder_count", "placeholder_numel",
+           "segment_lengths", "placeholder_count", "placeholder_numel", "placeholder_count_by_id", "placeholder_numel_by_id",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
@@ -70,6 +69,30 @@ def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids
     if entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.shape == inputs_embeds.shape:
         return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
     return inputs_embeds[mask].numel()
+
+
+def _kind_of_token(token_id) -> str | None:
+    """The kind whose planned token id ``token_id`` is, for a ``get_placeholder_mask`` that serves every kind through
+    one ``token_id`` (dots3-note's); None where no plan is active, or no kind or two kinds have that id."""
+    entry = None if _compiling() else active.current()
+    if entry is None:
+        return None
+    spec = entry.plan.spec
+    kinds = [kind for kind, planned in (("image", spec.image_token_id), ("video", spec.video_token_id),
+                                        ("audio", spec.audio_token_id)) if planned is not None and planned == token_id]
+    return kinds[0] if len(kinds) == 1 else None
+
+
+def placeholder_count_by_id(input_ids, mask: torch.Tensor, token_id):
+    """``special_mask.sum()`` as ``placeholder_count``, the kind being the one whose planned token id that is."""
+    kind = _kind_of_token(token_id)
+    return mask.sum() if kind is None else placeholder_count(input_ids, mask, kind)
+
+
+def placeholder_numel_by_id(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids, token_id):
+    """``inputs_embeds[special_mask].numel()`` as ``placeholder_numel``, the kind found by its token id."""
+    kind = _kind_of_token(token_id)
+    return inputs_embeds[mask].numel() if kind is None else placeholder_numel(inputs_embeds, mask, input_ids, kind)
 
 
 def _placeholders(plan, kind: str) -> int:
