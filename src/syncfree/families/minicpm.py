@@ -1,6 +1,6 @@
 """MiniCPM-OCR, MiniCPM-V 4.6 and 4.7 (the same tower, merger, placeholder and scatter code): a SigLIP-style NaViT
 tower whose crops come as ``(h, w)`` rows of ``target_sizes`` (no ``grid_thw``), an optional in-tower window merger,
-a per-crop merger after the tower, and Qwen3.5's text model (without 3D positions, but in 4.7).
+a per-crop merger after the tower, and Qwen3.5's text model (with 3D positions only in 4.7).
 
 What is its own, beside the Qwen-VL pieces:
 

@@ -84,9 +84,10 @@ def stock_rope_index(modeling: str, cls_name: str, config, **inputs):
     inputs its signature names, by name (HunYuan-VL's: input_ids, mm_token_type_ids, image_grid_thw,
     attention_mask)."""
     cls = getattr(importlib.import_module(modeling), cls_name)
-    host = _HostSelf(cls, config)
     taken = inspect.signature(inspect.unwrap(inspect.getattr_static(cls, "get_rope_index"))).parameters
-    return host.get_rope_index(**{name: value for name, value in inputs.items() if name in taken})
+    found, _ = stock_on_host(modeling, cls_name, config, "get_rope_index",
+                             **{name: value for name, value in inputs.items() if name in taken})
+    return found
 
 
 def stock_on_host(modeling: str, cls_name: str, config, method: str, **inputs):
