@@ -24,7 +24,7 @@ from ..rewrite.edits import AUDIO_ATTENTION
 from ..rewrite.targets import Family, Target
 from .omni.inputs import Audio
 from .preset import Preset
-from .qwen_vl.inputs import Text
+from .qwen_vl.inputs import Text, pack_rows
 from .shared import family_module, handled_by, installed_source_has
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -138,14 +138,8 @@ def build_asr_inputs(config, samples: list[list], *, padding_side: str = "left",
             ids += [MARKERS["audio_start"]] + [config.audio_token_id] * audio_tokens(config, frames) + \
                 [MARKERS["audio_end"]]
         rows.append(ids)
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, ids in enumerate(rows):
-        at = slice(width - len(ids), width) if padding_side == "left" else slice(0, len(ids))
-        input_ids[i, at] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[i, at] = 1
-    out = {"input_ids": input_ids, "attention_mask": attention_mask}
+    out = pack_rows(rows, [[0] * len(r) for r in rows], pad, padding_side)
+    del out["mm_token_type_ids"]  # (its processor returns none)
     if clips:
         chunk = ac.n_window * 2
         frames = -(-max(clips) // chunk) * chunk
