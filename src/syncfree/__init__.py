@@ -22,7 +22,7 @@ from .audit import (
 )
 from .collate import planning_collator
 from .compile_vision import compile_vision
-from .patching import UnsupportedTransformers, is_patched, patch, unpatch
+from .patching import FamilyLeftStock, UnsupportedTransformers, is_patched, patch, unpatch
 from .prepare import prepare
 
 __version__ = "0.1.0"
@@ -42,5 +42,6 @@ __all__ = [
     "CudaUnavailable",
     "EmulationUnavailable",
     "UnsupportedTransformers",
+    "FamilyLeftStock",
     "__version__",
 ]

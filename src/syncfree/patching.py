@@ -13,6 +13,7 @@ rebuilt, checks included, when the model is loaded.
 from __future__ import annotations
 
 import copyreg
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -36,18 +37,33 @@ from .rewrite import helpers
 from .rewrite.attention import check_backend
 from .rewrite.edits import GENERIC_SPLIT
 from .rewrite.generic import has_split, host_seqlens_towers, split_attention_targets
+from .rewrite.nearest import nearest_fragment
 from .rewrite.rewriter import RewriteError, rewrite
 from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
 from .rewrite.wrapper_table import WRAPPERS
 
-__all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FAMILIES"]
+__all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FamilyLeftStock", "check_family",
+           "check_shared_functions", "FAMILIES"]
 
 
 class UnsupportedTransformers(RuntimeError):
-    """The installed Transformers' code is not the code a syncfree patch was written for."""
+    """The installed Transformers' code is not the code a syncfree patch was written for.
+
+    ``family`` is the model type refused (``"transformers"`` for a function every model shares), ``where`` the
+    stock function that does not match and ``problem`` what differs, with the installed code nearest to what the
+    patch expects."""
+
+    def __init__(self, message: str, family: str = "", where: str = "", problem: str = "") -> None:
+        super().__init__(message)
+        self.family, self.where, self.problem = family, where, problem
 
 
+class FamilyLeftStock(UserWarning):
+    """Class-level ``syncfree.patch()`` left a family stock: its installed code is not what the patch expects."""
+
+
+_warned: set[tuple[str, str]] = set()  # (family, Transformers version) already warned of in this process
 
 
 def _version() -> str:
@@ -60,7 +76,8 @@ def _refuse(family: str, where: str, problem: str) -> UnsupportedTransformers:
     return UnsupportedTransformers(
         f"syncfree cannot patch {family}: in the installed Transformers {_version()}, {where} is not the function "
         f"syncfree's patch was written for ({problem}). Nothing was patched. syncfree supports Transformers 5.17.0 "
-        "through the releases it was tested with; please report the version.")
+        "through the releases it was tested with (`syncfree doctor` lists what matches); please report the version.",
+        family, where, problem)
 
 
 def stock_function(owner, attr: str, inherited: bool):
@@ -86,7 +103,9 @@ def _check_wrap(family: str, where: str, target: Target, fn) -> None:
         source = "".join(inspect.getsource(inspect.unwrap(fn)).split())
         absent = [code for code in target.needs if "".join(code.split()) not in source]
         if absent:
-            raise _refuse(family, where, f"its code no longer contains {absent}")
+            near = [nearest_fragment(fn, code) for code in absent]
+            said = "; ".join(f"nearest to {code!r}: {n.describe()}" for code, n in zip(absent, near) if n is not None)
+            raise _refuse(family, where, f"its code no longer contains {absent}" + (f"; {said}" if said else ""))
 
 
 def _build(family: str, where: str, target: Target, stock):
@@ -115,6 +134,20 @@ def _is_tower(target: Target) -> bool:
     return (target.wrap or "").startswith("make_vision_forward")
 
 
+def _build_resolved(family: str, cls: type, target: Target) -> tuple[Target, object, object]:
+    """(the target as matched, its stock function, its replacement): ``target.attr``'s, else the first of its
+    ``alt_attrs`` that matches; where none does, ``target.attr``'s refusal."""
+    first = None
+    for attr in (target.attr, *target.alt_attrs):
+        candidate = target if attr == target.attr else dataclasses.replace(target, attr=attr, alt_attrs=())
+        stock = stock_function(cls, attr, candidate.inherited)
+        try:
+            return candidate, stock, _build(family, f"{cls.__name__}.{attr}", candidate, stock)
+        except UnsupportedTransformers as err:
+            first = first or err
+    raise first
+
+
 def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
     """Check every target first, then build every replacement: all or nothing."""
     found = []
@@ -122,10 +155,10 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
         cls = _target_class(family, target)
         if cls is None:
             raise UnsupportedTransformers(f"syncfree cannot patch {family.model_type}: Transformers {_version()} has "
-                                          f"no {target.cls}. Nothing was patched.")
-        stock = stock_function(cls, target.attr, target.inherited)
+                                          f"no {target.cls}. Nothing was patched.", family.model_type, target.cls,
+                                          "the class does not exist")
         try:
-            built = _build(family.model_type, f"{cls.__name__}.{target.attr}", target, stock)
+            target, stock, built = _build_resolved(family.model_type, cls, target)
         except UnsupportedTransformers:
             if not target.optional:
                 raise
@@ -137,10 +170,10 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
     return found
 
 
-def _module_replacements() -> dict[tuple[str, str], tuple]:
+def _module_replacements(refused: list | None = None) -> dict[tuple[str, str], tuple]:
     """Build (without installing) the module-level replacements not installed yet: (module, function) ->
-    (stock, replacement, the class holding it for a method, else None). Raises, having changed nothing, where a
-    required one does not match."""
+    (stock, replacement, the class holding it for a method, else None). Where a required one does not match:
+    raises, having changed nothing; or, given a ``refused`` list, appends the refusal there and goes on."""
     built = {}
     for (module_name, name), target in MODULE_TARGETS.items():
         if (module_name, name) in _module_patches:
@@ -152,9 +185,12 @@ def _module_replacements() -> dict[tuple[str, str], tuple]:
         stock = vars(owner).get(name.rpartition(".")[2]) if owner is not None else None
         try:
             built[(module_name, name)] = (stock, _build("transformers", f"{module_name}.{name}", target, stock), holder)
-        except UnsupportedTransformers:
-            if not target.optional:
+        except UnsupportedTransformers as err:
+            if target.optional:
+                continue
+            if refused is None:
                 raise
+            refused.append(err)
     return built
 
 
@@ -193,14 +229,19 @@ def _generic_replacements(model: torch.nn.Module) -> dict:
 
 
 def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None,
-          vision_attention: str = "split", vision_every_step: bool = False, verbose: bool = False):
+          vision_attention: str = "split", vision_every_step: bool = False, verbose: bool = False,
+          strict: bool = False):
     """Make the multimodal forward free of host syncs, without changing what it computes.
 
     With a model (``*ForConditionalGeneration``, ``*Model``, ``*VisionModel``, also inside a PEFT
     wrapper), patch that instance and return it. A model of a family syncfree does not fully support
     gets the generic fix of its vision attention split, where the stock code has it. Without a model,
     patch the classes of the fully supported ``families`` (default: all of them that the installed
-    Transformers has), so every model of them, built before or after, is patched.
+    Transformers has), so every model of them, built before or after, is patched. A family whose installed
+    code no longer matches the patch (a newer Transformers release changed it) is then left stock with one
+    ``FamilyLeftStock`` warning naming the function, and every other family is patched; ``strict=True``
+    raises ``UnsupportedTransformers`` instead, having patched nothing. A model instance of such a family is
+    always refused with ``UnsupportedTransformers``.
     ``vision_attention`` picks how the vision attention runs its segments (fully supported families):
     ``"split"`` (one call per segment, as stock), ``"grouped"``, ``"block_diagonal"``, ``"varlen"`` or
     ``"auto"`` (see ``syncfree.rewrite.attention``). ``vision_every_step=True`` (a model instance of a fully
@@ -214,23 +255,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     if vision_every_step and model is None:
         raise ValueError("syncfree.patch: vision_every_step=True applies to a model instance; pass the model")
     if model is None:
-        if families is None:
-            families = tuple(n for n, f in FAMILIES.items() if installed(f.modeling))
-        unknown = [n for n in families if n not in FAMILIES]
-        if unknown:
-            raise ValueError(f"syncfree.patch: {unknown} are not fully supported families (supported: "
-                             f"{', '.join(FAMILIES)}); patch a model instance to get the generic fix")
-        planned = [r for name in families for r in _replacements(FAMILIES[name])]
-        _install_module_functions(_module_replacements())  # (everything checked: from here on nothing raises)
-        for cls, target, _stock, replacement in planned:
-            if (cls, target.attr) not in _class_patches:
-                _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
-            setattr(cls, target.attr, replacement)
-            if _is_tower(target):
-                _set_backend(cls, vision_attention)
-        if verbose:
-            print(f"syncfree: patched the classes of {', '.join(families)} ({len(planned)} functions); "
-                  "syncfree.patch_report.describe_patch(model) lists them for a model")
+        _patch_classes(families, vision_attention, verbose, strict)
         return None
     # Everything that can refuse is checked before anything changes: a refused patch leaves the model, the
     # classes and Transformers' modules exactly as they were.
@@ -288,6 +313,72 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
 
         print("\n".join(describe_patch(model).lines()))
     return model
+
+
+def _patch_classes(families: tuple[str, ...] | None, vision_attention: str, verbose: bool, strict: bool) -> None:
+    """The class-level patch: every family whose installed code matches; each other one is left stock, with one
+    warning (or, ``strict``, the refusal raised before anything changes). A family is never half-patched: all of
+    its replacements are built and checked before any is installed."""
+    if families is None:
+        families = tuple(n for n, f in FAMILIES.items() if installed(f.modeling))
+    unknown = [n for n in families if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"syncfree.patch: {unknown} are not fully supported families (supported: "
+                         f"{', '.join(FAMILIES)}); patch a model instance to get the generic fix")
+    planned, refused = [], []
+    for name in families:
+        try:
+            planned += _replacements(FAMILIES[name])
+        except UnsupportedTransformers as err:
+            refused.append(err)
+    module_functions = _module_replacements(refused)
+    if strict and refused:
+        raise refused[0]
+    _install_module_functions(module_functions)  # (everything checked: from here on nothing raises)
+    for cls, target, _stock, replacement in planned:
+        if (cls, target.attr) not in _class_patches:
+            _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
+        setattr(cls, target.attr, replacement)
+        if _is_tower(target):
+            _set_backend(cls, vision_attention)
+    for err in refused:
+        _warn_left_stock(err)
+    if verbose:
+        left = {err.family for err in refused}
+        print(f"syncfree: patched the classes of {', '.join(n for n in families if n not in left)} ({len(planned)} "
+              f"functions){'; left stock: ' + ', '.join(sorted(left)) if left else ''}; "
+              "syncfree.patch_report.describe_patch(model) lists them for a model")
+
+
+def _warn_left_stock(err: UnsupportedTransformers) -> None:
+    """One line, once per family and Transformers release in a process."""
+    key = (err.family, _version())
+    if key in _warned:
+        return
+    _warned.add(key)
+    what = "its shared function" if err.family == "transformers" else err.family
+    warnings.warn(f"syncfree.patch: left {what} stock: in Transformers {_version()}, {err.where} no longer matches "
+                  f"the code syncfree's patch was written for ({err.problem}); every other family is patched "
+                  "(`syncfree doctor` lists them; patch(strict=True) raises instead)", FamilyLeftStock, stacklevel=4)
+
+
+def check_family(family: str | Family) -> UnsupportedTransformers | None:
+    """Why the installed Transformers' code does not match syncfree's patch of ``family`` (a fully supported
+    model type), or None where every target matches. Builds the replacements (kept for a later patch); installs
+    nothing."""
+    try:
+        _replacements(FAMILIES[family] if isinstance(family, str) else family)
+    except UnsupportedTransformers as err:
+        return err
+    return None
+
+
+def check_shared_functions() -> list[UnsupportedTransformers]:
+    """The refusals of the module-level functions every model shares (``transformers.masking_utils``' SDPA mask
+    shortcut, ...) that syncfree replaces; empty where they all match."""
+    refused: list[UnsupportedTransformers] = []
+    _module_replacements(refused)
+    return refused
 
 
 def _takes_vision_every_step(module) -> bool:

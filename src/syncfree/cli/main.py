@@ -1,4 +1,4 @@
-"""The ``syncfree`` command: ``demo``, ``audit``, ``bench`` and ``census``.
+"""The ``syncfree`` command: ``demo``, ``audit``, ``bench``, ``census``, ``patch`` and ``doctor``.
 
 Every option is checked before the work starts (``syncfree.compare.checks``), and every failure is one
 line on stderr with a nonzero exit status (``syncfree.cli.errors``).
@@ -29,11 +29,12 @@ examples:
   syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
   syncfree bench --quick      # a smoke run of the benchmark on tiny models
   syncfree census             # every family with the vision split: syncs
+  syncfree doctor             # after upgrading Transformers: does every patch still match?
 
 Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
 
 
-_COMMANDS = ("demo", "audit", "bench", "census")
+_COMMANDS = ("demo", "audit", "bench", "census", "patch", "doctor")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -271,6 +272,18 @@ def _parser() -> argparse.ArgumentParser:
                                        "forward on the emulated device: every sync left, by source line.")
     add_patch_args(patch, _DTYPES)
     _add_debug(patch, default=argparse.SUPPRESS)
+    from ..census.doctor import add_doctor_args
+
+    doctor = sub.add_parser("doctor", help="after upgrading Transformers: which families' patches still match",
+                            description="For the installed torch and Transformers, one line per family: fully "
+                                        "supported and matching, changed (the function, and the installed code "
+                                        "nearest to what the patch expects), generic fix only, or not in this "
+                                        "release. Exit status 1 where a fully supported family no longer matches.",
+                            epilog="example:\n  syncfree doctor                      # every family\n"
+                                   "  syncfree doctor --families qwen3_vl    # one family",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_doctor_args(doctor)
+    _add_debug(doctor, default=argparse.SUPPRESS)
     return parser
 
 
@@ -296,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
 
         def work() -> int:
             return run_census_command(args)
+    elif args.command == "doctor":
+        from ..census.doctor import run_doctor_command
+
+        def work() -> int:
+            return run_doctor_command(args)
     elif args.command == "patch":
         from ..census.patch_report import run_patch_command
 

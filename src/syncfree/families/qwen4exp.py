@@ -25,7 +25,7 @@ _P = "Qwen4Exp"
 
 _TARGETS = qwen3_vl_targets(_P, deepstack=False) + (
     Target(f"{_P}TextModel", "forward", edits=QSA_MASK),
-    Target(f"{_P}TextQSAIndexer", "forward", edits=QSA_VISIBLE),
+    Target(f"{_P}TextQSAIndexer", "forward", edits=QSA_VISIBLE, alt_attrs=("_select_tokens",)),
     # (generate() with a static cache makes the masks itself: the counts for its indexed layers' mask)
     Target(f"{_P}ForConditionalGeneration", "prepare_inputs_for_generation", wrap="make_generation_masks",
            inherited=True),

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import textwrap
 import types
 from dataclasses import dataclass
+
+from .nearest import nearest_code
 
 __all__ = ["Edit", "RewriteError", "rewrite", "stock_chain"]
 
@@ -69,12 +72,14 @@ class _Replacer(ast.NodeTransformer):
         self.expr = {e.normalized_old(): e for e in edits if e.kind == "expr"}
         self.stmt = {e.normalized_old(): e for e in edits if e.kind == "stmt"}
         self.hits = {e: 0 for e in edits if e.kind != "prepend"}
+        self.lines: dict[Edit, list[int]] = {e: [] for e in self.hits}  # where each match stands in the stock file
 
     def visit(self, node):
         if isinstance(node, ast.stmt) and self.stmt:
             edit = self.stmt.get(ast.unparse(node))
             if edit is not None:
                 self.hits[edit] += 1
+                self.lines[edit].append(node.lineno)
                 new = ast.parse(textwrap.dedent(edit.new)).body
                 for n in new:
                     for sub in ast.walk(n):
@@ -84,6 +89,7 @@ class _Replacer(ast.NodeTransformer):
             edit = self.expr.get(ast.unparse(node))
             if edit is not None:
                 self.hits[edit] += 1
+                self.lines[edit].append(node.lineno)
                 new = ast.parse(textwrap.dedent(edit.new), mode="eval").body
                 for sub in ast.walk(new):
                     ast.copy_location(sub, node)
@@ -172,6 +178,16 @@ def _cell_value(cell):
         return None
 
 
+def _miscount(plain, filename: str, edit: Edit, found: int, lines: list[int]) -> str:
+    """Why ``edit`` does not apply, with what a maintainer needs to mend it: where the code stands if it is there
+    too often, else the installed code nearest to it (often the same code, moved to another function)."""
+    said = f"the code {edit.normalized_old()!r} appears {found} times, not {edit.count}"
+    if found:
+        return f"{said} (at {os.path.basename(filename)}:{', '.join(map(str, lines))})"
+    near = nearest_code(plain, edit.old, edit.kind)
+    return f"{said}; nearest installed code: {near.describe()}" if near is not None else said
+
+
 def rewrite(stock, edits: list[Edit], helpers, where: str):
     """The stock function ``stock`` (decorated or not) with ``edits`` applied to its innermost function.
 
@@ -187,8 +203,7 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     replacer = _Replacer(edits)
     node.body = [replacer.visit(stmt) for stmt in node.body]
     node.body = [s for item in node.body for s in (item if isinstance(item, list) else [item])]
-    problems = [f"the code {e.normalized_old()!r} appears {n} times, not {e.count}" for e, n in replacer.hits.items()
-                if n != e.count]
+    problems = [_miscount(plain, filename, e, n, replacer.lines[e]) for e, n in replacer.hits.items() if n != e.count]
     if problems:
         raise RewriteError("; ".join(problems))
     prepend = [s for e in edits if e.kind == "prepend" for s in ast.parse(textwrap.dedent(e.new)).body]
