@@ -44,7 +44,7 @@ from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
 from .rewrite.wrapper_table import WRAPPERS
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FamilyLeftStock", "check_family",
-           "check_shared_functions", "FAMILIES"]
+           "check_shared_functions", "refusal_for", "FAMILIES"]
 
 
 class UnsupportedTransformers(RuntimeError):
@@ -371,6 +371,14 @@ def check_family(family: str | Family) -> UnsupportedTransformers | None:
     except UnsupportedTransformers as err:
         return err
     return None
+
+
+def refusal_for(model: torch.nn.Module) -> UnsupportedTransformers | None:
+    """Why ``patch(model)`` would refuse the installed Transformers' code for this model's family, or None (a
+    family that matches, or a model that gets the generic fix). The tools ask this first, so that a family a
+    release changed is a row that says why, not an error."""
+    family = _family_of(model)
+    return None if family is None else check_family(family)
 
 
 def check_shared_functions() -> list[UnsupportedTransformers]:

@@ -31,7 +31,7 @@ from ..compare.towers import tower_call
 from ..compare.train import labels_for
 from ..compare.varlen import VARLEN, use_torch_varlen
 from ..inputs import batch_to, processor_batch
-from ..patching import patch, unpatch
+from ..patching import patch, refusal_for, unpatch
 from ..plan.errors import InputsNotTaken
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model, vision_tower_of
@@ -312,6 +312,13 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
             if not cfg.keep_going:
                 raise
             run.errors.append(_failure(model_name, attn, None, exc))
+            continue
+        refused = refusal_for(model)
+        if refused is not None:  # (a family this release changed: a row that says why, for each scenario)
+            run.skipped += [{"model": model_name, "attn": attn, "scenario": s,
+                             "why": f"syncfree leaves it stock on this Transformers release: {refused.where} changed "
+                                    "(`syncfree doctor` says how)"} for s in cfg.scenarios]
+            del model
             continue
         pending: list = []
         for scenario_name in cfg.scenarios:

@@ -40,7 +40,7 @@ def table(rows: list[CensusRow]) -> str:
             "note")
     lines = [head]
     for r in rows:
-        note = r.reason if r.status != "ok" else (f"left: {r.left}" if r.left else "")
+        note = r.reason if r.status != "ok" or r.support == "changed" else (f"left: {r.left}" if r.left else "")
         lines.append((r.family, r.support if r.status == "ok" else f"{r.support} ({r.status})", _cell(r.stock_syncs),
                       _cell(r.stock_blocking), _cell(r.patched_syncs), _cell(r.prepared_syncs),
                       _cell(r.same_outputs), note[:100]))
@@ -51,10 +51,13 @@ def table(rows: list[CensusRow]) -> str:
 
 
 def summary(rows: list[CensusRow]) -> str:
-    counts = {level: sum(r.support == level for r in rows) for level in ("full", "generic", "none")}
+    counts = {level: sum(r.support == level for r in rows) for level in ("full", "generic", "none", "changed")}
     ran = sum(r.status == "ok" for r in rows)
+    changed = (f", {counts['changed']} left stock (this release changed their code: `syncfree doctor`)"
+               if counts["changed"] else "")
     return (f"{len(rows)} families with the packed vision split: {counts['full']} fully supported, "
-            f"{counts['generic']} with the generic fix, {counts['none']} not supported; {ran} built and ran here")
+            f"{counts['generic']} with the generic fix, {counts['none']} not supported{changed}; {ran} built and ran "
+            "here")
 
 
 def run_census_command(args: argparse.Namespace) -> int:

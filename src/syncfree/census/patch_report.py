@@ -25,6 +25,7 @@ class PatchRun:
     reports: dict  # variant -> audit Report ("stock", "patched", "patched+prepare")
     same_outputs: bool
     model: str  # what was built, in words
+    refused: str = ""  # why syncfree leaves it stock on this release (a family whose code changed), if it does
 
 
 def _build(model: str, inputs: str, dtype: torch.dtype, text_layers: int | None) -> tuple[torch.nn.Module, dict, str]:
@@ -52,11 +53,19 @@ def run_patch_report(model: str, *, inputs: str = "images", dtype: torch.dtype =
     from ..audit import audit, emulate_cuda
     from ..inputs import batch_to
     from ..patch_report import describe_patch
-    from ..patching import patch
+    from ..patching import patch, refusal_for
     from ..prepare import prepare
     from .run import output_of
 
     built, batch, what = _build(model, inputs, dtype, text_layers)
+    refused = refusal_for(built)
+    if refused is not None:  # (data, not an error: the stock audit stands, and the run says why there is no other)
+        with emulate_cuda(), torch.no_grad():
+            built.to("cuda")
+            kwargs = batch_to(batch, "cuda")
+            with audit() as report:
+                built(**kwargs)
+        return PatchRun(None, {"stock": report}, True, what, refused=str(refused))
     reports, outputs = {}, {}
     with emulate_cuda(), torch.no_grad():
         built.to("cuda")
@@ -95,6 +104,10 @@ def run_patch_command(args: argparse.Namespace, dtypes: dict) -> int:
     run = run_patch_report(args.model, inputs=args.inputs, dtype=getattr(torch, dtypes[args.dtype]),
                            text_layers=args.text_layers)
     print(f"syncfree patch --report: {run.model}")
+    if run.refused:
+        print(f"not patched: {run.refused}")
+        print(f"\nsyncs in one stock forward on the emulated device: {len(run.reports['stock'].syncs)}")
+        return 0
     print("\n".join(run.description.lines()))
     counts = " -> ".join(f"{variant} {len(r.syncs)} ({len(r.blocking_copies)} blocking copies)"
                          for variant, r in run.reports.items())

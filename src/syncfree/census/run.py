@@ -26,7 +26,7 @@ PATTERN = "lengths.tolist()"
 class CensusRow:
     family: str
     status: str  # "ok", "not built", "not run"
-    support: str = "none"  # "full", "generic" or "none"
+    support: str = "none"  # "full", "generic", "none", or "changed" (fully supported, but this release's code differs)
     stock_syncs: int | None = None
     stock_blocking: int | None = None
     patched_syncs: int | None = None
@@ -158,7 +158,7 @@ def tiny_model_and_batch(family: str) -> tuple[torch.nn.Module, dict]:
 def census_family(family: str, debug: bool = False) -> CensusRow:
     """One row of the census (never raises: a failure is the row's reason; ``debug`` prints its traceback)."""
     from ..audit import emulate_cuda
-    from ..patching import patch
+    from ..patching import patch, refusal_for
 
     start = time.perf_counter()
     row = CensusRow(family, "not built", support=support_level(family))
@@ -169,8 +169,11 @@ def census_family(family: str, debug: bool = False) -> CensusRow:
         row.seconds = time.perf_counter() - start
         return row
     row.status = "not run"
+    refused = refusal_for(stock) if row.support == "full" else None
+    if refused is not None:  # (a release changed its code: stock only, and the row says which function)
+        row.support, row.reason = "changed", f"left stock: {refused.where} changed ({refused.problem})"[:240]
     try:
-        patched = patch(copy.deepcopy(stock)) if row.support != "none" else None
+        patched = patch(copy.deepcopy(stock)) if row.support in ("full", "generic") else None
     except ValueError as exc:
         patched, row.reason = None, f"{type(exc).__name__}: {exc}".replace("\n", " ")[:240]
     try:

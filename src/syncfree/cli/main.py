@@ -208,6 +208,8 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     finally:
         line.clear()
     n = len(reports)
+    if "refused" in about:  # (data, not an error: the stock audit stands, and the line says why there is no other)
+        print(f"not patched: {about['refused']}")
     print(f"engine: {about['engine']}; vision depth {about['vision_depth']}, text layers {about['text_layers']}; "
           f"grids {about['grids']}; sequence {about['sequence']}")
     if train:

@@ -139,7 +139,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
     ``progress(text)``, if given, hears what is running: the build, then each variant's vision
     blocks and text layers as they start (e.g. ``"[2/3 patched] vision block 12/24"``).
     """
-    from ..patching import patch, unpatch
+    from ..patching import patch, refusal_for, unpatch
     from ..prepare import prepare
     from .varlen import VARLEN, use_torch_varlen, varlen_problem
 
@@ -170,6 +170,9 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
                             seed=spec.seed)
     if varlen:
         use_torch_varlen(model)
+    refused = refusal_for(model)  # (a family this release changed: stock only, and the run says why)
+    if refused is not None:
+        variants = tuple(v for v in variants if v == "stock")
     context = contextlib.nullcontext() if use_gpu else emulate_cuda()
     reports = {}
     timing = {"build_s": 0.0, "forwards_s": 0.0}
@@ -210,4 +213,6 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
         "sequence": list(batch["input_ids"].shape),
         **timing,
     }
+    if refused is not None:
+        about["refused"] = str(refused)
     return reports, about

@@ -71,7 +71,7 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
     (PyTorch's default implementation for the device: foreach on CUDA and on the emulated device) or
     ``"sgd"`` (no state: for shapes whose AdamW state does not fit).
     """
-    from ..patching import patch, unpatch
+    from ..patching import patch, refusal_for, unpatch
     from ..prepare import prepare
 
     def say(text: str) -> None:
@@ -92,6 +92,9 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
     model = build_model(spec.model, attn=spec.attn, dtype=spec.dtype, text_layers=spec.text_layers, seed=spec.seed)
     model.train()
     _enable_checkpointing(model, grad_ckpt)
+    refused = refusal_for(model)  # (a family this release changed: stock only, and the run says why)
+    if refused is not None:
+        variants = tuple(v for v in variants if v == "stock")
     reports, losses = {}, {}
     timing = {"build_s": 0.0, "steps_s": 0.0}
     context = contextlib.nullcontext() if use_gpu else emulate_cuda()
@@ -132,4 +135,6 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
         "losses": {v: float(x) for v, x in losses.items()},
         **timing,
     }
+    if refused is not None:
+        about["refused"] = str(refused)
     return reports, about
