@@ -110,13 +110,16 @@ def census_batch(model, images: int = 2, text: int = 6, packing: Packing | None 
     merge = packing.merge or vision_field(vc, _MERGE, 1)
     temporal = vision_field(vc, _TEMPORAL, 1)
     gen = torch.Generator().manual_seed(0)
+    # (Ovis2.5: each image's placeholders between its own start and end tokens, which the forward counts.)
+    start, end = (getattr(config, f"image_{edge}_token_id", None) for edge in ("start", "end"))
+    bounds = ([start], [end]) if isinstance(start, int) and isinstance(end, int) else ([], [])
     grid, ids, types = [], [], []
     for i in range(images):
         side = 2 * merge * packing.reduce * (i + 1)  # in patches
         grid.append([1, side, side])
         tokens = packing.tokens(1, side, side, merge)
-        ids += [11 + i] * text + [image_token] * tokens
-        types += [0] * text + [1] * tokens
+        ids += [11 + i] * text + bounds[0] + [image_token] * tokens + bounds[1]
+        types += [0] * (text + len(bounds[0])) + [1] * tokens + [0] * len(bounds[1])
     ids += [12] * text
     types += [0] * text
     sent = [[t, h // merge, w // merge] if packing.grid_in_tokens else [t, h, w] for t, h, w in grid]
