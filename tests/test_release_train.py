@@ -200,3 +200,30 @@ def test_patching_a_matching_model_after_a_refused_one_still_works(changed_relea
     assert syncfree.is_patched(model)
     syncfree.unpatch(model)
     assert isinstance(model, torch.nn.Module) and not syncfree.is_patched(model)
+
+
+def test_audit_compare_of_a_changed_family_is_the_stock_audit_and_says_why(changed_release, capsys):
+    from syncfree.cli import main
+
+    assert main(["audit", "--compare", "--model", "qwen2-vl-tiny", "--engine", "emulated"]) == 0
+    out = capsys.readouterr().out
+    assert "not patched: syncfree cannot patch qwen2_vl" in out
+    assert "1 audited forward " in out
+
+
+def test_patch_report_of_a_changed_family_says_why(changed_release, capsys):
+    from syncfree.cli import main
+
+    assert main(["patch", "--report", "--model", "qwen2-vl-tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "not patched: syncfree cannot patch qwen2_vl" in out
+
+
+def test_bench_of_a_changed_family_lists_it_as_skipped(changed_release):
+    from syncfree.bench.runner import BenchConfig, run_matrix
+
+    run = run_matrix(BenchConfig(models=("qwen2-vl-tiny",), scenarios=("image-448",), repeats=1, budget_s=1,
+                                 graph_breaks=False))
+    assert not run.records and not run.errors
+    assert [s["scenario"] for s in run.skipped] == ["image-448"]
+    assert "leaves it stock" in run.skipped[0]["why"]
