@@ -8,10 +8,12 @@ import importlib.util
 from ..rewrite.edits import (
     FEATURE_SCATTER,
     GENERATION_POSITIONS,
+    LINEAR_LENGTH_TENSOR,
     PACKED_CHECK,
     PLACEHOLDER_MASK,
     RECURRENT_MASK,
     SLIDING_WINDOW_TENSOR,
+    STATIC_LENGTH_TENSOR,
     VISION_ATTENTION,
 )
 from ..rewrite.targets import Target
@@ -103,6 +105,10 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
     # A class's method ("Class.method"): the class itself is patched.
     ("transformers.cache_utils", "DynamicSlidingWindowLayer.lazy_initialization"): Target(
         "DynamicSlidingWindowLayer", "lazy_initialization", edits=SLIDING_WINDOW_TENSOR, optional=True),
+    ("transformers.cache_utils", "StaticLayer.lazy_initialization"): Target(
+        "StaticLayer", "lazy_initialization", edits=STATIC_LENGTH_TENSOR, optional=True),
+    ("transformers.cache_utils", "LinearAttentionLayer.lazy_initialization"): Target(
+        "LinearAttentionLayer", "lazy_initialization", edits=LINEAR_LENGTH_TENSOR, optional=True),
 }
 
 

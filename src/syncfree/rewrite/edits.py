@@ -10,7 +10,8 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
+           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
+           "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES"]
 
@@ -200,13 +201,18 @@ PACKED_CHECK = (
     Edit("expr", "(packed_sequence_mask[:, -1] == 0).all()", "_syncfree.none_packed(packed_sequence_mask, position_ids)"),
 )
 
+def _host_scalar_move(attr: str) -> tuple[Edit, ...]:
+    return (Edit("expr", f"self.{attr}.to(self.device)", f"_syncfree.host_scalar_to(self.{attr}, self.device)"),)
+
+
 # A sliding-window layer of the generation cache moves its window size (a 0-d host tensor) to the device when
 # it first sees keys: a blocking copy (the host waits for the stream) per sliding layer at every prefill.
 # Made on the device by a fill instead, from the host value (no copy, no wait).
-SLIDING_WINDOW_TENSOR = (
-    Edit("expr", "self._sliding_window_tensor.to(self.device)",
-         "_syncfree.host_scalar_to(self._sliding_window_tensor, self.device)"),
-)
+SLIDING_WINDOW_TENSOR = _host_scalar_move("_sliding_window_tensor")
+# The same for the token count a cache layer keeps as a 0-d host tensor and moves to the device when it first sees
+# a state (Transformers 5.25: a blocking copy per layer, in the static cache's layers and the linear-attention ones).
+STATIC_LENGTH_TENSOR = _host_scalar_move("cumulative_length")
+LINEAR_LENGTH_TENSOR = _host_scalar_move("cumulative_length_linear")
 
 # ERNIE-4.5-VL's MoE block runs text and vision tokens through separate experts: it asks whether the batch has
 # vision tokens, then moves each kind's rows with boolean masks over the hidden width (each one a read of the
