@@ -7,13 +7,15 @@ is patched: syncfree refuses with a message naming the version and the function.
 
 Instance patches are bound methods in the module's ``__dict__``. They survive ``copy.deepcopy``
 and pickling (``torch.save(model)``): the pickled form names the patched function, which is
-rebuilt, checks included, when the model is loaded.
+rebuilt, checks included, when the model is loaded. What a patch changes outside the model (the
+module-level functions every model shares, the pickling hook) is held while a patched model or the
+class-level patch needs it and restored when the last one is unpatched (``shared_patches``).
 """
 
 from __future__ import annotations
 
-import copyreg
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -42,6 +44,7 @@ from .rewrite.rewriter import RewriteError, rewrite
 from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
 from .rewrite.wrapper_table import WRAPPERS
+from .shared_patches import CLASS_LEVEL, HOLD_ATTR, Hold, critical, hold, release
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FamilyLeftStock", "check_family",
            "check_shared_functions", "refusal_for", "FAMILIES"]
@@ -109,8 +112,8 @@ def _check_wrap(family: str, where: str, target: Target, fn) -> None:
 
 
 def _build(family: str, where: str, target: Target, stock):
-    if stock in _built:
-        return _built[stock]
+    if (stock, target) in _built:  # (keyed on both: the generic fix and full support rewrite one function apiece)
+        return _built[(stock, target)]
     if stock is None:
         raise _refuse(family, where, "it does not exist")
     fn = stock
@@ -125,7 +128,7 @@ def _build(family: str, where: str, target: Target, stock):
     if target.wrap:
         _check_wrap(family, where, target, stock)
         fn = WRAPPERS[target.wrap](fn)
-    _built[stock] = fn
+    _built[(stock, target)] = fn
     _how[fn] = target
     return fn
 
@@ -194,29 +197,6 @@ def _module_replacements(refused: list | None = None) -> dict[tuple[str, str], t
     return built
 
 
-def _install_module_functions(built: dict[tuple[str, str], tuple]) -> None:
-    """Install the module-level replacements, in every loaded Transformers module holding the stock function
-    (at every patch(): a family module imported since then gets them too). Nothing here can fail."""
-    import sys
-
-    for (module_name, name), (stock, replacement, holder) in built.items():
-        _module_patches[(module_name, name)] = (stock, replacement, [])
-        if holder is not None:  # a class's method: the class is its one holder
-            setattr(holder, name.rpartition(".")[2], replacement)
-            _module_patches[(module_name, name)][2].append(holder)
-    for (_module_name, name), (stock, replacement, holders) in _module_patches.items():
-        if "." in name:
-            continue
-        for m_name, module in list(sys.modules.items()):
-            if m_name.startswith("transformers") and getattr(module, "__dict__", {}).get(name) is stock:
-                setattr(module, name, replacement)
-                holders.append(module)
-
-
-def _patch_module_functions() -> None:
-    _install_module_functions(_module_replacements())
-
-
 def _generic_replacements(model: torch.nn.Module) -> dict:
     """Replacements for the vision attention split of a family syncfree does not fully support."""
     replacements = {}
@@ -228,6 +208,18 @@ def _generic_replacements(model: torch.nn.Module) -> dict:
     return replacements
 
 
+def _locked(fn):
+    """Run under the patch state's lock (``patch`` and ``unpatch`` may be called from several threads)."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with critical():
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+@_locked
 def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None,
           vision_attention: str = "split", vision_every_step: bool = False, verbose: bool = False,
           strict: bool = False):
@@ -297,11 +289,12 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
              for (cls, attr), replacement in replacements.items() if isinstance(module, cls)]
     if not bound:
         raise ValueError(f"syncfree.patch: {type(model).__name__} holds no module that syncfree patches")
-    _install_module_functions(module_functions)
-    copyreg.pickle(types.MethodType, _reduce_method)
+    marker = Hold(_reduce_patched)
+    hold(marker, module_functions, _reduce_patched)
     patched = {}
     for module, cls, attr, replacement in bound:
         module.__dict__[attr] = types.MethodType(replacement, module)
+        module.__dict__[HOLD_ATTR] = marker
         patched[f"{cls.__name__}.{attr}"] = patched.get(f"{cls.__name__}.{attr}", 0) + 1
     for module in model.modules():
         if towers and isinstance(module, towers):
@@ -334,7 +327,7 @@ def _patch_classes(families: tuple[str, ...] | None, vision_attention: str, verb
     module_functions = _module_replacements(refused)
     if strict and refused:
         raise refused[0]
-    _install_module_functions(module_functions)  # (everything checked: from here on nothing raises)
+    hold(CLASS_LEVEL, module_functions, _reduce_patched)  # (everything checked: from here on nothing raises)
     for cls, target, _stock, replacement in planned:
         if (cls, target.attr) not in _class_patches:
             _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
@@ -410,8 +403,10 @@ def _set_backend(cls: type, backend: str) -> None:
         cls._syncfree_attention = backend
 
 
+@_locked
 def unpatch(model: torch.nn.Module | None = None) -> None:
-    """Undo ``patch``: restore the stock functions exactly (on the instance, or on the classes)."""
+    """Undo ``patch``: restore the stock functions exactly (on the instance, or on the classes). The functions
+    every model shares are restored too, once no other patched model (or the class-level patch) needs them."""
     _check_module(model, "unpatch", allow_none=True)
     if model is None:
         for cls, _attr in list(_class_patches):
@@ -423,12 +418,13 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
             else:
                 setattr(cls, attr, stock)
             del _class_patches[(cls, attr)]
-        for (module_name, name), (stock, _, holders) in list(_module_patches.items()):
-            for holder in holders:
-                setattr(holder, name.rpartition(".")[2], stock)
-            del _module_patches[(module_name, name)]
+        release(CLASS_LEVEL)
         return
     for module in model.modules():
+        marker = module.__dict__.pop(HOLD_ATTR, None)
+        if marker is not None:
+            release(marker)
+        release(module)  # (a part of a model that unpickling patched on its own)
         for attr in ("_syncfree_attention", "_syncfree_buckets", "_syncfree_bucket_backend", "_syncfree_compiled",
                      VISION_EVERY_STEP):
             module.__dict__.pop(attr, None)
@@ -449,12 +445,10 @@ def is_patched(model: torch.nn.Module) -> bool:
 
 
 # ---- pickling ---------------------------------------------------------------------------------------
-def _reduce_method(method):
-    """How pickle stores bound methods: syncfree's by name (rebuilt on load), others as Python does."""
+def _reduce_patched(method):
+    """How pickle stores a syncfree method: by name, rebuilt (checks included) on load; None for any other."""
     origin = _origin.get(method.__func__)
-    if origin is not None:
-        return _rebind, (method.__self__, *origin)
-    return getattr, (method.__self__, method.__func__.__name__)
+    return None if origin is None else (_rebind, (method.__self__, *origin))
 
 
 def _rebind(obj, modeling: str, cls_name: str, attr: str):
@@ -462,11 +456,12 @@ def _rebind(obj, modeling: str, cls_name: str, attr: str):
     if family is not None:
         for _cls, target, _, replacement in _replacements(family):
             if target.cls == cls_name and target.attr == attr:
-                _patch_module_functions()
+                hold(obj, _module_replacements(), _reduce_patched)
                 return types.MethodType(replacement, obj)
     else:  # the generic fix (the object is still being unpickled here: only its class is asked)
         cls = getattr(importlib.import_module(modeling), cls_name, None)
         if cls is not None and has_split(cls.__dict__.get("forward")):
             target = Target(cls_name, "forward", edits=GENERIC_SPLIT)
+            hold(obj, {}, _reduce_patched)  # (no shared function; the pickling hook, for its next pickling)
             return types.MethodType(_build(cls_name, f"{cls_name}.forward", target, cls.__dict__["forward"]), obj)
     raise UnsupportedTransformers(f"syncfree cannot restore the patched {cls_name}.{attr} of a pickled model")
