@@ -343,9 +343,17 @@ def render_host_cost() -> str:
                      f"{was}**{r['ms_1_thread']:.2f} ms**", f"{upload}{r['plan_bytes'] / 1e3:,.0f} KB", syncs))
     head = ("model", "layout", "tokens", "patches", "`prepare()` host time, earlier plan → now", "plan upload",
             "syncs, stock → prepared")
+    load = _load("host_cost_under_load.json")
+    before_load, after_load = (next(v for k, v in load.items() if k.startswith(w)) for w in ("before", "after"))
+    loaded = "; ".join(
+        f"{b['model']}: {b['ms_1_thread']:.1f} → {a['ms_1_thread']:.1f} ms with 1 thread, "
+        f"{b['ms_default_threads']:.1f} → {a['ms_default_threads']:.1f} ms with {now['default_threads']} threads"
+        for b, a in zip(before_load["rows"], after_load["rows"]))
     return (f"{now['method']}; 1 thread, {now['cpus']} CPU cores. The earlier plan built the per-patch tables on "
             "the host and uploaded them (`host_cost_before.json`).\n\n"
-            + _table(head, rows, "llrrrrr") + "\n" + _reproduce("host_cost.json"))
+            + _table(head, rows, "llrrrrr") + "\n" + _reproduce("host_cost.json")
+            + f"\nWith both cores kept busy by two other processes, the largest batch, earlier plan → now: {loaded} "
+            "(`host_cost_under_load.json`).\n")
 
 
 def render_generate_syncs() -> str:
