@@ -14,7 +14,7 @@ host):
 * ``varlen``: PyTorch's variable-length flash kernel (``torch.nn.attention.varlen``, PyTorch >= 2.10,
   CUDA, bfloat16/float16): one kernel for all segments.
 * ``auto``: ``varlen`` where it can run, else ``grouped`` when neighbouring segments share a length, else
-  ``split``; never ``block_diagonal`` (see the crossover data in the README).
+  ``split``; never ``block_diagonal`` (see the crossover data in docs/benchmarks.md).
 """
 
 from __future__ import annotations
