@@ -22,8 +22,10 @@ from .audit import (
 )
 from .collate import planning_collator
 from .compile_vision import compile_vision
+from .forks import register_family
 from .patching import FamilyLeftStock, UnsupportedTransformers, is_patched, patch, unpatch
 from .prepare import prepare
+from .rewrite.targets import Family, Target
 
 __version__ = "0.1.0"
 
@@ -43,5 +45,8 @@ __all__ = [
     "EmulationUnavailable",
     "UnsupportedTransformers",
     "FamilyLeftStock",
+    "register_family",
+    "Family",
+    "Target",
     "__version__",
 ]

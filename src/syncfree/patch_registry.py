@@ -59,6 +59,10 @@ def family_of(model: torch.nn.Module) -> Family | None:
             # its own vision tower) is not that family: it must hold one of the classes syncfree patches.
             if name in FAMILIES and any(issubclass(t, family_classes(FAMILIES[name])) for t in held):
                 return FAMILIES[name]
+    # A copy of a family registered under another key (``patch(model, like=...)`` of a copy that kept the model type).
+    for key, family in FAMILIES.items():
+        if "@" in key and any(issubclass(t, family_classes(family)) for t in held):
+            return family
     return None
 
 

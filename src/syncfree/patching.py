@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from .families import FAMILIES, MODULE_TARGETS
+from .forks import family_like
 from .patch_registry import INHERITED as _INHERITED
 from .patch_registry import built as _built
 from .patch_registry import class_patches as _class_patches
@@ -222,7 +223,7 @@ def _locked(fn):
 @_locked
 def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | None = None,
           vision_attention: str = "split", vision_every_step: bool = False, verbose: bool = False,
-          strict: bool = False):
+          strict: bool = False, like: str | None = None):
     """Make the multimodal forward free of host syncs, without changing what it computes.
 
     With a model (``*ForConditionalGeneration``, ``*Model``, ``*VisionModel``, also inside a PEFT
@@ -240,18 +241,23 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     supported family) makes every training forward run the vision tower for images and for videos, on a
     one-unit dummy where the micro-batch has none, so FSDP2/DDP ranks stay in step with text-only or
     image-only micro-batches (``syncfree.rewrite.vision_in_step``; outputs unchanged). ``verbose=True`` prints
-    what was patched and what was not.
+    what was patched and what was not. ``like="qwen2_5_vl"`` patches a model whose modeling code is a copy of
+    that fully supported family under other module and class names (a ``trust_remote_code`` checkpoint, a
+    fork): each target is found in the copy by its renamed class, else by its code, and the copy is refused
+    where an edit's code differs, as any release would be (``syncfree.forks``).
     """
     _check_module(model, "patch", allow_none=True)
     check_backend(vision_attention)
     if vision_every_step and model is None:
         raise ValueError("syncfree.patch: vision_every_step=True applies to a model instance; pass the model")
     if model is None:
+        if like is not None:
+            raise ValueError("syncfree.patch: like= names the family a model instance copies; pass the model")
         _patch_classes(families, vision_attention, verbose, strict)
         return None
     # Everything that can refuse is checked before anything changes: a refused patch leaves the model, the
     # classes and Transformers' modules exactly as they were.
-    family = _family_of(model)
+    family = _family_of(model) if like is None else family_like(model, like, _refusal)
     if family is not None and vision_every_step and family.layout.audio_encoder is not None:
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} (an audio "
                          "model: it has no vision tower)")
@@ -306,6 +312,15 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
 
         print("\n".join(describe_patch(model).lines()))
     return model
+
+
+def _refusal(model_type: str, cls: type, target: Target) -> UnsupportedTransformers | None:
+    """Why ``target``'s edits and checks refuse ``cls``'s function, or None (for ``like=``: where a target lives)."""
+    try:
+        _build_resolved(model_type, cls, target)
+    except UnsupportedTransformers as err:
+        return err
+    return None
 
 
 def _patch_classes(families: tuple[str, ...] | None, vision_attention: str, verbose: bool, strict: bool) -> None:

@@ -329,4 +329,7 @@ def _truncates_seconds(module_name: str) -> bool:
     import inspect
 
     module = importlib.import_module(module_name)
-    return "int(next(second_per_grid_ts))" in inspect.getsource(module.Qwen2_5_VLModel.get_rope_index)
+    # (The module's class that defines the rotary index: Qwen2.5-VL's, or a copy's under another name.)
+    holders = [v.__dict__["get_rope_index"] for v in vars(module).values()
+               if isinstance(v, type) and v.__module__ == module_name and "get_rope_index" in v.__dict__]
+    return any("int(next(second_per_grid_ts))" in inspect.getsource(fn) for fn in holders)
