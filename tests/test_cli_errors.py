@@ -317,3 +317,19 @@ def test_audit_train_prints_the_step_by_phase(tmp_path):
     assert data["run"]["scope"] == "train"
     assert data["patched+prepare"]["summary"]["syncs"] == 0
     assert set(data["stock"]["phases"]) == {"forward", "recompute", "backward", "optimizer"}
+
+
+@pytest.mark.parametrize("command", ["demo", "audit", "bench", "census", "patch", "doctor"])
+def test_every_command_is_suggested_and_its_help_ends_with_examples_that_parse(command, capsys):
+    from syncfree.cli.main import _EXAMPLES, _parser
+
+    typo = command[:-1] + ("x" if command[-1] != "x" else "y")
+    with pytest.raises(SystemExit) as exit_:
+        main([typo])
+    assert exit_.value.code == 2 and f"did you mean {command!r}?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "\nexamples:\n" in capsys.readouterr().out
+    for line, _ in _EXAMPLES[command]:
+        args = _parser().parse_args(line.split()[1:])
+        assert args.command == command

@@ -29,12 +29,39 @@ examples:
   syncfree audit --compare --model qwen3-vl-8b --scope vision --inputs image
   syncfree bench --quick      # a smoke run of the benchmark on tiny models
   syncfree census             # every family with the vision split: syncs
-  syncfree doctor             # after upgrading Transformers: does every patch still match?
+  syncfree doctor             # after upgrading Transformers: do patches match?
 
 Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
 
 
 _COMMANDS = ("demo", "audit", "bench", "census", "patch", "doctor")
+
+# Each subcommand's --help ends with examples (the command line, what it does).
+_EXAMPLES = {
+    "demo": [("syncfree demo", "stock vs patched Qwen3-VL-2B shapes, audited (90 s)"),
+             ("syncfree demo --inputs video", "the same with a video")],
+    "audit": [("syncfree audit --compare --model qwen3-vl-tiny", "stock, patched, prepared side by side"),
+              ("syncfree audit --train --model qwen3-vl-tiny", "one training step, by phase"),
+              ("syncfree audit --model qwen3-vl-8b --scope vision --inputs image", "the stock tower alone")],
+    "bench": [("syncfree bench --quick", "a smoke run on tiny models"),
+              ("syncfree bench --device cpu --models qwen3-vl-2b --budget 8", "real shapes on the CPU")],
+    "census": [("syncfree census", "every family with the vision split"),
+               ("syncfree census --families qwen3_vl glm4v", "two families")],
+    "patch": [("syncfree patch --report --model qwen2.5-vl-tiny", "what the patch rewrites, what it leaves"),
+              ("syncfree patch --report --model kimi_k25", "a tiny model of a model type")],
+    "doctor": [("syncfree doctor", "every family: does the patch match this release?"),
+               ("syncfree doctor --families qwen3_vl", "one family")],
+}
+
+
+def _examples(command: str) -> str:
+    width = max(len(line) for line, _ in _EXAMPLES[command])
+    return "examples:\n" + "\n".join(f"  {line.ljust(width)}  # {what}" for line, what in _EXAMPLES[command])
+
+
+def _sub(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    return sub.add_parser(name, epilog=_examples(name), formatter_class=argparse.RawDescriptionHelpFormatter,
+                          **kwargs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,21 +273,21 @@ def _parser() -> argparse.ArgumentParser:
                         help="print syncfree's version and the torch and Transformers it runs with")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
-    demo = sub.add_parser("demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
+    demo = _sub(sub, "demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
                           description="Audit three forwards of a Qwen3-VL-2B-shaped model with random weights "
                                       "(stock, patched, patched with prepare) and list every sync by source line.")
     _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
     _add_debug(demo, default=argparse.SUPPRESS)
-    aud = sub.add_parser("audit", help="every host sync and copy of one forward, by source line",
+    aud = _sub(sub, "audit", help="every host sync and copy of one forward, by source line",
                          description="List every host sync and host/device copy of one forward, by source line.")
     _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
     _add_debug(aud, default=argparse.SUPPRESS)
-    bench = sub.add_parser("bench", help="stock vs patched latency, syncs, graph breaks per scenario",
+    bench = _sub(sub, "bench", help="stock vs patched latency, syncs, graph breaks per scenario",
                            description="Stock vs patched, side by side in one run: latency, host syncs, graph "
                                        "breaks (and on a GPU kernel time, busy fraction, memcpys, peak memory).")
     add_bench_args(bench, _DTYPES)
     _add_debug(bench, default=argparse.SUPPRESS)
-    census = sub.add_parser("census", help="every family with the vision split: stock vs patched",
+    census = _sub(sub, "census", help="every family with the vision split: stock vs patched",
                             description="Find every model family of the installed Transformers whose vision "
                                         "attention splits by lengths.tolist(), build a tiny one, and audit a "
                                         "forward stock and patched on the emulated device.")
@@ -268,7 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_debug(census, default=argparse.SUPPRESS)
     from ..census.patch_report import add_patch_args
 
-    patch = sub.add_parser("patch", help="what syncfree.patch rewrites in a model, and the syncs it leaves",
+    patch = _sub(sub, "patch", help="what syncfree.patch rewrites in a model, and the syncs it leaves",
                            description="Say what syncfree.patch rewrites in one model (any family with the packed "
                                        "vision split: a preset, a checkpoint folder or a model type) and audit a "
                                        "forward on the emulated device: every sync left, by source line.")
@@ -276,14 +303,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_debug(patch, default=argparse.SUPPRESS)
     from ..census.doctor import add_doctor_args
 
-    doctor = sub.add_parser("doctor", help="after upgrading Transformers: which families' patches still match",
+    doctor = _sub(sub, "doctor", help="after upgrading Transformers: which families' patches still match",
                             description="For the installed torch and Transformers, one line per family: fully "
                                         "supported and matching, changed (the function, and the installed code "
                                         "nearest to what the patch expects), generic fix only, or not in this "
-                                        "release. Exit status 1 where a fully supported family no longer matches.",
-                            epilog="example:\n  syncfree doctor                      # every family\n"
-                                   "  syncfree doctor --families qwen3_vl    # one family",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                                        "release. Exit status 1 where a fully supported family no longer matches.")
     add_doctor_args(doctor)
     _add_debug(doctor, default=argparse.SUPPRESS)
     return parser
