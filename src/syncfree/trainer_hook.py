@@ -1,0 +1,61 @@
+"""``planning_trainer``: plan every processor batch a Hugging Face ``Trainer`` (or a TRL trainer) moves to the device.
+
+``Trainer`` moves each batch with one method, ``_prepare_input``; TRL's trainers move the batches they build
+themselves through it too (``GRPOTrainer`` its generation batch and the processor's output for the loss batch).
+The subclass ``planning_trainer`` returns plans each such batch on the host before it is moved, exactly as
+``syncfree.prepare(batch, device, model)`` does: the tensors go to the device with pinned, non-blocking copies,
+the grids stay on the host, and the patched model finds the plan by the tensors it is given. Nothing else of the
+trainer changes.
+
+Use ``planning_collator`` where the trainer takes a data collator (the plan is then made in the ``DataLoader``
+workers); use ``planning_trainer`` where batches are built inside the trainer (GRPO's rollouts).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import torch
+
+from .patching import is_patched
+from .prepare import prepare
+
+__all__ = ["planning_trainer"]
+
+_GRIDS = ("image_grid_thw", "video_grid_thw")
+
+
+def _plannable(data: Mapping) -> bool:
+    """A processor batch: 2D ``input_ids`` on the host, with a plan already or with something to plan from."""
+    ids = data.get("input_ids")
+    return (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.device.type == "cpu"
+            and all(not isinstance(data.get(g), torch.Tensor) or data[g].device.type == "cpu" for g in _GRIDS))
+
+
+@functools.lru_cache(maxsize=None)
+def planning_trainer(trainer_class: type) -> type:
+    """A subclass of ``trainer_class`` (``transformers.Trainer`` or a subclass, e.g. TRL's ``SFTTrainer`` or
+    ``GRPOTrainer``) that plans each processor batch it moves to the device (``syncfree.prepare``), when its model
+    is patched. Constructed and used exactly as ``trainer_class``::
+
+        trainer = syncfree.planning_trainer(GRPOTrainer)(model=syncfree.patch(model), ...)
+    """
+    if not isinstance(trainer_class, type) or not callable(getattr(trainer_class, "_prepare_input", None)):
+        raise TypeError(f"planning_trainer() takes a Trainer class (one that moves batches with _prepare_input), got "
+                        f"{trainer_class!r}")
+    stock = trainer_class._prepare_input
+
+    def _prepare_input(self, data):
+        if isinstance(data, Mapping) and _plannable(data) and is_patched(self.model):
+            planned = prepare(data, self.args.device, self.model)
+            try:
+                return type(data)(planned)  # (a BatchFeature stays one)
+            except TypeError:
+                return planned
+        return stock(self, data)
+
+    _prepare_input.__doc__ = stock.__doc__
+    return type(f"Planning{trainer_class.__name__}", (trainer_class,),
+                {"_prepare_input": _prepare_input, "__module__": trainer_class.__module__,
+                 "__doc__": f"{trainer_class.__name__} that plans each processor batch it moves (syncfree)."})
