@@ -4,7 +4,9 @@ step's syncs by owner.
 Runs anywhere: on a CPU-only machine both runs train on syncfree's emulated CUDA device (drop ``emulate_cuda()`` on
 a GPU). Both runs draw the same samples from the same seed: completions, losses and the trained weights are equal.
 The patched run uses ``syncfree.planning_trainer(GRPOTrainer)``: every batch the trainer moves to the device (the
-rollouts' prompts, the processor's inputs of the loss batch) is planned on the host first, and its grids stay there.
+rollouts' prompts, the processor's inputs of the loss batch) is planned on the host first, and its grids stay there;
+each loss batch carries host copies of its tokens, from which its loss forward is planned. What is left is the
+generation loop's and TRL's own.
 
     python examples/train_with_trl_grpo.py [qwen3-vl-tiny | qwen2.5-vl-tiny]
 """
@@ -31,8 +33,10 @@ def reward_letters(completions, **kwargs) -> list[float]:
     return [float(sum(map(ord, c[0]["content"])) % 7) for c in completions]
 
 
-def train(preset: str = "qwen3-vl-tiny", patched: bool = True, steps: int = 2, verbose: bool = True) -> dict:
-    """Train ``steps`` steps (2 prompts x 2 generations a step); returns the completions, losses and syncs."""
+def train(preset: str = "qwen3-vl-tiny", patched: bool = True, steps: int = 2, verbose: bool = True,
+          **config) -> dict:
+    """Train ``steps`` steps (2 prompts x 2 generations a step; ``config``: more ``GRPOConfig`` values); returns the
+    completions, losses, trained weights and syncs."""
     model = build_model(preset, dtype=torch.float32, seed=0)
     processor = build_processor(preset)
     unit = model.config.vision_config.patch_size * model.config.vision_config.spatial_merge_size
@@ -47,9 +51,10 @@ def train(preset: str = "qwen3-vl-tiny", patched: bool = True, steps: int = 2, v
         args = GRPOConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=4, num_generations=2,
                           max_completion_length=4, logging_steps=1, learning_rate=1e-3, report_to=[],
                           save_strategy="no", dataloader_pin_memory=False, disable_tqdm=True, seed=0, bf16=False,
-                          logging_nan_inf_filter=False)
+                          logging_nan_inf_filter=False, **config)
+        dataset = chat_dataset(unit, 2 * steps, with_answers=False, text_only_every=0)
         trainer = trainer_class(model=model, reward_funcs=reward_letters, args=args, processing_class=processor,
-                              train_dataset=chat_dataset(unit, 2 * steps, with_answers=False, text_only_every=0), callbacks=[callback])
+                                train_dataset=dataset, callbacks=[callback])
         step, prepare = trainer.training_step, trainer._prepare_inputs
 
         def training_step(*a, **kw):  # keep each step's loss (read back after training)

@@ -5,7 +5,12 @@ themselves through it too (``GRPOTrainer`` its generation batch and the processo
 The subclass ``planning_trainer`` returns plans each such batch on the host before it is moved, exactly as
 ``syncfree.prepare(batch, device, model)`` does: the tensors go to the device with pinned, non-blocking copies,
 the grids stay on the host, and the patched model finds the plan by the tensors it is given. Nothing else of the
-trainer changes.
+trainer changes. (A batch the patched model cannot be planned for is refused by ``prepare`` with its one-line
+error, as the forward would refuse it; with DeepSpeed, which casts inputs on the way, batches are moved as before.)
+
+A trainer that builds its loss batches from its rollouts (TRL's ``GRPOTrainer``, ``RLOOTrainer``) moves those
+itself, not through ``_prepare_input``: for it the subclass also keeps host copies of each loss batch and plans the
+loss forward from them (``trainer_rollouts``).
 
 Use ``planning_collator`` where the trainer takes a data collator (the plan is then made in the ``DataLoader``
 workers); use ``planning_trainer`` where batches are built inside the trainer (GRPO's rollouts).
@@ -20,6 +25,7 @@ import torch
 
 from .patching import is_patched
 from .prepare import prepare
+from .trainer_rollouts import has_rollouts, rollout_overrides
 
 __all__ = ["planning_trainer"]
 
@@ -47,8 +53,12 @@ def planning_trainer(trainer_class: type) -> type:
     stock = trainer_class._prepare_input
 
     def _prepare_input(self, data):
-        if isinstance(data, Mapping) and _plannable(data) and is_patched(self.model):
+        # (With DeepSpeed, Trainer also casts float inputs to its dtype on the way: that batch is left to it.)
+        if (isinstance(data, Mapping) and _plannable(data) and is_patched(self.model)
+                and not getattr(self, "is_deepspeed_enabled", False)):
             planned = prepare(data, self.args.device, self.model)
+            # Nested values (none in a processor batch) are moved as Trainer moves them.
+            planned = {k: stock(self, v) if isinstance(v, (Mapping, list, tuple)) else v for k, v in planned.items()}
             try:
                 return type(data)(planned)  # (a BatchFeature stays one)
             except TypeError:
@@ -56,6 +66,9 @@ def planning_trainer(trainer_class: type) -> type:
         return stock(self, data)
 
     _prepare_input.__doc__ = stock.__doc__
+    methods = {"_prepare_input": _prepare_input}
+    if has_rollouts(trainer_class):  # (TRL's GRPO and RLOO trainers: their loss batches, see trainer_rollouts)
+        methods.update(rollout_overrides(trainer_class))
     return type(f"Planning{trainer_class.__name__}", (trainer_class,),
-                {"_prepare_input": _prepare_input, "__module__": trainer_class.__module__,
+                {**methods, "__module__": __name__,
                  "__doc__": f"{trainer_class.__name__} that plans each processor batch it moves (syncfree)."})
