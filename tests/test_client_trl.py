@@ -53,6 +53,8 @@ def test_planning_trainer_leaves_other_data_and_unpatched_models_to_the_trainer(
     assert trainer._prepare_input(tensor) == ("stock", tensor)
     on_device = {**batch, "input_ids": batch["input_ids"].to("meta")}
     assert trainer._prepare_input(on_device)[0] == "stock"  # already moved: nothing to plan from
+    text = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    assert trainer._prepare_input(text)[0] == "stock"  # a text tokenizer's batch (a reward model's)
     assert syncfree.planning_trainer(_Mover)(build_model("qwen3-vl-tiny"))._prepare_input(batch)[0] == "stock"
     assert syncfree.planning_trainer(_Mover) is syncfree.planning_trainer(_Mover)  # one subclass per class
     with pytest.raises(TypeError, match="planning_trainer\\(\\) takes a Trainer class"):

@@ -8,7 +8,7 @@ the grids stay on the host, and the patched model finds the plan by the tensors 
 trainer changes. (A batch the patched model cannot be planned for is refused by ``prepare`` with its one-line
 error, as the forward would refuse it; with DeepSpeed, which casts inputs on the way, batches are moved as before.)
 
-A trainer that builds its loss batches from its rollouts (TRL's ``GRPOTrainer``, ``RLOOTrainer``) moves those
+A trainer that builds its loss batches from its rollouts (TRL's ``GRPOTrainer``) moves those
 itself, not through ``_prepare_input``: for it the subclass also keeps host copies of each loss batch and plans the
 loss forward from them (``trainer_rollouts``).
 
@@ -32,10 +32,15 @@ __all__ = ["planning_trainer"]
 _GRIDS = ("image_grid_thw", "video_grid_thw")
 
 
+_MULTIMODAL = ("syncfree_plan", "mm_token_type_ids", "pixel_values", "pixel_values_videos", *_GRIDS)
+
+
 def _plannable(data: Mapping) -> bool:
-    """A processor batch: 2D ``input_ids`` on the host, with a plan already or with something to plan from."""
+    """A multimodal processor batch on the host: 2D ``input_ids``, with a plan, token types, pixels or grids (a text
+    tokenizer's batch, e.g. a reward model's, is left to the trainer)."""
     ids = data.get("input_ids")
     return (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.device.type == "cpu"
+            and any(data.get(name) is not None for name in _MULTIMODAL)
             and all(not isinstance(data.get(g), torch.Tensor) or data[g].device.type == "cpu" for g in _GRIDS))
 
 
@@ -67,7 +72,7 @@ def planning_trainer(trainer_class: type) -> type:
 
     _prepare_input.__doc__ = stock.__doc__
     methods = {"_prepare_input": _prepare_input}
-    if has_rollouts(trainer_class):  # (TRL's GRPO and RLOO trainers: their loss batches, see trainer_rollouts)
+    if has_rollouts(trainer_class):  # (TRL's GRPO trainer: its loss batches, see trainer_rollouts)
         methods.update(rollout_overrides(trainer_class))
     return type(f"Planning{trainer_class.__name__}", (trainer_class,),
                 {**methods, "__module__": __name__,

@@ -1,4 +1,7 @@
-"""The loss batches of TRL's rollout trainers (``GRPOTrainer``, ``RLOOTrainer``): host copies, and the plan made from them.
+"""The loss batches of TRL's rollout trainers (``GRPOTrainer``): host copies, and the plan made from them.
+
+(TRL's ``RLOOTrainer`` has the same methods and gets the same overrides; it is untested: a layout of its own that
+the copies do not reproduce falls back to the one read where the shapes differ, and is refused where only values do.)
 
 These trainers build each loss batch themselves: the prompts' token ids and the completions (host lists, once the
 rollout is read back) are padded, moved to the device with ``.to(device)``, shuffled and split into micro-batches,
@@ -33,11 +36,13 @@ from .prepare import _spec, prepare
 __all__ = ["HOST_PREFIX", "rollout_overrides", "has_rollouts"]
 
 HOST_PREFIX = "syncfree_"
+# What a trainer that lays its batch out otherwise (other attributes, another rollout tuple) raises here.
+_LAYOUT_CHANGED = (AttributeError, ImportError, IndexError, KeyError, TypeError, ValueError)
 _STOCK_TYPES = {"image_token_id": 1, "video_token_id": 2}  # the processors' mm_token_type_ids, by token id
 
 
 def has_rollouts(trainer_class: type) -> bool:
-    """Whether ``trainer_class`` builds its loss batches from its rollouts as TRL's GRPO and RLOO trainers do."""
+    """Whether ``trainer_class`` builds its loss batches from its rollouts as TRL's GRPO trainer does."""
     return all(callable(getattr(trainer_class, n, None))
                for n in ("_generate", "_generate_and_score_completions", "compute_loss"))
 
@@ -115,13 +120,19 @@ def rollout_overrides(trainer_class: type) -> dict:
         batch = stock_score(self, *args, **kwargs)
         lists, self._syncfree_rollout = self._syncfree_rollout, None
         if lists is not None and is_patched(self.model) and isinstance(batch, dict):
-            copies = _host_copies(self, lists, batch)
+            try:
+                copies = _host_copies(self, lists, batch)
+            except _LAYOUT_CHANGED:  # (a TRL release laid out otherwise: the forward reads, as without copies)
+                copies = None
             if copies is not None:
                 batch.update(copies)
         return batch
 
     def compute_loss(self, model, inputs, *args, **kwargs):
-        plan = _plan_of(self, inputs) if is_patched(self.model) else None
+        try:
+            plan = _plan_of(self, inputs) if is_patched(self.model) else None
+        except ValueError:  # copies the plan's checks refuse: the forward reads the batch itself (and refuses it
+            plan = None     # with stock's error if the batch itself is wrong)
         if plan is None:
             return stock_loss(self, model, inputs, *args, **kwargs)
         with active.expect(plan):
