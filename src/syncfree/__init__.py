@@ -7,6 +7,9 @@
     with syncfree.audit() as report: ...              # every sync and copy, by source line
     with syncfree.emulate_cuda(): ...                 # ... also on a machine without a GPU
 
+    Trainer(..., data_collator=syncfree.planning_collator(collator, model))   # plans made in the DataLoader
+    syncfree.planning_trainer(GRPOTrainer)(model=model, ...)                # plans made where the trainer moves
+
 Importing syncfree never initializes CUDA and never imports a Transformers
 ``modeling_*`` module; those load when a verb needs them.
 """
@@ -26,6 +29,7 @@ from .forks import register_family
 from .patching import FamilyLeftStock, UnsupportedTransformers, is_patched, patch, unpatch
 from .prepare import prepare
 from .rewrite.targets import Family, Target
+from .trainer_hook import planning_trainer
 
 __version__ = "0.1.0"
 
@@ -35,6 +39,7 @@ __all__ = [
     "is_patched",
     "prepare",
     "planning_collator",
+    "planning_trainer",
     "compile_vision",
     "audit",
     "assert_no_sync",

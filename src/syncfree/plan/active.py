@@ -28,7 +28,7 @@ import torch
 from .batch import PLAN_INPUTS, Plan
 from .tensors import same_host_values
 
-__all__ = ["register", "registered", "Entry", "activate", "current", "StalePlan"]
+__all__ = ["register", "registered", "Entry", "activate", "current", "StalePlan", "expect", "expected"]
 
 
 class StalePlan(ValueError):
@@ -169,3 +169,25 @@ def generating() -> Entry | None:
         if entry.in_generate:
             return entry
     return None
+
+
+@contextlib.contextmanager
+def expect(plan: Plan):
+    """While the block runs, a patched forward that finds no plan of its own for a call of exactly ``plan``'s batch
+    shape takes ``plan``, checked against the call as a plan passed as ``syncfree_plan`` is (host tensors by value,
+    device tensors by checksum on the device, without a wait). For callers that build the model's inputs from a
+    batch they planned, by copies and concatenations that keep no tensor of it (a trainer's loss batch)."""
+    stack = getattr(_local, "expected", None)
+    if stack is None:
+        stack = _local.expected = []
+    stack.append(plan)
+    try:
+        yield plan
+    finally:
+        stack.pop()
+
+
+def expected() -> Plan | None:
+    """The innermost plan of an ``expect`` block on this thread, or None."""
+    stack = getattr(_local, "expected", None)
+    return stack[-1] if stack else None

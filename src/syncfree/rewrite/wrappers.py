@@ -96,6 +96,11 @@ def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
         assert_given_match(registration.plan, given)  # (edits that bump no version counter, e.g. via .data)
         return active.Entry(registration.plan, input_ids, mask)
     outer = active.generating()
+    waiting = active.expected()
+    if waiting is not None and outer is None and shape is not None and tuple(waiting.batch_shape) == tuple(shape):
+        # A plan made for this call's batch by the caller that built it (planning_trainer's loss batches).
+        return active.Entry(_explicit_plan(waiting, ModelSpec.from_config(model.config), given, shape), input_ids,
+                            mask)
     device = call_device(given)
     if outer is not None and input_ids is not None and fits(outer.plan, shape) and device is not None \
             and same_device(outer.plan.device, device):
