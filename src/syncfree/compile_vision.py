@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .patching import is_patched, patch, stock_function
+from .plan.spec import ModelSpec
 from .rewrite.attention import check_backend, varlen_available
 from .rewrite.buckets import BucketError, default_buckets
 
@@ -38,6 +39,11 @@ def compile_vision(model, buckets: tuple[int, ...] | None = None, *, mode: str |
             raise ValueError(f"syncfree.compile_vision does not support {type(visual).__name__} yet (its tower takes "
                              "its grid on the device, or no rotary ids); torch.compile the patched tower itself, "
                              "which compiles whole with inputs from syncfree.prepare")
+        if ModelSpec.for_vision_model(visual).segment_class_token:
+            raise ValueError(f"syncfree.compile_vision does not support {type(visual).__name__} yet (its tower adds a "
+                             "class token to each frame, so a bucket's token count depends on the layout); "
+                             "torch.compile the patched tower itself, which compiles whole with inputs from "
+                             "syncfree.prepare")
         chosen = tuple(buckets) if buckets is not None else default_buckets(visual)
         unit = visual.config.spatial_merge_size ** 2
         if not chosen or list(chosen) != sorted(set(chosen)) or any(b <= 0 or b % unit for b in chosen):

@@ -66,6 +66,10 @@ class Layout:
     # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``): MiniMax-M3-VL's.
     clip_segments: bool = False
     temporal_position_ids: bool = False
+    # The tower prepends a class token to each attention segment (each frame) before its blocks and drops them before
+    # its merger: the attention splits segments one token longer than their patches, and stock's
+    # ``get_vision_frame_lengths`` takes the per-frame patch counts from the plan (``frame_lengths``).
+    segment_class_token: bool = False
     # Video frames are image placeholders that lie between the config's video start and end ids (GLM-5-Next): the
     # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
     # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
@@ -154,6 +158,7 @@ class ModelSpec:
     row_extra_tokens: int = 0  # (Layout.row_extra_tokens)
     item_extra_tokens: int = 0  # (Layout.item_extra_tokens)
     clip_segments: bool = False  # (Layout.clip_segments)
+    segment_class_token: bool = False  # (Layout.segment_class_token)
     temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
     video_span_ids: tuple[int, int] | None = None  # (Layout.video_spans: the video start and end ids)
     interp_swap_hw: bool = False  # (Layout.interp_swap_hw)
@@ -201,6 +206,7 @@ class ModelSpec:
             video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
             item_merge_sizes=layout.item_merge_sizes, row_extra_tokens=layout.row_extra_tokens,
             item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
+            segment_class_token=layout.segment_class_token,
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
             temporal_pooling=_pool_kernel(vc, layout), interp_mode=layout.interp_mode,
@@ -238,6 +244,7 @@ class ModelSpec:
             tower_merge=layout.tower_merge if nested else None,
             align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
             clip_segments=layout is not None and layout.clip_segments,
+            segment_class_token=layout is not None and layout.segment_class_token,
             temporal_position_ids=layout is not None and layout.temporal_position_ids,
             temporal_pooling=_pool_kernel(vc, layout) if layout is not None else None,
             interp_mode=layout.interp_mode if layout is not None else "bilinear",

@@ -46,6 +46,9 @@ class VisionPlan(DeviceFields):
     # Per-item merge sizes (``Layout.item_merge_sizes``, VideoLLaMA3): (N,) int64 on the host, and moved with the plan.
     merge_sizes: torch.Tensor | None = None
     device_merges: torch.Tensor | None = None
+    # Tokens the tower prepends to each attention segment before its blocks (``Layout.segment_class_token``: 1), which
+    # its attention's split sizes count; ``seqlens`` and ``cu_seqlens`` count patches only, as stock's helpers do.
+    segment_prefix: int = 0
     # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
     tables_made: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -88,7 +91,7 @@ class VisionPlan(DeviceFields):
     def seqlens_by_length(self) -> dict:
         """Host segment sizes keyed by the length of the cu_seqlens they go with: attention layers find their
         split sizes that way (full and window segmentations; equal lengths mean equal segmentations)."""
-        seqlens = {len(self.seqlens) + 1: self.seqlens}
+        seqlens = {len(self.seqlens) + 1: tuple(s + self.segment_prefix for s in self.seqlens)}
         if self.has_windows:
             seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
         return seqlens
@@ -113,6 +116,8 @@ class VisionPlan(DeviceFields):
         if "frame_index" in tables:  # Kimi-K2.5: the merged-token count is the split sizes' sum (a host integer)
             kwargs.update(frame_index=tables["frame_index"], temporal_merge_index=(
                 tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
+        if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
+            kwargs["frame_lengths"] = list(self.seqlens)
         kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 
@@ -154,7 +159,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
-        table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), **extra,
+        table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec),
+        segment_prefix=int(spec.segment_class_token), **extra,
     )
 
 

@@ -31,7 +31,8 @@ def _dummy_pass(model, visual) -> torch.Tensor:
     """Zero, as a scalar that depends on every output of one tower pass over one merge unit of zeros."""
     config = visual.config
     merge = config.spatial_merge_size
-    width = config.in_channels * config.temporal_patch_size * config.patch_size ** 2
+    # (a tower without temporal patches, whose config names no temporal_patch_size, embeds one frame per patch)
+    width = config.in_channels * getattr(config, "temporal_patch_size", 1) * config.patch_size ** 2
     weight = next(visual.parameters())
     pixels = torch.zeros(merge * merge, width, dtype=weight.dtype, device=weight.device)
     grid = torch.tensor([[1, merge, merge]])  # on the host: the patched tower plans it without a read
