@@ -132,6 +132,69 @@ def check_generate_modes_equal_stock(stock, patched, batch, options: dict) -> No
                                stock.generate(**batch, **options, **extra))
 
 
+def check_attention_backend_equals_stock(tower, grid: torch.Tensor, pixels: torch.Tensor, backend: str) -> None:
+    """The stock ``tower``'s features from a patched copy of it that attends by ``backend`` (bit for bit; within
+    float32 rounding for ``block_diagonal``, whose one masked call reduces in another order than a call per segment)."""
+    import copy
+
+    with torch.no_grad():
+        expected = tower(pixels, grid_thw=grid).pooler_output
+        got = syncfree.patch(copy.deepcopy(tower), vision_attention=backend)(pixels, grid_thw=grid).pooler_output
+    if backend == "block_diagonal":
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    else:
+        assert torch.equal(got, expected)
+
+
+def check_placeholder_mismatch_raises_stocks_error(stock, patched, batch: dict) -> None:
+    """A batch whose single image (6 placeholders) has its last placeholder replaced by a text id: the patched model
+    raises stock's ValueError, word for word."""
+    image = stock.config.image_token_id
+    ids = batch["input_ids"].clone()
+    assert int((ids == image).sum()) == 6
+    ids[ids == image] = torch.tensor([image] * 5 + [5])
+    batch = {**batch, "input_ids": ids}
+    errors = []
+    for model in (stock, patched):
+        with torch.no_grad():
+            try:
+                model(**batch)
+            except ValueError as raised:
+                errors.append(str(raised))
+    assert len(errors) == 2 and errors[0] == errors[1] and "tokens: 5, features: 6" in errors[0]
+
+
+def check_vision_every_step(preset: str, batch: dict) -> None:
+    """``patch(vision_every_step=True)`` in training: both tower passes (an image and a video one, real or one-unit
+    dummies) in a forward, stock's loss and gradients (zeros where only the dummy reached a vision parameter), and
+    no sync with inputs from ``prepare`` (emulated device). ``batch`` holds ``labels``."""
+    from syncfree.presets import build_model
+
+    stock = build_model(preset, dtype=torch.float32, seed=0).train()
+    stock_loss = stock(**batch).loss
+    stock_loss.backward()
+    model = build_model(preset, dtype=torch.float32, seed=0).train()
+    syncfree.patch(model, vision_every_step=True)
+    calls = []
+    model.model.visual.register_forward_hook(lambda *args: calls.append(1))
+    loss = model(**syncfree.prepare(batch, "cpu", model)).loss
+    loss.backward()
+    assert len(calls) == 2
+    assert torch.equal(loss, stock_loss)
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        reference = grads[name].grad
+        if reference is None:  # a vision parameter the stock step did not reach: the dummy gives it zeros
+            assert p.grad is not None and not p.grad.any(), name
+        else:
+            assert torch.equal(p.grad, reference), name
+    with emulate_cuda():
+        model.to("cuda")
+        prepared = syncfree.prepare(batch, "cuda", model)
+        with assert_no_sync():
+            model(**prepared).loss.backward()
+
+
 def tower_graph_breaks(patched, tower, batch: dict):
     """``torch._dynamo.explain`` of the patched ``tower`` on the batch's images, handed the plan's vision plan."""
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image

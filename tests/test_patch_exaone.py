@@ -7,8 +7,6 @@ because it has no rotary index (touching placeholders, a row of padding only).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_attention_backend_equals_stock,
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
@@ -108,13 +107,7 @@ def test_every_attention_backend_handles_grouped_query_heads(backend):
     assert tower.config.num_key_value_heads < tower.config.num_heads
     grid = torch.tensor([[1, 4, 4], [1, 4, 4], [2, 6, 4]])
     pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = tower(pixels, grid_thw=grid).pooler_output
-        got = syncfree.patch(copy.deepcopy(tower), vision_attention=backend)(pixels, grid_thw=grid).pooler_output
-    if backend == "block_diagonal":  # one masked call instead of one per segment: another reduction order
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    else:
-        assert torch.equal(got, expected)
+    check_attention_backend_equals_stock(tower, grid, pixels, backend)
 
 
 def test_prepared_prefill_has_no_sync_and_no_blocking_copy_and_moved_inputs_one_sync():

@@ -20,6 +20,7 @@ from family_checks import (
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_generate_modes_equal_stock,
+    check_placeholder_mismatch_raises_stocks_error,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
@@ -174,15 +175,7 @@ def test_patched_vision_tower_compiles_without_graph_breaks():
 def test_a_placeholder_count_mismatch_raises_stocks_error():
     stock, patched = _pair()
     batch = processor_batch(stock.config, [[Text(3), Image(56, 84), Text(2)]])
-    ids = batch["input_ids"].clone()
-    ids[ids == stock.config.image_token_id] = torch.tensor([stock.config.image_token_id] * 5 + [5])
-    batch["input_ids"] = ids
-    errors = []
-    for model in (stock, patched):
-        with pytest.raises(ValueError) as raised, torch.no_grad():
-            model(**batch)
-        errors.append(str(raised.value))
-    assert errors[0] == errors[1] and "tokens: 5, features: 6" in errors[0]
+    check_placeholder_mismatch_raises_stocks_error(stock, patched, batch)
 
 
 def test_vision_every_step_is_refused():

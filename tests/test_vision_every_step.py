@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import syncfree
-from syncfree.audit import emulate_cuda
+from family_checks import check_vision_every_step
 from syncfree.compare.train import labels_for
 from syncfree.inputs import Image, Text, processor_batch
 from syncfree.patch_registry import installed
@@ -34,29 +34,7 @@ def _tower_calls(model) -> list:
 @pytest.mark.parametrize("preset", ["qwen2.5-vl-tiny", "qwen3-vl-tiny", "qwen3.5-tiny", "exaone4.5-tiny",
                                     "glm4.1v-tiny"])
 def test_training_forwards_make_both_tower_passes_with_stock_numbers_and_no_sync(preset, layout):
-    batch = _batch(preset, layout)
-    stock = build_model(preset, dtype=torch.float32, seed=0).train()
-    stock_loss = stock(**batch).loss
-    stock_loss.backward()
-    model = build_model(preset, dtype=torch.float32, seed=0).train()
-    syncfree.patch(model, vision_every_step=True)
-    calls = _tower_calls(model)
-    loss = model(**syncfree.prepare(batch, "cpu", model)).loss
-    loss.backward()
-    assert len(calls) == 2  # an image pass and a video pass, real or one-unit dummies
-    assert torch.equal(loss, stock_loss)
-    grads = dict(stock.named_parameters())
-    for name, p in model.named_parameters():
-        reference = grads[name].grad
-        if reference is None:  # a vision parameter the stock step did not reach: the dummy gives it zeros
-            assert p.grad is not None and not p.grad.any(), name
-        else:
-            assert torch.equal(p.grad, reference), name
-    with emulate_cuda():
-        model.to("cuda")
-        prepared = syncfree.prepare(batch, "cuda", model)
-        with syncfree.assert_no_sync():
-            model(**prepared).loss.backward()
+    check_vision_every_step(preset, _batch(preset, layout))
 
 
 def test_inference_is_untouched():
