@@ -132,14 +132,15 @@ def check_generate_modes_equal_stock(stock, patched, batch, options: dict) -> No
                                stock.generate(**batch, **options, **extra))
 
 
-def check_attention_backend_equals_stock(tower, grid: torch.Tensor, pixels: torch.Tensor, backend: str) -> None:
-    """The stock ``tower``'s features from a patched copy of it that attends by ``backend`` (bit for bit; within
+def check_attention_backend_equals_stock(tower, grid: torch.Tensor, pixels: torch.Tensor, backend: str,
+                                         output: str = "pooler_output") -> None:
+    """The stock ``tower``'s ``output`` from a patched copy of it that attends by ``backend`` (bit for bit; within
     float32 rounding for ``block_diagonal``, whose one masked call reduces in another order than a call per segment)."""
     import copy
 
     with torch.no_grad():
-        expected = tower(pixels, grid_thw=grid).pooler_output
-        got = syncfree.patch(copy.deepcopy(tower), vision_attention=backend)(pixels, grid_thw=grid).pooler_output
+        expected = getattr(tower(pixels, grid_thw=grid), output)
+        got = getattr(syncfree.patch(copy.deepcopy(tower), vision_attention=backend)(pixels, grid_thw=grid), output)
     if backend == "block_diagonal":
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     else:

@@ -4,8 +4,6 @@ with prepare(), generate, gradients, backends."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +11,7 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_attention_backend_equals_stock,
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
@@ -81,13 +80,7 @@ def test_attention_backends_equal_stock(backend):
     tower = _pair()[0].model.visual
     grid = torch.tensor([[1, 2, 2], [1, 2, 2], [3, 2, 4]])
     pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 16 * 16, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = tower(pixels, grid_thw=grid).last_hidden_state
-        got = syncfree.patch(copy.deepcopy(tower), vision_attention=backend)(pixels, grid_thw=grid).last_hidden_state
-    if backend == "block_diagonal":
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    else:
-        assert torch.equal(got, expected)
+    check_attention_backend_equals_stock(tower, grid, pixels, backend, output="last_hidden_state")
 
 
 def test_generate_and_backward_equal_stock():
