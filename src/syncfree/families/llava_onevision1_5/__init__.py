@@ -13,8 +13,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   (the EXAONE-4.5 layout: the plan computes no positions, counts placeholders);
 * the processor is EXAONE-4.5's (``Exaone4_5_Processor``) over Qwen2-VL's image and video processors with one frame
   per temporal step (the vision config names no ``temporal_patch_size``; its Conv2d embeds each 14x14 patch): an image
-  is ``h*w/4`` placeholders, a video ``t*h*w/4`` in one run; the chat template writes the config's vision start and
-  end ids around each.
+  is ``h*w/4`` placeholders, a video ``t*h*w/4`` in one run; its Qwen2-VL-style chat template writes the config's
+  vision start and end ids around each (text tokens here: no 3D positions read them).
 
 Registered only where Transformers ships this code (5.25): older releases have no such model.
 """
