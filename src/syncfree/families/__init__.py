@@ -29,6 +29,7 @@ from . import (
     minimax,
     muse,
     omni,
+    ovis2_5,
     paddle,
     qwen3asr,
     qwen4exp,
@@ -43,7 +44,8 @@ __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_
 
 # The registry: one entry per family group.
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, qwen3asr, glm_image, dots3, llava_onevision1_5)
+          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, qwen3asr, glm_image, dots3, llava_onevision1_5,
+          ovis2_5)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}

@@ -31,6 +31,7 @@ from .segments import segment_lengths  # noqa: F401  (called from the generic sp
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
            "segment_lengths", "placeholder_count", "placeholder_numel", "placeholder_count_by_id", "placeholder_numel_by_id",
+           "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
@@ -93,6 +94,18 @@ def placeholder_numel_by_id(inputs_embeds: torch.Tensor, mask: torch.Tensor, inp
     """``inputs_embeds[special_mask].numel()`` as ``placeholder_numel``, the kind found by its token id."""
     kind = _kind_of_token(token_id)
     return inputs_embeds[mask].numel() if kind is None else placeholder_numel(inputs_embeds, mask, input_ids, kind)
+
+
+def token_count(input_ids, mask: torch.Tensor, token_id):
+    """``mask.sum()`` for ``mask = input_ids == token_id`` (a count stock checks, Ovis2.5's boundary tokens): the
+    count of ``token_id`` in the plan's host copy of these input_ids, a host int, when the active plan was built from
+    them (the device's own sum otherwise)."""
+    entry = None if _compiling() else active.current()
+    host = entry.plan.host.get("input_ids") if entry is not None and entry.owns(input_ids) else None
+    if not isinstance(host, torch.Tensor) or tuple(host.shape) != tuple(input_ids.shape) \
+            or not isinstance(token_id, int) or mask.shape != input_ids.shape:
+        return mask.sum()
+    return int((host == token_id).sum())  # (a host tensor: no device involved)
 
 
 def _placeholders(plan, kind: str) -> int:
