@@ -232,6 +232,9 @@ class ModelSpec:
         layout = _LAYOUTS.get(model_type)
         # (A tower that merges after its encoder, PaddleOCR-VL's, keeps its table on a nested module: its layout says.)
         nested = layout is not None and layout.tower_merge is not None
+        # (A table the layout sizes, not the tower: on a nested module, PaddleOCR-VL's; in the embeddings, Ovis2.5's.)
+        own_table = layout is not None and layout.learned_positions and (
+            nested or layout.table_side_from_image_size or layout.table_side_attr is not None)
         per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
         if layout is not None and layout.pixel_shuffle:  # (Muse: the layout names the config values, as above)
             return cls(model_type, getattr(vc, layout.merge_attr), _table_side(vc, layout), -1, -1, module,
@@ -239,10 +242,10 @@ class ModelSpec:
                        align_corners=_align_corners(module, layout), **_tower_options(vc, layout))
         return cls(
             model_type, 1 if per_item else _merge_size(vc, layout),
-            _table_side(vc, layout) if nested else getattr(visual, "num_grid_per_side", None), -1, -1, module,
+            _table_side(vc, layout) if own_table else getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
             tower_merge=layout.tower_merge if nested else None,
-            align_corners=_align_corners(module, layout) if nested else True, item_merge_sizes=per_item,
+            align_corners=_align_corners(module, layout) if own_table else True, item_merge_sizes=per_item,
             clip_segments=layout is not None and layout.clip_segments,
             segment_class_token=layout is not None and layout.segment_class_token,
             temporal_position_ids=layout is not None and layout.temporal_position_ids,
