@@ -69,18 +69,20 @@ def _tokens_by_id(config) -> dict[int, str]:
     return ids
 
 
-def _processor(config, monkeypatch, temporal_patch_size: int = 1):
+def _processor(config, temporal_patch_size: int = 1):
     """The installed ``Ovis2_5Processor`` with its image processor (PIL) and a word-level tokenizer whose special tokens
     sit at the tiny config's ids (``w<i>`` is text token i). Without torchvision there is no video processor, whose
-    class check the processor's constructor makes: skipped for it alone."""
+    class the processor's constructor checks: that check is skipped for a missing one alone."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.ovis2_5 import Ovis2_5ImageProcessorPil, Ovis2_5Processor
-    from transformers.processing_utils import ProcessorMixin
 
-    check = ProcessorMixin.check_argument_for_proper_class
-    monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class",
-                        lambda self, name, arg: None if name == "video_processor" else check(self, name, arg))
+    class ImageOnly(Ovis2_5Processor):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument is None and argument_name == "video_processor":
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
     specials = {token: i for i, token in _tokens_by_id(config).items()}
     vocab = {f"w{i}": i for i in range(1, min(specials.values()))} | specials | {"<pad>": 0}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
@@ -88,7 +90,7 @@ def _processor(config, monkeypatch, temporal_patch_size: int = 1):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", extra_special_tokens=_TOKENS)
     images = Ovis2_5ImageProcessorPil(size={"shortest_edge": 32 * 32, "longest_edge": 512 * 512},
                                       temporal_patch_size=temporal_patch_size)
-    return Ovis2_5Processor(image_processor=images, tokenizer=tokenizer, video_processor=None)
+    return ImageOnly(image_processor=images, tokenizer=tokenizer, video_processor=None)
 
 
 def _picture(height: int, width: int, seed: int):
@@ -117,11 +119,11 @@ def test_the_layout_is_the_installed_processors_own_text():
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])
-def test_an_image_batch_is_the_installed_processors(padding, monkeypatch):
+def test_an_image_batch_is_the_installed_processors(padding):
     """Two rows with images of different sizes through the installed processor: the same token layout (every special
     token and pad where ours are), mask, grids and pixel shape."""
     config = _pair()[0].config
-    processor = _processor(config, monkeypatch)
+    processor = _processor(config)
     theirs = processor(text=["w5 w6 <image> w7 <image>", "w8 <image> w9"],
                        images=[_picture(96, 64, 0), _picture(32, 96, 1), _picture(64, 64, 2)], padding=True,
                        padding_side=padding, return_tensors="pt")
@@ -136,12 +138,12 @@ def test_an_image_batch_is_the_installed_processors(padding, monkeypatch):
     assert ours["pixel_values"].dtype == theirs["pixel_values"].dtype
 
 
-def test_an_images_pixels_repeat_over_the_temporal_patch_as_the_image_processor_writes_them(monkeypatch):
+def test_an_images_pixels_repeat_over_the_temporal_patch_as_the_image_processor_writes_them():
     """Each patch holds (channel, temporal, row, column) values: with a temporal patch of 2 the image processor repeats
     each channel's block, and so does the batch builder."""
     config = copy.deepcopy(_pair()[0].config)
     config.vision_config.temporal_patch_size = 2
-    theirs = _processor(config, monkeypatch, temporal_patch_size=2)(
+    theirs = _processor(config, temporal_patch_size=2)(
         text=["<image>"], images=[_picture(64, 96, 3)], return_tensors="pt")["pixel_values"]
     ours = _build(config, [[Image(64, 96)]])["pixel_values"]
     assert ours.shape == theirs.shape == (4 * 6, 3 * 2 * 16 * 16)
@@ -290,6 +292,25 @@ def test_the_patched_tower_compiles_without_a_graph_break():
     batch = processor_batch(patched.config, [[Image(128, 96), Image(64, 32)]])
     explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+
+
+@pytest.mark.parametrize("attention", ["split", None])
+def test_the_bucketed_tower_equals_stock(attention):
+    """compile_vision's padded buckets (run eagerly): the tower's features for the real patches, exactly with stock's
+    split and to rounding with the default block-diagonal attention (the tower returns no merged output)."""
+    stock = _pair()[0].model.vision_tower
+    tower = syncfree.compile_vision(syncfree.patch(copy.deepcopy(stock)), buckets=(64, 128, 256), compile=False,
+                                    attention=attention)
+    for grid in ([[2, 4, 6], [1, 8, 8]], [[1, 6, 10]], [[3, 2, 2]]):
+        grid = torch.tensor(grid)
+        pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 16 * 16, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            want, got = stock(pixels, grid_thw=grid), tower(pixels, grid_thw=grid)
+        assert got.pooler_output is None and got.last_hidden_state.shape == want.last_hidden_state.shape
+        if attention == "split":
+            assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+        else:
+            torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, atol=1e-5, rtol=0)
 
 
 # ---- stock's errors --------------------------------------------------------------------------------------------------

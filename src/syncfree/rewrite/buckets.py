@@ -97,7 +97,8 @@ def _slice(out, real: int, merged: int):
     hidden = out.last_hidden_state
     # (A tower that keeps a batch dim of 1 around its packed patches, MiniMax-M3-VL's: the patches are dim 1.)
     out.last_hidden_state = hidden[:, :real] if hidden.dim() == 3 and hidden.shape[0] == 1 else hidden[:real]
-    out.pooler_output = out.pooler_output[:merged]
+    if out.pooler_output is not None:  # (none from a tower whose merger sits outside it: Ovis2.5's)
+        out.pooler_output = out.pooler_output[:merged]
     if getattr(out, "deepstack_features", None) is not None:
         out.deepstack_features = [f[:merged] for f in out.deepstack_features]
     return out
