@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_attention_backend_equals_stock,
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_generate_modes_equal_stock,
+    check_placeholder_mismatch_raises_stocks_error,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
@@ -269,6 +271,13 @@ def test_the_tower_called_alone_equals_stock_with_one_read():
     assert where == ["get_image_features", "read_to_host_syncs_once"] and not report.blocking_copies
 
 
+@pytest.mark.parametrize("backend", ["grouped", "block_diagonal", "auto"])
+def test_every_attention_backend_attends_within_each_window_and_frame(backend):
+    grid = torch.tensor([[1, 8, 6], [2, 4, 4], [1, 2, 10]])
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    check_attention_backend_equals_stock(_pair()[0].model.vision_tower, grid, pixels, backend, "last_hidden_state")
+
+
 def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     stock, patched = _pair()
     batch = _build(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
@@ -314,16 +323,6 @@ def test_the_bucketed_tower_equals_stock(attention):
 
 
 # ---- stock's errors --------------------------------------------------------------------------------------------------
-def _errors(stock, patched, batch) -> list[tuple[type, str]]:
-    """What stock raises for ``batch``, and the patched model without and with prepare() (where prepare accepts it)."""
-    errors = []
-    for model, inputs in ((stock, batch), (patched, batch), (patched, None)):
-        with pytest.raises(ValueError) as raised, torch.no_grad():
-            model(**(inputs if inputs is not None else syncfree.prepare(batch, None, patched)))
-        errors.append((raised.type, str(raised.value)))
-    return errors
-
-
 @pytest.mark.parametrize("edge", ["start", "end"])
 def test_a_missing_boundary_token_raises_stocks_error(edge):
     """One image lost its start (or end) token: stock's count check fails, with stock's message, patched too."""
@@ -336,20 +335,23 @@ def test_a_missing_boundary_token_raises_stocks_error(edge):
     first = int((ids[0] == token).nonzero()[0])
     ids[0, first] = 7
     batch["input_ids"] = ids
-    errors = _errors(stock, patched, batch)
-    assert errors[0] == errors[1] == errors[2]
-    assert errors[0][1] == f"Expected 2 visual boundary tokens with id {token}, but found 1."
+    errors = []
+    for model, prepared in ((stock, False), (patched, False), (patched, True)):  # (prepare() accepts the batch)
+        with pytest.raises(ValueError) as raised, torch.no_grad():
+            model(**(syncfree.prepare(batch, None, patched) if prepared else batch))
+        errors.append(str(raised.value))
+    assert errors == [f"Expected 2 visual boundary tokens with id {token}, but found 1."] * 3
 
 
 def test_a_placeholder_count_mismatch_raises_stocks_error():
+    """Stock's error from the patched model; prepare() says it with stock's words, the grids after them."""
     stock, patched = _pair()
     batch = _build(stock.config, [[Text(3), Image(64, 96), Text(2)]])
+    check_placeholder_mismatch_raises_stocks_error(stock, patched, batch)
     ids = batch["input_ids"].clone()
     ids[ids == stock.config.image_token_id] = torch.tensor([stock.config.image_token_id] * 5 + [5])
-    batch["input_ids"] = ids
-    errors = _errors(stock, patched, batch)
-    assert errors[0] == errors[1] and "tokens: 5, features: 6" in errors[0][1]
-    assert errors[2][1].startswith(errors[0][1])  # (prepare() says it with stock's words, and the grids after them)
+    with pytest.raises(ValueError, match=r"^Image features and image tokens do not match, tokens: 5, features: 6 "):
+        syncfree.prepare({**batch, "input_ids": ids}, None, patched)
 
 
 def test_vision_every_step_is_refused():
