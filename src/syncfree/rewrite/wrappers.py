@@ -47,9 +47,13 @@ _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "inpu
 _FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video with its audio are laid out
 
 
-def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
-    """A plan passed as ``syncfree_plan`` (``prepare(batch)`` without a device): check it still describes the call."""
+def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape, whole_batch: bool = False) -> Plan:
+    """A plan passed as ``syncfree_plan`` (``prepare(batch)`` without a device): check it still describes the call
+    (``whole_batch``: ``given`` holds every control tensor of the call, so a missing one was removed)."""
     plan.check_model(spec)
+    # A control tensor removed (or set to None) or added: stock would compute from the batch as given, the plan holds
+    # what it made from the old one (3D positions from the old padding mask).
+    plan.check_present(given, absent_is_none=whole_batch)
     device = call_device(given)
     if device is not None and not same_device(plan.device, device) and plan.device == "cpu":
         # A plan built in a DataLoader worker whose batch was then moved by the training loop (as HF
@@ -73,26 +77,28 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     return plan
 
 
-def resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
-    """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path)."""
-    entry = _resolve(model, given, explicit)
+def resolve(model, given: dict, explicit: Plan | None, whole_batch: bool = False) -> active.Entry | None:
+    """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path).
+    ``whole_batch``: ``given`` is the whole batch the user passed (``generate()``'s keyword arguments), so a control
+    tensor missing from it was removed; a forward's caller may not pass every one on."""
+    entry = _resolve(model, given, explicit, whole_batch)
     if entry is not None:
         entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
     return entry
 
 
-def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
+def _resolve(model, given: dict, explicit: Plan | None, whole_batch: bool) -> active.Entry | None:
     # (ModelSpec is made only where a plan is checked or built: decode steps skip it.)
     shape = call_shape(given)
     input_ids, mask = given.get("input_ids"), given.get("attention_mask")
     if explicit is not None:
-        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config), given, shape), input_ids,
-                            mask)
+        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config), given, shape, whole_batch),
+                            input_ids, mask)
     anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
     registration = active.registered(anchor)
     if registration is not None:
         registration.plan.check_model(ModelSpec.from_config(model.config))
-        active.check_unchanged(registration, given)
+        active.check_unchanged(registration, {**dict.fromkeys(PLAN_INPUTS), **given} if whole_batch else given)
         assert_given_match(registration.plan, given)  # (edits that bump no version counter, e.g. via .data)
         return active.Entry(registration.plan, input_ids, mask)
     outer = active.generating()
@@ -175,7 +181,8 @@ def make_generate(stock):
         # of these tensors, which then find this plan (without prepare(): after one explicit read here).
         # The multimodal *Model (or, where a release has none, e.g. Omni thinkers before 5.2x, this model itself).
         inner = getattr(self, "model", None)
-        entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit)
+        entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit,
+                        whole_batch=True)
         if entry is None:
             return stock(self, *args, **kwargs)
         entry.in_generate = True
