@@ -11,6 +11,7 @@ from syncfree.audit import audit, emulate_cuda
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a real CUDA device")
+    config.addinivalue_line("markers", "slow: among the slowest tests on a CPU (deselect with -m 'not slow')")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,12 +34,20 @@ for _name, _preset in PRESETS.items():
         TINY.setdefault(_preset.values["model_type"], _name)
 
 
+# The families whose tiny model builds and runs slowest on a CPU (reference kernels for their linear-attention layers):
+# their runs are marked slow.
+SLOW = {"glm5_next", "qwen4_exp", "dots3_note"}
+
+
 def _family_params() -> list:
     """One parameter per fully supported family, skipped where this Transformers release lacks it."""
-    return [pytest.param(model_type, id=model_type, marks=pytest.mark.skipif(
-        importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None or model_type not in TINY,
-        reason=f"this Transformers release has no {model_type} (or no tiny preset)"))
-        for model_type, family in FAMILIES.items()]
+    params = []
+    for model_type, family in FAMILIES.items():
+        marks = [pytest.mark.skipif(
+            importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None or model_type not in TINY,
+            reason=f"this Transformers release has no {model_type} (or no tiny preset)")]
+        params.append(pytest.param(model_type, id=model_type, marks=marks + ([pytest.mark.slow] * (model_type in SLOW))))
+    return params
 
 
 def _unit(config) -> int:

@@ -138,13 +138,12 @@ class Plan(DeviceFields):
         derived = ("image_grid_thw", "video_grid_thw") if self.spec.target_sizes else ()
         return {name: self.host.get(name) for name in PLAN_INPUTS if name not in derived}
 
-    def check_present(self, given: dict, absent_is_none: bool = False) -> None:
+    def check_present(self, given: dict) -> None:
         """Raise ``StalePlan`` naming the first control input that the plan was built from and ``given`` holds as
-        None (removed), or that ``given`` holds and the plan was built without (added). A name missing from
-        ``given`` counts as None with ``absent_is_none`` (``given`` is the whole batch); else it is not looked at
-        (a forward whose caller does not pass it on)."""
+        None (removed), or that ``given`` holds and the plan was built without (added). A name missing from ``given``
+        is not looked at (a forward that does not take it, or whose caller does not pass it on)."""
         for name, kept in self.given_inputs().items():
-            if name not in given and not absent_is_none:
+            if name not in given:
                 continue
             value = given.get(name)
             if kept is not None and value is None:
@@ -157,7 +156,7 @@ class Plan(DeviceFields):
         tensor removed or added).
 
         Compares the host inputs the plan keeps with the batch's (host tensors: no sync)."""
-        self.check_present(batch, absent_is_none=True)
+        self.check_present({**dict.fromkeys(PLAN_INPUTS), **batch})  # (the whole batch: what it lacks, it lacks)
         for name in PLAN_INPUTS:
             value, kept = batch.get(name), self.host.get(name)
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
