@@ -31,7 +31,7 @@ from .tensors import host_array
 
 __all__ = ["CHECKED", "host_checksums", "assert_given_match"]
 
-# Every control tensor a plan is built from (``batch.PLAN_INPUTS``; ``test_host_plan`` keeps the two the same).
+# Every control tensor a plan is built from (``batch.PLAN_INPUTS``; ``tests/test_checksum.py`` keeps the two the same).
 CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
            "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
            "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
