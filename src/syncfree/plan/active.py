@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import PLAN_INPUTS, Plan
+from .errors import StalePlan, stale
 from .tensors import same_host_values
 
 __all__ = ["register", "registered", "Entry", "activate", "current", "StalePlan", "expect", "expected"]
-
-
-class StalePlan(ValueError):
-    """The batch was changed after ``syncfree.prepare()``: the plan no longer describes it."""
 
 
 @dataclass
@@ -87,32 +84,27 @@ def check_unchanged(registration: _Registration, given: dict) -> None:
         value = given[name]
         if kept is None:
             if value is not None:
-                raise StalePlan(_stale(name, "was added"))
+                raise StalePlan(stale(name, "was added"))
             continue
         ref, version = kept
         if value is None:
-            raise StalePlan(_stale(name, "was removed"))
+            raise StalePlan(stale(name, "was removed"))
         if value is not ref():
-            raise StalePlan(_stale(name, "was replaced by another tensor"))
+            raise StalePlan(stale(name, "was replaced by another tensor"))
         if value.device.type == "cpu":
             # On the host the values themselves are compared with the plan's own copy (a few small tensors):
             # that also catches edits that bump no version counter (``t.numpy()[...] = v``, ``t.data[...] = v``)
             # and inference tensors, which keep none.
             if not same_host_values(value, registration.plan.host.get(name)):
-                raise StalePlan(_stale(name, "was modified in place"))
+                raise StalePlan(stale(name, "was modified in place"))
         elif version is not None and value._version != version:
             # On the device reading the values would wait for it: the version counter tells instead.
-            raise StalePlan(_stale(name, "was modified in place"))
+            raise StalePlan(stale(name, "was modified in place"))
 
 
 def _version_of(t: torch.Tensor) -> int | None:
     """The tensor's version counter; None for an inference tensor (``torch.inference_mode``), which has none."""
     return None if t.is_inference() else t._version
-
-
-def _stale(name: str, what: str) -> str:
-    return (f"{name} {what} after syncfree.prepare(), so its plan no longer describes the batch; call "
-            "syncfree.prepare() again on the changed batch")
 
 
 @dataclass

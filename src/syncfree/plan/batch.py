@@ -26,6 +26,7 @@ from .audio import AudioPlan
 from .audio_chunks import expanded_chunk_lengths
 from .audio_mask import masked_audio_plan
 from .checksum import host_checksums
+from .errors import StalePlan, stale
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
 from .omni import omni_fields, omni_rope
 from .rope_host import rope_index_host
@@ -89,8 +90,9 @@ class Plan(DeviceFields):
     n_audio_tokens: int = 0
     use_audio_in_video: bool = False
     rope_cache: dict = dataclasses.field(default_factory=dict)  # flag -> positions made on demand (the other flag)
-    # One checksum per control tensor (``checksum.CHECKED``), so a forward given device tensors can check
-    # them against the plan on the device, without a wait (``checksum.assert_given_match``).
+    # One keyed checksum per control tensor (``checksum.CHECKED``), then the plan's own random weights, so a forward
+    # given device tensors can check them against the plan on the device, without a wait
+    # (``checksum.assert_given_match``).
     checksums: torch.Tensor | None = None
     # The batch's placeholder runs do not match its grids (or a row is all padding): the forward runs stock's
     # own get_rope_index, which fails or places positions its own way (reading the device: only for such batches).
@@ -130,10 +132,31 @@ class Plan(DeviceFields):
             self.rope_cache[flag] = tuple(move(t, self.device) for t in found) if found is not None else None
         return self.rope_cache[flag]
 
+    def given_inputs(self) -> dict:
+        """The control inputs the plan was built from, by name (its host copies; None where the batch had none).
+        MiniCPM-V's grid rows, which the plan makes from its target sizes, are not among them."""
+        derived = ("image_grid_thw", "video_grid_thw") if self.spec.target_sizes else ()
+        return {name: self.host.get(name) for name in PLAN_INPUTS if name not in derived}
+
+    def check_present(self, given: dict) -> None:
+        """Raise ``StalePlan`` naming the first control input that the plan was built from and ``given`` holds as
+        None (removed), or that ``given`` holds and the plan was built without (added). A name missing from ``given``
+        is not looked at (a forward that does not take it, or whose caller does not pass it on)."""
+        for name, kept in self.given_inputs().items():
+            if name not in given:
+                continue
+            value = given.get(name)
+            if kept is not None and value is None:
+                raise StalePlan(stale(name, "was removed (or set to None)"))
+            if kept is None and value is not None:
+                raise StalePlan(stale(name, "was added"))
+
     def check_batch(self, batch) -> None:
-        """Refuse a batch this plan was not built from (sliced, packed or edited after ``prepare()``).
+        """Refuse a batch this plan was not built from (sliced, packed or edited after ``prepare()``, or a control
+        tensor removed or added).
 
         Compares the host inputs the plan keeps with the batch's (host tensors: no sync)."""
+        self.check_present({**dict.fromkeys(PLAN_INPUTS), **batch})  # (the whole batch: what it lacks, it lacks)
         for name in PLAN_INPUTS:
             value, kept = batch.get(name), self.host.get(name)
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu":

@@ -8,61 +8,98 @@ re-padded or concatenated after its plan was made never runs under that plan: on
 device-side assert (the CUDA context is lost: loud, asynchronous, no wait); on the CPU and on the emulated
 device it raises at once.
 
-The checksum is ``sum(value_i * (i + 1))`` over the flattened tensor in 64-bit integers: exact (integer
-sums wrap the same way in every order and on every device), and any change of one value or of the order
-of two different values changes it.
+The checksum is keyed: ``sum(v_i * w_i)`` over the flattened tensor in 64-bit integers (wrapping, so exact in
+every order and on every device), where each plan draws its own random odd 64-bit weights ``w_i`` on the host.
+Integers and booleans count by value; floats (a video's seconds per grid) by the two 32-bit halves of their
+float64 value. The guarantee, in one sentence: a change of one value is always caught (an odd weight is
+invertible modulo 2**64), and any other edit, fixed before the plan drew its weights, keeps the checksum with
+probability at most 2**(t - 63), where 2**t is the largest power of two dividing every changed value's
+difference (2**-63 when one of them changes by an odd amount, as any edit of a 0/1 mask does).
+
+The weights travel with the checksums in one tensor (``Plan.checksums``: the sums, then the weights), so they
+reach the device in the plan's own pinned, non-blocking copy: one int64 per value of the largest control tensor
+(tokens, not patches). The device check is one multiply and one sum per tensor.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 
+from .errors import StalePlan, stale
 from .tensors import host_array
 
 __all__ = ["CHECKED", "host_checksums", "assert_given_match"]
 
-CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "position_ids", "moe_mm_token_type_ids",
-           "image_merge_sizes", "video_merge_sizes", "video_compression_mask", "input_values_mask",
-           "input_features_mask", "chunk_sample_lengths")
-
-
-def _checksum(t: torch.Tensor) -> torch.Tensor:
-    flat = t.reshape(-1).to(torch.int64)
-    return (flat * torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.int64)).sum()
+# Every control tensor a plan is built from (``batch.PLAN_INPUTS``; ``tests/test_checksum.py`` keeps the two the same).
+CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
+           "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
+           "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
+           "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask",
+           "images_per_sample", "chunk_sample_lengths")
 
 
 def _checkable(t) -> bool:
-    # Integer and boolean tensors only: a float mask's -inf has no defined integer value on every device.
-    return isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and not t.is_complex()
+    return isinstance(t, torch.Tensor) and not t.is_complex()
 
 
-@functools.lru_cache(maxsize=8)
-def _weights(n: int) -> np.ndarray:
-    return np.arange(1, n + 1, dtype=np.int64)
+def _length(t: torch.Tensor) -> int:
+    """How many 64-bit integers ``_as_int64`` makes of ``t`` (two per float)."""
+    return t.numel() * (2 if t.dtype.is_floating_point else 1)
 
 
-def _host_checksum(t: torch.Tensor) -> int:
+def _as_int64(t: torch.Tensor) -> torch.Tensor:
+    """The flattened values as int64: integers and booleans by value, floats as the two int32 halves of their
+    float64 bits (halves, so that an edit of a float's exponent or sign is not a multiple of a high power of two)."""
+    flat = t.reshape(-1)
+    if t.dtype.is_floating_point:
+        return flat.to(torch.float64).view(torch.int32).to(torch.int64)
+    return flat.to(torch.int64)
+
+
+def _checksum(t: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The keyed checksum of ``t`` with ``weights`` (at least ``_length(t)`` of them), where ``t`` lives."""
+    flat = _as_int64(t)
+    return (flat * weights[:flat.numel()]).sum()
+
+
+def _host_int64(t: torch.Tensor) -> np.ndarray:
+    if t.dtype.is_floating_point:  # (NumPy has no bfloat16: PyTorch widens it)
+        return t.detach().reshape(-1).to(torch.float64).numpy().view(np.int32).astype(np.int64)
+    return host_array(t).reshape(-1).astype(np.int64, copy=False)
+
+
+def _host_checksum(t: torch.Tensor, weights: np.ndarray) -> int:
     """``_checksum`` of a host tensor, in NumPy (a fraction of PyTorch's fixed cost per op). int64 products and
     sums wrap modulo 2**64 in NumPy as on every PyTorch device, so the two agree."""
-    flat = host_array(t).reshape(-1).astype(np.int64, copy=False)
+    flat = _host_int64(t)
     with np.errstate(over="ignore"):
-        return int(np.dot(flat, _weights(flat.shape[0])))
+        return int(np.dot(flat, weights[:flat.shape[0]]))
+
+
+def _draw_weights(n: int) -> np.ndarray:
+    """``n`` random odd 64-bit weights, from a generator seeded afresh from the OS (so DataLoader workers forked
+    from one process draw different ones)."""
+    info = np.iinfo(np.int64)
+    return np.random.default_rng().integers(info.min, info.max, size=n, dtype=np.int64, endpoint=True) | 1
 
 
 def host_checksums(host: dict) -> torch.Tensor:
-    """One checksum per name in ``CHECKED`` (0 where the plan has no such tensor), from the plan's host copies."""
-    return torch.from_numpy(np.array([_host_checksum(t) if _checkable(t) else 0
-                                      for t in (host.get(name) for name in CHECKED)], dtype=np.int64))
+    """The plan's checksum table, from its host copies: one keyed checksum per name in ``CHECKED`` (0 where the plan
+    has no such tensor), then the plan's own random weights."""
+    kept = [t if _checkable(t) else None for t in (host.get(name) for name in CHECKED)]
+    weights = _draw_weights(max([_length(t) for t in kept if t is not None], default=0))
+    sums = np.array([_host_checksum(t, weights) if t is not None else 0 for t in kept], dtype=np.int64)
+    return torch.from_numpy(np.concatenate([sums, weights]))
 
 
 def assert_given_match(plan, given: dict) -> None:
     """Check, on the device and without a wait, that the device control tensors in ``given`` are the plan's.
 
     Host tensors are not looked at here (the callers compare them by value); tensors whose shape already
-    differs from the plan's raise ``ValueError`` at once (shapes are known on the host)."""
+    differs from the plan's raise ``ValueError`` at once (shapes and dtypes are known on the host)."""
+    table = plan.checksums
+    weights = table[len(CHECKED):]
     for i, name in enumerate(CHECKED):
         value, kept = given.get(name), plan.host.get(name)
         if not (_checkable(value) and _checkable(kept)) or value.device.type == "cpu":
@@ -72,6 +109,8 @@ def assert_given_match(plan, given: dict) -> None:
                 continue  # 4D masks are the text model's business; the plan holds the 2D padding mask only
             raise ValueError(f"{name} of shape {tuple(value.shape)} is not the one of shape {tuple(kept.shape)} its "
                              "syncfree plan was built for; call syncfree.prepare() on the batch you pass")
-        torch._assert_async(_checksum(value) == plan.checksums[i],
+        if value.dtype.is_floating_point != kept.dtype.is_floating_point:
+            raise StalePlan(stale(name, f"became {value.dtype} (the plan was built from {kept.dtype})"))
+        torch._assert_async(_checksum(value, weights) == table[i],
                             f"syncfree: {name} differs from the batch its plan was built for (edited, replaced or "
                             "re-padded after syncfree.prepare()); call syncfree.prepare() on the batch you pass")

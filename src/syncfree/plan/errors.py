@@ -6,7 +6,7 @@ call still catches a bad grid when syncfree finds it first)."""
 
 from __future__ import annotations
 
-__all__ = ["GridError", "GridDtypeError", "MaskShapeError", "InputsNotTaken"]
+__all__ = ["GridError", "GridDtypeError", "MaskShapeError", "InputsNotTaken", "StalePlan", "stale"]
 
 
 class GridError(ValueError, RuntimeError):
@@ -26,3 +26,13 @@ class MaskShapeError(ValueError, IndexError):
 class InputsNotTaken(ValueError):
     """A kind of batch a family's model cannot take at all (GLM-4.1V: images and videos together), raised where
     syncfree builds processor-style inputs, so a benchmark or census lists it as not applicable."""
+
+
+class StalePlan(ValueError):
+    """The batch was changed after ``syncfree.prepare()``: the plan no longer describes it."""
+
+
+def stale(name: str, what: str) -> str:
+    """The one-line refusal of a stale plan: which control tensor changed, how, and what to do."""
+    return (f"{name} {what} after syncfree.prepare(), so its plan no longer describes the batch; call "
+            "syncfree.prepare() again on the changed batch")

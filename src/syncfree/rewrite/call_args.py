@@ -7,13 +7,20 @@ import inspect
 
 import torch
 
-__all__ = ["positional_names", "given_args", "same_device", "call_device", "call_shape", "fits"]
+__all__ = ["positional_names", "taken_inputs", "given_args", "same_device", "call_device", "call_shape", "fits"]
 
 
 def positional_names(fn) -> tuple[str, ...]:
     """The names of ``fn``'s positional parameters after ``self``."""
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return tuple(p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds)[1:]
+
+
+def taken_inputs(fn, inputs) -> tuple[str, ...]:
+    """The names in ``inputs`` that are named parameters of ``fn`` (not ones it would find in its ``**kwargs``)."""
+    named = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = {p.name for p in inspect.signature(fn).parameters.values() if p.kind in named}
+    return tuple(n for n in inputs if n in params)
 
 
 def given_args(names, args, kwargs) -> dict:

@@ -33,7 +33,7 @@ from ..plan.tensors import same_host_values
 from ..plan.vision import vision_plan
 from .attention import AttentionChoice
 from .buckets import run_bucketed
-from .call_args import call_device, call_shape, fits, given_args, positional_names, same_device
+from .call_args import call_device, call_shape, fits, given_args, positional_names, same_device, taken_inputs
 from .helpers import host_padding_mask
 from .host_read import read_to_host_syncs_once, send_plan_back
 from .vision_in_step import vision_in_step
@@ -50,6 +50,9 @@ _FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video wit
 def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     """A plan passed as ``syncfree_plan`` (``prepare(batch)`` without a device): check it still describes the call."""
     plan.check_model(spec)
+    # A control tensor removed (or set to None) or added: stock would compute from the batch as given, the plan holds
+    # what it made from the old one (3D positions from the old padding mask).
+    plan.check_present(given)
     device = call_device(given)
     if device is not None and not same_device(plan.device, device) and plan.device == "cpu":
         # A plan built in a DataLoader worker whose batch was then moved by the training loop (as HF
@@ -73,21 +76,24 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     return plan
 
 
-def resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
-    """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path)."""
-    entry = _resolve(model, given, explicit)
+def resolve(model, given: dict, explicit: Plan | None, taken=()) -> active.Entry | None:
+    """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path).
+    ``taken``: the control inputs the call takes (the forward's named parameters; every one for ``generate()``, which
+    is handed the whole batch): one missing from ``given`` is None there, so a plan passed with the call (a carried
+    plan) that was built from it is refused."""
+    entry = _resolve(model, given, explicit, taken)
     if entry is not None:
         entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
     return entry
 
 
-def _resolve(model, given: dict, explicit: Plan | None) -> active.Entry | None:
+def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry | None:
     # (ModelSpec is made only where a plan is checked or built: decode steps skip it.)
     shape = call_shape(given)
     input_ids, mask = given.get("input_ids"), given.get("attention_mask")
     if explicit is not None:
-        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config), given, shape), input_ids,
-                            mask)
+        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config),
+                                           {**dict.fromkeys(taken), **given}, shape), input_ids, mask)
     anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
     registration = active.registered(anchor)
     if registration is not None:
@@ -150,6 +156,7 @@ def _with_host_grids(names, args, kwargs, plan: Plan):
 
 def make_model_forward(stock):
     names = positional_names(stock)
+    taken = taken_inputs(stock, PLAN_INPUTS)
 
     @functools.wraps(stock)
     def forward(self, *args, **kwargs):
@@ -158,7 +165,7 @@ def make_model_forward(stock):
             return stock(self, *args, **kwargs)
         given = given_args(names, args, kwargs)
         with vision_in_step(self, given):  # (only with patch(..., vision_every_step=True), in training)
-            entry = resolve(self, given, explicit)
+            entry = resolve(self, given, explicit, taken)
             if entry is None:
                 return stock(self, *args, **kwargs)
             args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
@@ -180,7 +187,8 @@ def make_generate(stock):
         # of these tensors, which then find this plan (without prepare(): after one explicit read here).
         # The multimodal *Model (or, where a release has none, e.g. Omni thinkers before 5.2x, this model itself).
         inner = getattr(self, "model", None)
-        entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit)
+        entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit,
+                        taken=PLAN_INPUTS)
         if entry is None:
             return stock(self, *args, **kwargs)
         entry.in_generate = True

@@ -1,0 +1,117 @@
+"""The keyed device checksum of a plan's control tensors: the host's NumPy sum is the device's, each plan draws its
+own random odd weights, and an edit that keeps a linear checksum ``sum(v_i * (i + 1))`` changes the keyed one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import syncfree
+from syncfree.audit import emulate_cuda
+from syncfree.inputs import batch_to, build_inputs, named_layout
+from syncfree.plan.batch import PLAN_INPUTS, PLAN_KEY
+from syncfree.plan.checksum import CHECKED, _checksum, _draw_weights, _host_checksum, assert_given_match
+from syncfree.presets import build_model
+
+
+def _linear(t: torch.Tensor) -> int:
+    """The unkeyed checksum ``sum(v_i * (i + 1))``, wrapping as int64 does."""
+    flat = t.reshape(-1).to(torch.int64)
+    return int((flat * torch.arange(1, flat.numel() + 1)).sum())
+
+
+def _linear_collision(t: torch.Tensor, a: int, b: int, c: int, d: int, delta: int) -> torch.Tensor:
+    """``t`` with ``delta`` added at flat positions a and d and taken away at b and c (a + d == b + c): the linear
+    checksum cannot tell the two apart."""
+    edited = t.clone().reshape(-1)
+    edited[[a, d]] += delta
+    edited[[b, c]] -= delta
+    return edited.reshape(t.shape)
+
+
+def test_every_control_tensor_is_checked():
+    assert set(CHECKED) == set(PLAN_INPUTS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=300),
+       dtype=st.sampled_from([torch.int64, torch.int32, torch.bool, torch.float32, torch.float64, torch.bfloat16]))
+def test_the_host_checksum_is_the_one_the_device_computes(values, dtype):
+    """The plan's checksums are made in NumPy on the host and compared with PyTorch's on the device: both wrap
+    modulo 2**64 (products and sums), so any value, overflowing or not, gives the same number; floats by their bits."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if dtype is torch.bool:
+        t = t.to(dtype)
+    elif dtype is torch.int32:
+        t = (t % 2**31).to(dtype)
+    elif dtype.is_floating_point:
+        t = (t % 2**20).to(dtype) / 7
+    weights = _draw_weights(2 * len(values))
+    assert _host_checksum(t, weights) == int(_checksum(t, torch.from_numpy(weights)))
+
+
+def test_each_plan_draws_its_own_odd_weights():
+    model = build_model("qwen3-vl-tiny")
+    batch = build_inputs(model.config, named_layout("mixed", side=64), padding_side="left")
+    first, second = (syncfree.prepare(batch, None, model)[PLAN_KEY].checksums for _ in range(2))
+    weights = first[len(CHECKED):], second[len(CHECKED):]
+    assert weights[0].numel() == batch["input_ids"].numel()  # one per value of the largest control tensor
+    assert all(bool((w % 2 != 0).all()) for w in weights)
+    assert not torch.equal(*weights)
+    assert not torch.equal(first[:len(CHECKED)], second[:len(CHECKED)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(0, 2000), min_size=8, max_size=200), data=st.data())
+def test_a_linear_collision_changes_the_keyed_checksum(values, data):
+    """Values moved in pairs at positions with a + d == b + c keep ``sum(v_i * (i + 1))``; with random odd weights
+    the keyed sum changes (it could only stay with probability 2**-63 here: the differences are odd)."""
+    t = torch.tensor(values)
+    n = t.numel()
+    a = data.draw(st.integers(0, n - 4))
+    gap = data.draw(st.integers(1, (n - 1 - a) // 3))
+    b, c, d = a + gap, a + 2 * gap, a + 3 * gap
+    delta = data.draw(st.sampled_from([1, -1, 3, 7]))
+    edited = _linear_collision(t, a, b, c, d, delta)
+    assert _linear(edited) == _linear(t) and not torch.equal(edited, t)
+    weights = _draw_weights(n)
+    assert _host_checksum(edited, weights) != _host_checksum(t, weights)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.sampled_from([0.5, 1.0, 2.0, 1 / 3, 4.0]), min_size=2, max_size=16), data=st.data())
+def test_float_edits_in_the_high_bits_change_the_keyed_checksum(values, data):
+    """Two sign flips, or an exponent moved up here and down there, are multiples of high powers of two in a float's
+    64 bits; the float64 value is summed as two 32-bit halves, so they are caught too."""
+    t = torch.tensor(values, dtype=torch.float32)
+    i, j = data.draw(st.lists(st.integers(0, len(values) - 1), min_size=2, max_size=2, unique=True))
+    signs, scaled = t.clone(), t.clone()
+    signs[[i, j]] = -signs[[i, j]]
+    scaled[i], scaled[j] = scaled[i] * 2, scaled[j] / 2
+    weights = _draw_weights(2 * len(values))
+    for edited in (signs, scaled):
+        assert _host_checksum(edited, weights) != _host_checksum(t, weights)
+
+
+def test_a_device_tensor_that_became_float_is_refused_on_the_host():
+    model = build_model("qwen3-vl-tiny")
+    carried = syncfree.prepare(build_inputs(model.config, named_layout("image", side=64)), None, model)
+    with emulate_cuda():
+        plan = carried[PLAN_KEY].to("cuda")
+        moved = batch_to(carried, "cuda")
+        assert_given_match(plan, moved)  # unchanged: accepted
+        moved["attention_mask"] = moved["attention_mask"].float()
+        with pytest.raises(ValueError, match="attention_mask became torch.float32"):
+            assert_given_match(plan, moved)
+
+
+def test_the_weights_cover_the_longest_tensor_floats_twice():
+    from syncfree.plan.checksum import host_checksums
+
+    host = {"input_ids": torch.zeros(2, 5, dtype=torch.long), "second_per_grid_ts": torch.ones(7)}
+    table = host_checksums(host)
+    assert table.numel() == len(CHECKED) + 14
+    assert np.all(table[len(CHECKED):].numpy() % 2 != 0)

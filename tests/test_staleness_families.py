@@ -1,0 +1,300 @@
+"""Staleness conformance for every fully supported family: a plan matches the batch as given, or the forward refuses it.
+
+Each family's tiny model, its own processor-style batch of two rows (the second left-padded), and its plan either
+carried in the batch (``prepare(batch)`` without a device, the batch then moved by the training loop) or prepared
+(``prepare(batch, device, model)``), on the emulated CUDA device. Every control tensor of the batch is removed, set to
+None, replaced or edited in place, before or after the move, and tensors the plan was built without are added. After
+each edit the patched forward returns stock's logits on the edited batch (``torch.equal``), or it refuses with an error
+that names the edited tensor (``StalePlan``, or the device-side assert of the checksum), or stock refuses the batch too.
+Edits crafted to keep the old linear checksum ``sum(v_i * (i + 1))`` must be refused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import syncfree
+from family_checks import model_pair
+from syncfree.audit import emulate_cuda
+from syncfree.families import FAMILIES, PRESETS, batch_to, processor_batch
+from syncfree.inputs import Image, Text, asr_layout, is_audio_only
+from syncfree.plan.active import StalePlan
+from syncfree.plan.batch import PLAN_INPUTS, PLAN_KEY
+
+DEVICE = "cuda"
+TINY = {}
+for _name, _preset in PRESETS.items():
+    if _name.endswith("-tiny"):
+        TINY.setdefault(_preset.values["model_type"], _name)
+
+
+# The families whose tiny model builds and runs slowest on a CPU (reference kernels for their linear-attention layers):
+# their runs are marked slow.
+SLOW = {"glm5_next", "qwen4_exp", "dots3_note"}
+
+
+def _family_params() -> list:
+    """One parameter per fully supported family, skipped where this Transformers release lacks it."""
+    params = []
+    for model_type, family in FAMILIES.items():
+        marks = [pytest.mark.skipif(
+            importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None or model_type not in TINY,
+            reason=f"this Transformers release has no {model_type} (or no tiny preset)")]
+        params.append(pytest.param(model_type, id=model_type, marks=marks + ([pytest.mark.slow] * (model_type in SLOW))))
+    return params
+
+
+def _unit(config) -> int:
+    """Image sides are multiples of patch x merge (the merge is named differently across families)."""
+    vc = config.vision_config
+    for name in ("spatial_merge_size", "merge_size", "merge_kernel_size"):
+        merge = getattr(vc, name, None)
+        if merge is not None:
+            return vc.patch_size * (merge[0] if isinstance(merge, (list, tuple)) else merge)
+    return vc.patch_size
+
+
+def two_rows(config, preset: str) -> dict:
+    """The family's processor-style batch: two rows, the second shorter (so left-padded)."""
+    if is_audio_only(config):
+        samples = asr_layout("mixed")[:2]
+    else:
+        u = _unit(config)
+        samples = [[Text(4), Image(2 * u, 2 * u), Text(3)], [Text(2), Image(u, u), Text(1)]]
+    batch = processor_batch(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+    assert batch["attention_mask"][1, 0] == 0 and batch["attention_mask"][0].all(), "the second row is left-padded"
+    return batch
+
+
+# ---- edits --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Edit:
+    """One change of a batch: ``name`` is the control tensor it touches, ``moved`` whether it happens after the move
+    to the device, ``collision`` whether it keeps the linear checksum (then it must be refused)."""
+
+    what: str
+    name: str
+    apply: Callable[[dict], dict]
+    moved: bool = False
+    collision: bool = False
+
+
+def _popped(name):
+    def apply(batch):
+        batch.pop(name)
+        return batch
+    return apply
+
+
+def _set(name, make):
+    def apply(batch):
+        batch[name] = make(batch)
+        return batch
+    return apply
+
+
+def _in_place(name, change, through_data=False):
+    def apply(batch):
+        t = batch[name].data if through_data else batch[name]
+        change(t)
+        return batch
+    return apply
+
+
+def _flip_last(t: torch.Tensor) -> None:
+    """One value changed: a 0/1 tensor's last value flipped, another tensor's last value plus one."""
+    flat = t.view(-1)
+    if t.dtype == torch.bool or bool(((t == 0) | (t == 1)).all()):
+        flat[-1] = 1 - flat[-1] if t.dtype != torch.bool else ~flat[-1]
+    else:
+        flat[-1] += 1
+
+
+def mask_collision(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """Flat positions a, d of ones and b, c of zeros with a + d == b + c: turning the ones into zeros and the zeros
+    into ones keeps ``sum(v_i * (i + 1))``. Rows keep a token each (the second row's first one stays)."""
+    flat = mask.reshape(-1).tolist()
+    ones = [i for i, v in enumerate(flat) if v == 1]
+    zeros = [i for i, v in enumerate(flat) if v == 0]
+    keep = {ones[0], min(i for i in ones if i >= mask.shape[1])}  # (each row's first token)
+    candidates = set(ones) - keep
+    for bi, b in enumerate(zeros):
+        for c in zeros[bi + 1:]:
+            for a in sorted(candidates):
+                d = b + c - a
+                if d > a and d in candidates:
+                    return a, b, c, d
+    raise AssertionError("no linear collision in this mask")
+
+
+def _mask_collision(t: torch.Tensor) -> None:
+    a, b, c, d = mask_collision(t)
+    flat = t.view(-1)
+    flat[[a, d]] = 0
+    flat[[b, c]] = 1
+
+
+def _ids_collision(t: torch.Tensor) -> None:
+    """+1 at flat positions 0 and 3, -1 at 1 and 2 (0 + 3 == 1 + 2): the linear checksum stays."""
+    flat = t.view(-1)
+    flat[[0, 3]] += 1
+    flat[[1, 2]] -= 1
+
+
+def _controls(batch: dict) -> list[str]:
+    return [n for n in PLAN_INPUTS if isinstance(batch.get(n), torch.Tensor)]
+
+
+def _ints(batch: dict) -> list[str]:
+    return [n for n in _controls(batch) if not batch[n].dtype.is_floating_point]
+
+
+def _added(batch: dict) -> list[Edit]:
+    rows, width = batch["input_ids"].shape
+    return [Edit("position_ids added", "position_ids",
+                 _set("position_ids", lambda b: torch.arange(width).expand(rows, width).clone())),
+            Edit("cache_position added", "cache_position", _set("cache_position", lambda b: torch.arange(width)))]
+
+
+def carried_edits(batch: dict) -> list[Edit]:
+    """Edits of a carried batch: on the host before the loop moves it, and on the device after."""
+    edits = [Edit(f"{n} removed", n, _popped(n)) for n in _controls(batch)]
+    edits += [Edit(f"{n} set to None", n, _set(n, lambda b: None)) for n in ("attention_mask", "mm_token_type_ids")
+              if n in batch]
+    edits += [Edit("attention_mask replaced by ones", "attention_mask",
+                   _set("attention_mask", lambda b: torch.ones_like(b["attention_mask"]))),
+              Edit("input_ids replaced by an equal copy", "input_ids",
+                   _set("input_ids", lambda b: b["input_ids"].clone())),
+              Edit("attention_mask edited in place", "attention_mask", _in_place("attention_mask", _flip_last))]
+    edits += _added(batch)
+    edits += [Edit(f"{n} edited after the move", n, _in_place(n, _flip_last), moved=True) for n in _ints(batch)]
+    edits += [Edit("attention_mask linear collision after the move", "attention_mask",
+                   _in_place("attention_mask", _mask_collision), moved=True, collision=True),
+              Edit("input_ids linear collision after the move", "input_ids", _in_place("input_ids", _ids_collision),
+                   moved=True, collision=True)]
+    return edits
+
+
+def prepared_edits(batch: dict) -> list[Edit]:
+    """Edits of a prepared batch (its tensors on the device, its grids on the host), after ``prepare()``."""
+    edits = [Edit(f"{n} removed", n, _popped(n)) for n in _controls(batch)]
+    edits += [Edit("attention_mask set to None", "attention_mask", _set("attention_mask", lambda b: None)),
+              Edit("attention_mask replaced by ones", "attention_mask",
+                   _set("attention_mask", lambda b: torch.ones_like(b["attention_mask"]))),
+              Edit("attention_mask replaced by an equal copy", "attention_mask",
+                   _set("attention_mask", lambda b: b["attention_mask"].clone()))]
+    edits += _added(batch)
+    edits += [Edit(f"{n} edited in place", n, _in_place(n, _flip_last)) for n in _ints(batch)]
+    edits += [Edit("attention_mask linear collision through .data", "attention_mask",
+                   _in_place("attention_mask", _mask_collision, through_data=True), collision=True),
+              Edit("input_ids linear collision through .data", "input_ids",
+                   _in_place("input_ids", _ids_collision, through_data=True), collision=True)]
+    return edits
+
+
+# ---- outcomes -----------------------------------------------------------------------------------------------------
+def _names(err: Exception, name: str) -> bool:
+    """The refusal names the tensor: ``StalePlan`` (a ``ValueError``) or the checksum's device-side assert."""
+    return isinstance(err, (ValueError, RuntimeError)) and re.search(rf"(?<!\w){name}(?!\w)", str(err)) is not None
+
+
+def _logits(model, batch: dict):
+    try:
+        with torch.no_grad():
+            return model(**batch).logits
+    except Exception as err:  # noqa: BLE001 -- a refusal is an outcome here
+        return err
+
+
+def _check(stock, patched, edit: Edit, edited: dict) -> str | None:
+    """None when the outcome is allowed, else what went wrong."""
+    got = _logits(patched, edited)
+    if isinstance(got, Exception) and _names(got, edit.name):
+        return None
+    if not isinstance(got, Exception) and edit.collision:
+        return "accepted an edit that keeps the linear checksum"
+    want = _logits(stock, batch_to({k: v for k, v in edited.items() if k != PLAN_KEY}, "cpu"))
+    if isinstance(got, Exception):
+        if isinstance(want, Exception) and type(want) is type(got):
+            return None  # stock refuses the batch too
+        return f"raised {type(got).__name__}: {str(got)[:200]} (stock: {type(want).__name__})"
+    if isinstance(want, Exception):
+        return f"gave logits where stock raised {type(want).__name__}: {str(want)[:200]}"
+    got = got.to("cpu")
+    if not torch.equal(got, want):
+        return f"logits differ from stock by {(got - want).abs().max().item():.3g} without an error"
+    return None
+
+
+def _run(model_type: str, path: str) -> list[str]:
+    preset = TINY[model_type]
+    stock, patched = model_pair(preset)
+    base = two_rows(stock.config, preset)
+    failures = []
+    with emulate_cuda():
+        patched.to(DEVICE)
+        try:
+            for edit in (carried_edits if path == "carried" else prepared_edits)(base):
+                batch = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in base.items()}
+                if path == "carried":
+                    carried = syncfree.prepare(batch, None, patched)
+                    if edit.moved:
+                        edited = edit.apply(batch_to(carried, DEVICE))
+                    else:
+                        edited = batch_to(edit.apply(carried), DEVICE)  # (the loop moves the batch as it finds it)
+                else:
+                    edited = edit.apply(syncfree.prepare(batch, DEVICE, patched))
+                problem = _check(stock, patched, edit, edited)
+                if problem is not None:
+                    failures.append(f"{edit.what}: {problem}")
+        finally:
+            patched.to("cpu")
+            if hasattr(getattr(patched, "model", None), "rope_deltas"):
+                patched.model.rope_deltas = None  # (cached by the forward: an emulated tensor otherwise)
+    return failures
+
+
+@pytest.mark.parametrize("model_type", _family_params())
+def test_a_carried_plan_matches_the_batch_as_given_or_is_refused(model_type):
+    failures = _run(model_type, "carried")
+    assert not failures, f"{model_type}, carried plan:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("model_type", _family_params())
+def test_a_prepared_plan_matches_the_batch_as_given_or_is_refused(model_type):
+    failures = _run(model_type, "prepared")
+    assert not failures, f"{model_type}, prepared plan:\n" + "\n".join(failures)
+
+
+def test_the_crafted_mask_edit_keeps_the_linear_checksum():
+    """The collisions above are collisions: the edited mask has the old checksum ``sum(v_i * (i + 1))``."""
+    mask = torch.tensor([[1] * 9, [0] * 4 + [1] * 5])
+    edited = mask.clone()
+    _mask_collision(edited)
+    weights = torch.arange(1, mask.numel() + 1)
+    assert not torch.equal(edited, mask) and bool(edited.any(1).all())
+    assert int((edited.reshape(-1) * weights).sum()) == int((mask.reshape(-1) * weights).sum())
+
+
+def test_the_loop_preparing_a_carried_batch_without_its_mask_is_refused():
+    """``prepare(carried, device)`` in the training loop, after the mask was dropped: refused there, by name."""
+    stock, patched = model_pair("qwen3-vl-tiny")
+    carried = syncfree.prepare(two_rows(stock.config, "qwen3-vl-tiny"), None, patched)
+    carried.pop("attention_mask")
+    with pytest.raises(StalePlan, match="attention_mask was removed"):
+        syncfree.prepare(carried, "cpu", patched)
+
+
+def test_generate_from_a_carried_batch_without_its_mask_is_refused():
+    """``generate()`` makes a mask of its own when none is given: the plan's positions were made from the old one."""
+    stock, patched = model_pair("qwen3-vl-tiny")
+    carried = syncfree.prepare(two_rows(stock.config, "qwen3-vl-tiny"), None, patched)
+    carried.pop("attention_mask")
+    with torch.no_grad(), pytest.raises(StalePlan, match="attention_mask was removed"):
+        patched.generate(**carried, max_new_tokens=2, do_sample=False)
