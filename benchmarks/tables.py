@@ -48,6 +48,7 @@ DISPLAY = {
     "minicpmv4_6": "MiniCPM-V 4.6", "minicpmv4_7": "MiniCPM-V 4.7", "kimi_k25": "Kimi-K2.5",
     "dots3_note": "dots3-note", "radio": "RADIO", "inkling2": "Inkling2", "apertus1p5": "Apertus 1.5",
     "ovis2_5": "Ovis2.5",
+    "llava_onevision1_5": "LLaVA-OneVision-1.5",
 }
 
 # What a remaining sync's source file is, where the census names one.
