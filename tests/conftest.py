@@ -11,7 +11,7 @@ from syncfree.audit import audit, emulate_cuda
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a real CUDA device")
-    config.addinivalue_line("markers", "slow: takes more than about 15 s (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "slow: takes more than about 15 s; skipped by default, run them alone with -m slow")
 
 
 def pytest_collection_modifyitems(config, items):

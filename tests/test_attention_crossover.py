@@ -6,9 +6,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "attention_crossover.py"
 
 
+@pytest.mark.slow
 def test_quick_grid_writes_every_cell_with_its_output_check(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("attention_crossover", SCRIPT)
     bench = importlib.util.module_from_spec(spec)

@@ -20,6 +20,7 @@ def quick(tmp_path_factory):
     return json.loads((out / "quick.json").read_text()), list(csv.DictReader(open(out / "quick.csv")))
 
 
+@pytest.mark.slow
 def test_quick_matrix_covers_every_scenario_model_and_scope(quick):
     data, rows = quick
     cells = {(p["model"], p["scenario"], p["scope"]) for p in data["pairs"]}
@@ -30,6 +31,7 @@ def test_quick_matrix_covers_every_scenario_model_and_scope(quick):
     assert {"torch", "transformers", "cpus"} <= data["machine"].keys() and data["timestamp"].endswith("Z")
 
 
+@pytest.mark.slow
 def test_quick_results_have_latencies_and_ratios_from_the_same_run(quick):
     data, _ = quick
     for p in data["pairs"]:
@@ -39,6 +41,7 @@ def test_quick_results_have_latencies_and_ratios_from_the_same_run(quick):
         assert r["latency_min_ms"] <= r["latency_ms"] <= r["latency_max_ms"] and r["repeats"] >= 1
 
 
+@pytest.mark.slow
 def test_patched_never_syncs_and_stock_always_does(quick):
     data, _ = quick
     assert all(p["patched_syncs"] == 0 for p in data["pairs"])
@@ -46,6 +49,7 @@ def test_patched_never_syncs_and_stock_always_does(quick):
     assert all(r["blocking_copies"] == 0 for r in data["records"] if r["variant"] == "patched")
 
 
+@pytest.mark.slow
 def test_patched_vision_tower_has_no_graph_breaks_where_stock_has_some(quick):
     data, _ = quick
     measured = [p for p in data["pairs"] if p["scope"] == "vision" and p["stock_graph_breaks"] is not None]
@@ -172,6 +176,7 @@ def test_without_matplotlib_the_bench_says_no_png_was_written_and_how_to_get_one
     assert not list(tmp_path.glob("*.png"))
 
 
+@pytest.mark.slow
 def test_a_training_cell_times_the_step_and_counts_its_syncs_by_phase(tmp_path):
     assert main(["bench", "--quick", "--device", "cpu", "--out", str(tmp_path), "--name", "train", "--no-plot",
                  "--scopes", "train", "--models", "qwen3-vl-tiny", "--scenarios", "image+video"]) == 0
@@ -184,6 +189,7 @@ def test_a_training_cell_times_the_step_and_counts_its_syncs_by_phase(tmp_path):
     assert patched == {"forward": 0, "recompute": 0, "backward": 0, "optimizer": 0}
 
 
+@pytest.mark.slow
 def test_omni_thinkers_bench_audio_scenarios_sync_free(tmp_path):
     assert main(["bench", "--quick", "--device", "cpu", "--models", "qwen2.5-omni-tiny", "--scenarios", "audio-30s",
                  "video+audio", "--out", str(tmp_path), "--name", "omni", "--no-plot", "--repeats", "1"]) == 0
@@ -199,6 +205,7 @@ def test_audio_scenarios_are_refused_for_models_without_audio(capsys):
     assert "feed audio, which only an Omni thinker takes; qwen3-vl-tiny is not one" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["paddleocr-vl-tiny", "glm4.1v-tiny", "ernie4.5-vl-tiny"])
 def test_families_beyond_qwen_bench_sync_free_and_skip_what_they_cannot_take(model, tmp_path, capsys):
     """PaddleOCR-VL's tower takes (1, patches, C, P, P) pixels and no video; a GLM tower takes one grid row per

@@ -306,6 +306,7 @@ def test_training_options_that_do_not_fit_together_are_refused(args, words):
     assert words in _refused(_syncfree(*args))
 
 
+@pytest.mark.slow
 def test_audit_train_prints_the_step_by_phase(tmp_path):
     out = tmp_path / "train.json"
     result = _syncfree("audit", "--train", "--model", "qwen3-vl-tiny", "--json", str(out))

@@ -153,6 +153,7 @@ def _cross_check(tmp_path, *args):
     return proc, json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_cross_check_agrees_with_itself_and_counts_every_variant(tmp_path):
     proc, data = _cross_check(tmp_path, "--models", "qwen3-vl-tiny")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -45,6 +45,7 @@ def test_the_collator_pickles_and_adds_the_plan():
     assert batch["syncfree_plan"].batch_shape == tuple(batch["input_ids"].shape)
 
 
+@pytest.mark.slow
 def test_spawned_workers_plan_and_a_loop_moving_the_batch_trains_without_a_sync():
     model = build_model(PRESET, dtype=torch.float32, seed=0).train()
     loader = _loader(2, syncfree.planning_collator(_Collate(), model))

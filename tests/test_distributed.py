@@ -16,8 +16,9 @@ import torch.multiprocessing as mp
 
 import distributed_worker
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                 reason="needs torch.distributed with gloo")]
 
 
 def _free_port() -> int:

@@ -6,10 +6,16 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+# HF Trainer needs accelerate (peft, in the test extra, brings it).
+pytest.importorskip("accelerate", reason='HF Trainer needs accelerate: pip install -e ".[test]"')
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_with_trainer.py"
 TRAINER_LOGGING = ("_maybe_log_save_evaluate", "_finalize_training")
 
 
+@pytest.mark.slow
 def test_trainer_steps_sync_only_in_trainer_logging():
     spec = importlib.util.spec_from_file_location("train_with_trainer", EXAMPLE)
     example = importlib.util.module_from_spec(spec)

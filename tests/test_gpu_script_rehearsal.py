@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_vision_backends_rehearsal_fills_every_cell(tmp_path):
     out = tmp_path / "vision_backends.json"
     result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "vision_backends.py"),

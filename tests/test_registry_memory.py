@@ -24,6 +24,7 @@ def _rss_mb() -> float:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set from /proc")
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_ten_thousand_prepares_keep_the_registry_and_memory_flat(device):
     config = load_config("qwen3-vl-tiny")

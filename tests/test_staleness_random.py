@@ -94,6 +94,7 @@ def _one(model, base: dict, rng: random.Random) -> str:
     return "equal"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_random_edits_are_equal_to_stock_or_refused(model, seed):
     base = build_inputs(model.config, named_layout("mixed", side=64), padding_side="left")

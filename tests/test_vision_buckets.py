@@ -29,6 +29,7 @@ def _layouts(count: int, seed: int = 0):
         yield torch.tensor([[rnd.choice([1, 1, 2]), 2 * rnd.randint(1, 6), 2 * rnd.randint(1, 6)] for _ in range(items)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3-vl-tiny", "qwen2.5-vl-tiny"])
 def test_a_hundred_layouts_compile_no_more_graphs_than_buckets_and_match_the_tower(name):
     tower = build_model(name).model.visual
