@@ -37,9 +37,9 @@ timeout 90 "$py" benchmarks/gpu/cross_check.py --timeout 75 --out "$out/cross_ch
 #    flash kernel in the vision tower (flash-attn is not on the image), then eager attention; the deadline
 #    cuts from the end. Graph breaks are left to the CPU run (they do not depend on the device).
 step "bench: the matrix"
-timeout 140 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
+timeout 110 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
   --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa varlen eager --repeats 10 --budget 3 \
-  --deadline 100 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
+  --deadline 75 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
   || echo "bench-gpu: exit $? (1 = some scenario failed, see errors in the JSON; 124 = timeout)"
 
 # 2b. A training step (forward with labels, backward, optimizer step), stock vs patched: step time and
@@ -69,6 +69,11 @@ timeout 80 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype b
 step "attention backend crossover"
 timeout 40 "$py" benchmarks/attention_crossover.py --device cuda --dtype bfloat16 --repeats 5 --cell-budget 0.2 \
   --out-dir "$out" || echo "crossover: exit $? (124 = timeout)"
+# 6. Liger-Kernel's fused-loss forward alone, then with syncfree: equal loss, syncs and step time (records why it
+#    did not run where liger-kernel is missing or cannot patch the installed Transformers).
+step "Liger-Kernel alone vs Liger + syncfree"
+timeout 30 "$py" benchmarks/gpu/liger_syncfree.py --out "$out/liger_syncfree.json" \
+  || echo "liger-syncfree: exit $? (1 = a variant failed or Liger is not usable here; 124 = timeout)"
 step "done"
 ls -l "$out"
 }
