@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import gc
+import types
 
 import torch
 
@@ -199,7 +202,17 @@ def check_vision_every_step(preset: str, batch: dict) -> None:
 def tower_graph_breaks(patched, tower, batch: dict):
     """``torch._dynamo.explain`` of the patched ``tower`` on the batch's images, handed the plan's vision plan."""
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    return torch._dynamo.explain(tower)(batch["pixel_values"], grid_thw=plan.grid_thw, syncfree_vision_plan=plan)
+    # (A copy is traced: Dynamo keeps weak references to the parameters it traced, after which moving a shared model
+    # to the emulated device, by swapping its parameters, fails in a later test.)
+    tower = copy.deepcopy(tower)
+    explained = torch._dynamo.explain(tower)(batch["pixel_values"], grid_thw=plan.grid_thw, syncfree_vision_plan=plan)
+    counted = types.SimpleNamespace(graph_break_count=explained.graph_break_count,
+                                    break_reasons=[types.SimpleNamespace(reason=str(r.reason))
+                                                   for r in explained.break_reasons])
+    del explained
+    torch._dynamo.reset()
+    gc.collect()
+    return counted
 
 
 def standard_layouts(unit: int) -> dict:

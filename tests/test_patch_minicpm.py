@@ -5,6 +5,7 @@ the processor's layouts (thumbnails and slices, videos), no syncs and no blockin
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import pytest
@@ -129,7 +130,9 @@ def test_the_patched_tower_compiles_without_a_graph_break(family):
     u = family[2]
     batch = processor_batch(patched.config, [[Image(3 * u, 4 * u), Image(2 * u, u)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
-    tower, sizes = patched.model.vision_tower, plan.host["target_sizes"]
+    # (A copy is traced: Dynamo keeps weak references to the parameters it traces, after which moving the shared pair
+    # to the emulated device, by swapping its parameters, fails in a later test.)
+    tower, sizes = copy.deepcopy(patched.model.vision_tower), plan.host["target_sizes"]
     explained = torch._dynamo.explain(tower)(batch["pixel_values"], target_sizes=sizes,
                                              syncfree_vision_plan=plan.image)
     if family[0] == "minicpm_ocr":  # ("4x": no window merger)
