@@ -199,15 +199,20 @@ def check_vision_every_step(preset: str, batch: dict) -> None:
             model(**prepared).loss.backward()
 
 
+def traced_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` for Dynamo to trace. Dynamo keeps references to the parameters it traced (past
+    ``torch._dynamo.reset()``), after which moving the session-wide model pairs (``model_pair``) to the emulated device,
+    which swaps their parameters, fails in a later test on the same worker."""
+    return copy.deepcopy(module)
+
+
 def tower_graph_breaks(patched, tower, batch: dict):
     """``torch._dynamo.explain`` of the patched ``tower`` on the batch's images, handed the plan's vision plan."""
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    # (A copy is traced: Dynamo keeps weak references to the parameters it traced, after which moving a shared model
-    # to the emulated device, by swapping its parameters, fails in a later test.)
-    tower = copy.deepcopy(tower)
+    tower = traced_copy(tower)
     explained = torch._dynamo.explain(tower)(batch["pixel_values"], grid_thw=plan.grid_thw, syncfree_vision_plan=plan)
     counted = types.SimpleNamespace(graph_break_count=explained.graph_break_count,
-                                    break_reasons=[types.SimpleNamespace(reason=str(r.reason))
+                                    break_reasons=[types.SimpleNamespace(reason=str(r.reason), user_stack=list(r.user_stack))
                                                    for r in explained.break_reasons])
     del explained
     torch._dynamo.reset()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import syncfree
+from family_checks import traced_copy
 from syncfree.inputs import Image, Text, Video, build_inputs, named_layout
 from syncfree.presets import build_model
 
@@ -179,12 +180,12 @@ def test_patched_vision_tower_compiles_without_graph_breaks(patched):
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
     args = (batch["pixel_values"],)
     kwargs = {"grid_thw": batch["image_grid_thw"], "syncfree_vision_plan": plan}
-    explained = torch._dynamo.explain(patched.model.visual)(*args, **kwargs)
+    explained = torch._dynamo.explain(traced_copy(patched.model.visual))(*args, **kwargs)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
-    stock_explained = torch._dynamo.explain(build_model("qwen3-vl-tiny").model.visual)(
+    stock_explained = torch._dynamo.explain(traced_copy(build_model("qwen3-vl-tiny").model.visual))(
         *args, grid_thw=batch["image_grid_thw"])
     assert stock_explained.graph_break_count > 0
-    compiled = torch.compile(patched.model.visual, fullgraph=True, backend="eager")
+    compiled = torch.compile(traced_copy(patched.model.visual), fullgraph=True, backend="eager")
     with torch.no_grad():
         assert torch.equal(compiled(*args, **kwargs).pooler_output, patched.model.visual(*args, **kwargs).pooler_output)
 

@@ -18,6 +18,7 @@ from family_checks import (
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
+    traced_copy,
 )
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan.spec import ModelSpec
@@ -132,6 +133,6 @@ def test_patched_vision_tower_compiles_without_graph_breaks():
     _, patched = _pair()
     batch = build_inputs(patched.config, [[Image(168, 224), Image(56, 84)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.visual)(batch["pixel_values"], grid_thw=plan.grid_thw,
+    explained = torch._dynamo.explain(traced_copy(patched.model.visual))(batch["pixel_values"], grid_thw=plan.grid_thw,
                                                             syncfree_vision_plan=plan)
     assert explained.graph_break_count == 0

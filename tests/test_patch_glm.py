@@ -17,6 +17,7 @@ from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
     model_pair,
+    traced_copy,
 )
 from syncfree.audit import audit, emulate_cuda
 from syncfree.families.glm import build_glm_inputs
@@ -152,6 +153,6 @@ def test_patched_vision_tower_compiles_without_graph_breaks(name):
     _, patched = _pair(name)
     batch = build_glm_inputs(patched.config, [[Image(168, 224), Image(56, 84)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.visual)(batch["pixel_values"], grid_thw=plan.grid_thw,
+    explained = torch._dynamo.explain(traced_copy(patched.model.visual))(batch["pixel_values"], grid_thw=plan.grid_thw,
                                                             syncfree_vision_plan=plan)
     assert explained.graph_break_count == 0

@@ -5,7 +5,6 @@ the processor's layouts (thumbnails and slices, videos), no syncs and no blockin
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 
 import pytest
@@ -19,6 +18,7 @@ from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
+    traced_copy,
 )
 from syncfree.families.minicpm import MARKERS, SLICE, build_minicpm_inputs
 from syncfree.inputs import Image, Text, Video, processor_batch
@@ -130,9 +130,7 @@ def test_the_patched_tower_compiles_without_a_graph_break(family):
     u = family[2]
     batch = processor_batch(patched.config, [[Image(3 * u, 4 * u), Image(2 * u, u)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
-    # (A copy is traced: Dynamo keeps weak references to the parameters it traces, after which moving the shared pair
-    # to the emulated device, by swapping its parameters, fails in a later test.)
-    tower, sizes = copy.deepcopy(patched.model.vision_tower), plan.host["target_sizes"]
+    tower, sizes = traced_copy(patched.model.vision_tower), plan.host["target_sizes"]
     explained = torch._dynamo.explain(tower)(batch["pixel_values"], target_sizes=sizes,
                                              syncfree_vision_plan=plan.image)
     if family[0] == "minicpm_ocr":  # ("4x": no window merger)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import check_generate_and_backward_equal_stock, model_pair
+from family_checks import check_generate_and_backward_equal_stock, model_pair, traced_copy
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Audio, Image, Text, Video, VideoWithAudio, build_omni_inputs, omni_forward_kwargs
 from syncfree.presets import build_model
@@ -200,16 +200,16 @@ def test_patched_encoders_compile_without_graph_breaks(name):
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"]
     frames = batch["input_features"].permute(0, 2, 1)[batch["feature_attention_mask"].bool()].permute(1, 0)
     lengths = plan.audio.feature_lens
-    explained = torch._dynamo.explain(_inner(patched).audio_tower)(frames, feature_lens=lengths,
+    explained = torch._dynamo.explain(traced_copy(_inner(patched).audio_tower))(frames, feature_lens=lengths,
                                                                  syncfree_audio_plan=plan.audio)
     assert explained.graph_break_count == 0
-    assert torch._dynamo.explain(_inner(stock).audio_tower)(frames, feature_lens=lengths).graph_break_count > 0
+    assert torch._dynamo.explain(traced_copy(_inner(stock).audio_tower))(frames, feature_lens=lengths).graph_break_count > 0
     vision = plan.image
-    explained = torch._dynamo.explain(_inner(patched).visual)(batch["pixel_values"], grid_thw=vision.grid_thw,
+    explained = torch._dynamo.explain(traced_copy(_inner(patched).visual))(batch["pixel_values"], grid_thw=vision.grid_thw,
                                                             syncfree_vision_plan=vision)
     assert explained.graph_break_count == 0
     with torch.no_grad():
-        compiled = torch.compile(_inner(patched).audio_tower, backend="eager", fullgraph=True)
+        compiled = torch.compile(traced_copy(_inner(patched).audio_tower), backend="eager", fullgraph=True)
         assert torch.equal(compiled(frames, feature_lens=lengths, syncfree_audio_plan=plan.audio).last_hidden_state,
                            _inner(stock).audio_tower(frames, feature_lens=lengths).last_hidden_state)
 

@@ -19,6 +19,7 @@ from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
     model_pair,
+    traced_copy,
 )
 from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
 from syncfree.plan.errors import InputsNotTaken
@@ -133,6 +134,6 @@ def test_patched_vision_tower_compiles_without_graph_breaks():
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(84, 112), Image(28, 56)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.visual)(pixel_values=batch["pixel_values"].unsqueeze(0),
+    explained = torch._dynamo.explain(traced_copy(patched.model.visual))(pixel_values=batch["pixel_values"].unsqueeze(0),
                                                             grid_thw=plan.grid_thw, syncfree_vision_plan=plan)
     assert explained.graph_break_count == 0

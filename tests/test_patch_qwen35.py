@@ -17,6 +17,7 @@ from family_checks import (
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_has_no_sync_and_moved_inputs_one,
     model_pair,
+    traced_copy,
 )
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, build_inputs
@@ -105,10 +106,10 @@ def test_patched_vision_tower_compiles_without_graph_breaks():
     stock, patched = build_model("qwen3.5-tiny"), syncfree.patch(build_model("qwen3.5-tiny"))
     batch = build_inputs(patched.config, [[Image(64, 96), Image(32, 64)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.visual)(batch["pixel_values"], grid_thw=plan.grid_thw,
+    explained = torch._dynamo.explain(traced_copy(patched.model.visual))(batch["pixel_values"], grid_thw=plan.grid_thw,
                                                             syncfree_vision_plan=plan)
     assert explained.graph_break_count == 0
-    stock_explained = torch._dynamo.explain(stock.model.visual)(batch["pixel_values"], grid_thw=plan.grid_thw)
+    stock_explained = torch._dynamo.explain(traced_copy(stock.model.visual))(batch["pixel_values"], grid_thw=plan.grid_thw)
     assert stock_explained.graph_break_count > 0
 
 

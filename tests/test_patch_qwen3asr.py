@@ -17,6 +17,7 @@ from family_checks import (
     check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
+    traced_copy,
 )
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.families.shared import installed_source_has
@@ -175,14 +176,14 @@ def test_the_patched_encoder_compiles_without_a_graph_break():
     features, mask = batch["input_features"], batch["input_features_mask"]
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].audio
     torch._dynamo.reset()
-    stock_breaks = torch._dynamo.explain(stock.model.audio_tower)(features, mask).graph_break_count
+    stock_breaks = torch._dynamo.explain(traced_copy(stock.model.audio_tower))(features, mask).graph_break_count
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(patched.model.audio_tower)(features, mask, syncfree_audio_plan=plan)
+    explained = torch._dynamo.explain(traced_copy(patched.model.audio_tower))(features, mask, syncfree_audio_plan=plan)
     assert explained.graph_break_count == 0 < stock_breaks, [r.reason for r in explained.break_reasons]
     torch._dynamo.reset()
     with torch.no_grad():
         want = stock.model.audio_tower(features, mask).last_hidden_state
-        got = torch.compile(patched.model.audio_tower, backend="eager", fullgraph=True)(
+        got = torch.compile(traced_copy(patched.model.audio_tower), backend="eager", fullgraph=True)(
             features, mask, syncfree_audio_plan=plan).last_hidden_state
     torch._dynamo.reset()
     assert torch.equal(got, want)

@@ -20,6 +20,7 @@ from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
+    traced_copy,
 )
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, processor_batch
@@ -159,7 +160,7 @@ def test_the_patched_towers_graph_breaks_are_its_own_item_loop():
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
-    explained = torch._dynamo.explain(patched.model.vision_model)(
+    explained = torch._dynamo.explain(traced_copy(patched.model.vision_model))(
         batch["pixel_values"], grid_thw=plan.grid_thw, merge_sizes=plan.merge_sizes, syncfree_vision_plan=plan)
     assert explained.graph_break_count >= 1
     for reason in explained.break_reasons:  # (its split by the host grid's .tolist(): no sync, a break)
