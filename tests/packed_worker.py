@@ -21,11 +21,13 @@ def main() -> None:
              "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
              "cu_seq_lens_q": torch.tensor([0, 5, 14, 17], dtype=torch.int32), "max_length_q": 9}
     batch.update(cu_seq_lens_k=batch["cu_seq_lens_q"], max_length_k=9)
-    with torch.no_grad():
-        expected = model(**batch, use_cache=False).logits
     out = {"linear_layers": sum(t == "linear_attention" for t in model.config.text_config.layer_types)}
     with syncfree.emulate_cuda(), torch.no_grad():
         model.to("cuda")
+        # (The reference on the emulated device too: from 5.25 Transformers hands the stand-in kernels device inputs
+        # only, and refuses a packed batch on the host.)
+        expected = model(**{k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
+                         use_cache=False).logits.cpu()
         for variant in ("stock", "patched", "patched+prepare"):
             if variant == "patched":
                 syncfree.patch(model)

@@ -18,7 +18,7 @@ from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan import vision as vision_module
 from syncfree.plan import vision_tables
 from syncfree.plan.batch import PLAN_KEY
-from syncfree.plan.vision_tables import TableSpec, device_tables, host_tables, window_seqlens
+from syncfree.plan.vision_tables import TableSpec, host_tables, tables_from_grid, window_seqlens
 from syncfree.presets import build_model, load_config
 
 QWEN3 = TableSpec("transformers.models.qwen3_vl.modeling_qwen3_vl", 2, 8, None, 16)
@@ -112,9 +112,8 @@ grids = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 14).map(lambda n: 2
 @given(rows=grids)
 def test_device_tables_equal_the_stock_helpers(rows):
     grid = torch.tensor(rows, dtype=torch.long)
-    total = int(grid.prod(-1).sum())
     for spec in (QWEN3, QWEN25, QWEN2):
-        ours, stock = device_tables(grid, total, spec), host_tables(grid, spec)
+        ours, stock = tables_from_grid(grid, spec), host_tables(grid, spec)
         assert ours.keys() == stock.keys()
         for name, value in stock.items():
             assert ours[name].dtype == value.dtype and torch.equal(ours[name], value), (spec, name)
@@ -133,8 +132,8 @@ def test_tables_fall_back_to_the_stock_helpers_when_the_installed_ones_differ(mo
 
     original = vision_tables.device_tables
 
-    def shifted(grids, total, spec):  # what a changed stock helper would look like from here
-        tables = original(grids, total, spec)
+    def shifted(items, total, spec, windows=None):  # what a changed stock helper would look like from here
+        tables = original(items, total, spec, windows)
         tables["position_ids"] = tables["position_ids"] + 1
         return tables
 

@@ -25,6 +25,8 @@ def add_census_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None,
                    help=f"output folder for census.json, census.csv and census.png (default: {default_out()})")
     p.add_argument("--name", default="census", help="file name stem (default: census)")
+    p.add_argument("--no-graph-breaks", action="store_true",
+                   help="skip counting the whole forward's graph breaks (torch._dynamo.explain, the slowest part)")
 
 
 def _cell(value) -> str:
@@ -35,15 +37,20 @@ def _cell(value) -> str:
     return str(value)
 
 
+def _pair(stock, patched) -> str:
+    return "-" if stock is None else f"{stock} -> {_cell(patched)}"
+
+
 def table(rows: list[CensusRow]) -> str:
     head = ("family", "support", "stock syncs", "stock blocking", "patched syncs", "patched+prepare", "same outputs",
-            "note")
+            "launches", "graph breaks", "note")
     lines = [head]
     for r in rows:
         note = r.reason if r.status != "ok" or r.support == "changed" else (f"left: {r.left}" if r.left else "")
         lines.append((r.family, r.support if r.status == "ok" else f"{r.support} ({r.status})", _cell(r.stock_syncs),
                       _cell(r.stock_blocking), _cell(r.patched_syncs), _cell(r.prepared_syncs),
-                      _cell(r.same_outputs), note[:100]))
+                      _cell(r.same_outputs), _pair(r.stock_launches, r.patched_launches),
+                      _pair(r.stock_breaks, r.patched_breaks), note[:100]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     text.insert(1, "-" * len(text[0]))
@@ -76,7 +83,8 @@ def run_census_command(args: argparse.Namespace) -> int:
     # (--debug: each failing family's traceback too, not only its one-line reason.)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("SYNCFREE_DEBUG", "").strip().lower() not in (
         "", "0", "false", "no", "off")
-    rows = run_census(families, progress=lambda line: print(f"  {line}", flush=True), debug=debug)
+    rows = run_census(families, progress=lambda line: print(f"  {line}", flush=True), debug=debug,
+                      graph_breaks=not getattr(args, "no_graph_breaks", False))
     import torch
     import transformers
 

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level", "output_of"]
+__all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level", "output_of",
+           "whole_forward_graph_breaks"]
 
 PATTERN = "lengths.tolist()"
 
@@ -33,6 +34,13 @@ class CensusRow:
     patched_blocking: int | None = None
     prepared_syncs: int | None = None  # full support only: inputs from syncfree.prepare
     same_outputs: bool | None = None
+    # Kernel launches of the forward on the emulated device (aten ops that put a kernel on the stream: views,
+    # allocations and copies left out), stock and patched (with inputs from syncfree.prepare where fully supported).
+    stock_launches: int | None = None
+    patched_launches: int | None = None
+    # Graph breaks of the whole forward under torch.compile (torch._dynamo.explain on the host), the same two.
+    stock_breaks: int | None = None
+    patched_breaks: int | None = None
     left: str = ""  # where the patched forward still syncs most (file:line), if anywhere
     reason: str = ""
     seconds: float = 0.0
@@ -155,8 +163,24 @@ def tiny_model_and_batch(family: str) -> tuple[torch.nn.Module, dict]:
     return model, batch or _family_batch(model) or census_batch(model)
 
 
-def census_family(family: str, debug: bool = False) -> CensusRow:
-    """One row of the census (never raises: a failure is the row's reason; ``debug`` prints its traceback)."""
+def whole_forward_graph_breaks(model, batch: dict, prepared: bool = False) -> int:
+    """Graph breaks of ``model``'s whole forward on ``batch`` (inputs from ``syncfree.prepare`` if ``prepared``), as
+    ``torch._dynamo.explain`` counts them on the host. A copy is traced: Dynamo keeps references to what it traced."""
+    from ..prepare import prepare
+
+    inputs = prepare(batch, "cpu", model) if prepared else dict(batch)
+    traced = copy.deepcopy(model)
+    try:
+        with torch.no_grad():
+            return torch._dynamo.explain(traced)(**inputs).graph_break_count
+    finally:
+        del traced
+        torch._dynamo.reset()
+
+
+def census_family(family: str, debug: bool = False, graph_breaks: bool = True) -> CensusRow:
+    """One row of the census (never raises: a failure is the row's reason; ``debug`` prints its traceback).
+    ``graph_breaks``: also count the whole forward's graph breaks (the slowest part of a row)."""
     from ..audit import emulate_cuda
     from ..patching import patch, refusal_for
 
@@ -181,6 +205,7 @@ def census_family(family: str, debug: bool = False) -> CensusRow:
             stock.to("cuda")
             report, expected = _audited(stock, batch)
             row.stock_syncs, row.stock_blocking = len(report.syncs), len(report.blocking_copies)
+            row.stock_launches = report.launches
             if patched is not None:
                 patched.to("cuda")
                 report, got = _audited(patched, batch)
@@ -189,7 +214,15 @@ def census_family(family: str, debug: bool = False) -> CensusRow:
                 if row.support == "full":
                     report, _ = _audited(patched, batch, prepared=True)
                     row.prepared_syncs = len(report.syncs)
+                row.patched_launches = report.launches
                 row.left = _where_left(report)
+            stock.to("cpu")
+            if patched is not None:
+                patched.to("cpu")
+        if graph_breaks:
+            row.stock_breaks = whole_forward_graph_breaks(stock, batch)
+            if patched is not None:
+                row.patched_breaks = whole_forward_graph_breaks(patched, batch, prepared=row.support == "full")
         row.status = "ok"
     except Exception as exc:
         _failed(row, exc, debug)
@@ -197,13 +230,14 @@ def census_family(family: str, debug: bool = False) -> CensusRow:
     return row
 
 
-def run_census(families: list[str] | None = None, progress=None, debug: bool = False) -> list[CensusRow]:
+def run_census(families: list[str] | None = None, progress=None, debug: bool = False,
+               graph_breaks: bool = True) -> list[CensusRow]:
     rows = []
     chosen = families or discover()
     for i, family in enumerate(chosen, 1):
         if progress:
             progress(f"[{i}/{len(chosen)}] {family}")
-        rows.append(census_family(family, debug))
+        rows.append(census_family(family, debug, graph_breaks))
     return rows
 
 

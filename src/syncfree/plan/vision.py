@@ -18,7 +18,9 @@ from .vision_tables import (
     device_tables,
     device_tables_match_stock,
     host_tables,
+    item_columns,
     merge_kwargs,
+    window_columns,
     window_seqlens,
 )
 
@@ -36,23 +38,25 @@ class VisionPlan(DeviceFields):
     max_seqlen: int
     n_patches: int  # sum of t * h * w
     cu_seqlens: torch.Tensor  # (segments + 1,) int32
-    device_grid: torch.Tensor  # (N, 3) int64: the grid rows, moved with the plan; the tables are made from it
+    device_grid: torch.Tensor  # (N, 3) int64: the grid rows, moved with the plan (a tower that takes its grid there)
+    items: torch.Tensor  # (len(ITEM), N) int64: host integers per image or video, moved with the plan; the tables'
+    # per-patch values are expanded from it
     table_spec: TableSpec
     tables_by_device: bool  # built on the device (the installed stock helpers checked), else stock's on the host
     cu_window_seqlens: torch.Tensor | None = None  # window attention (Qwen2.5-VL)
+    windows: torch.Tensor | None = None  # (len(WINDOW), windows) int64: host integers per window, moved with the plan
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
     device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
-    # Per-item merge sizes (``Layout.item_merge_sizes``, VideoLLaMA3): (N,) int64 on the host, and moved with the plan.
+    # Per-item merge sizes (``Layout.item_merge_sizes``, VideoLLaMA3): (N,) int64 on the host (``items`` holds them too).
     merge_sizes: torch.Tensor | None = None
-    device_merges: torch.Tensor | None = None
     # Tokens the tower prepends to each attention segment before its blocks (``Layout.segment_class_token``: 1), which
     # its attention's split sizes count; ``seqlens`` and ``cu_seqlens`` count patches only, as stock's helpers do.
     segment_prefix: int = 0
     # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
     tables_made: dict = field(default_factory=dict, compare=False, repr=False)
 
-    _TENSORS = ("cu_seqlens", "device_grid", "cu_window_seqlens", "device_merges")
+    _TENSORS = ("cu_seqlens", "device_grid", "items", "cu_window_seqlens", "windows")
 
     @property
     def num_patches(self) -> int:
@@ -69,8 +73,7 @@ class VisionPlan(DeviceFields):
         if self.tables_made:
             return self.tables_made
         if self.tables_by_device:
-            tables = device_tables(self.device_grid, self.num_patches, self.table_spec,
-                                   **merge_kwargs(self.device_merges))
+            tables = device_tables(self.items, self.num_patches, self.table_spec, self.windows)
         else:
             tables = {k: move(v, self.device)
                       for k, v in host_tables(self.grid_thw, self.table_spec, **merge_kwargs(self.merge_sizes)).items()}
@@ -146,7 +149,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     if spec.window_size is not None:
         windows = window_seqlens(rows, table_spec)
         extra.update(cu_window_seqlens=_cumulative(windows), window_seqlens=tuple(windows),
-                     max_window_seqlen=max(windows))
+                     max_window_seqlen=max(windows), windows=window_columns(rows, table_spec))
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (HunYuan-VL's merger: a newline per row, begin and end)
@@ -159,8 +162,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
-        table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec),
-        segment_prefix=int(spec.segment_class_token), **extra,
+        items=item_columns(rows, table_spec), table_spec=table_spec,
+        tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )
 
 
@@ -181,8 +184,8 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
     return VisionPlan(
         grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
-        table_spec=table_spec, tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes,
-        device_merges=merge_sizes,
+        items=item_columns(rows, table_spec, merges), table_spec=table_spec,
+        tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes,
     )
 
 

@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs"]
+__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs",
+           "item_columns", "window_columns", "tables_from_grid", "ITEM", "DECODINGS", "WINDOW"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,116 +79,168 @@ def window_seqlens(rows, spec: TableSpec) -> list[int]:
     return sizes
 
 
-def _spread(grids: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
-    """For each of ``total`` items laid out grid after grid (``t * h * w`` each): its grid's h and w, its index
-    inside its grid and where its grid starts. Each item's grid comes from ``repeat_interleave`` with the
-    host-known total (no sync)."""
-    counts = grids[:, 0] * grids[:, 1] * grids[:, 2]
-    which = torch.repeat_interleave(counts, output_size=total)
-    start = (counts.cumsum(0) - counts).index_select(0, which)
-    local = torch.arange(total, device=grids.device) - start
-    return grids[:, 1].index_select(0, which), grids[:, 2].index_select(0, which), local, start
+# The columns of ``item_columns``' table: one row per column, one column per image or video (an (C, N) int64 tensor:
+# each row is contiguous, so a patch's values are one ``index_select`` of the table). Host integers per item, so
+# the device expands them with a handful of whole-tensor ops instead of deriving them there.
+ITEM = ("count",  # t * h * w: the item's patches
+        "start",  # where its patches start
+        "frames", "height", "width",  # t, h, w
+        "frame",  # h * w: patches per frame
+        "merge",  # its merge size (spec.merge, or the item's own with spec.item_merges)
+        "pool_start", "pool_w")  # Kimi-K2.5's pooling: where its merged tokens start, and w // kernel width
+# Then three decodings of a patch's place in its frame into (row, col), each six rows (``_decode``): by the merge
+# blocks, by the merge blocks of the transposed frame (a table read at (w, h)), and by the pixel shuffle's blocks.
+DECODINGS = ("merge", "transposed", "shuffle")
+_I = {name: i for i, name in enumerate(ITEM)}
+_D = {name: len(ITEM) + 6 * i for i, name in enumerate(DECODINGS)}
 
 
-def _decode(grids: torch.Tensor, total: int, merge: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each patch's (row, col) in its frame, in stock's spatial-merge-block order, and its image's (h, w)."""
-    heights, widths, local, _ = _spread(grids, total)
-    within = local % (heights * widths)  # place in its frame
-    blocks_w = widths // merge
-    in_col, in_row = within % merge, (within // merge) % merge
-    block_col, block_row = (within // (merge * merge)) % blocks_w, within // (merge * merge * blocks_w)
-    return block_row * merge + in_row, block_col * merge + in_col, heights, widths
+def _decoding_columns(m: int, across: int, frame: int) -> tuple[int, ...]:
+    """``_decode``'s six rows for ``m`` x ``m`` blocks, ``across`` blocks per row, ``frame`` patches per frame:
+    divisors and moduli of (block row, block col), then divisors of (row in block, col in block)."""
+    return (m * m * across, m * m, frame, max(across, 1), m, 1)
 
 
-def _frames(grids: torch.Tensor, total: int) -> torch.Tensor:
-    """Each patch's frame in its image or video (stock's ``arange(t).repeat_interleave(h * w)``)."""
-    heights, widths, local, _ = _spread(grids, total)
-    return local // (heights * widths)
+# The columns of ``window_columns``' table (Qwen2.5-VL's window attention): one column per window, in stock's order.
+WINDOW = ("size",  # merged patches in the window
+          "place",  # where its patches start in window order
+          "source",  # the merged patch at its top left, in the tower's (raster) order
+          "width", "stride")  # its width and its frame's width, in merged patches
+_W = {name: i for i, name in enumerate(WINDOW)}
 
 
-def _pooling(grids: torch.Tensor, total: int, kernel: tuple[int, int]) -> dict:
-    """Kimi-K2.5's frame index (0 for a one-frame clip, else frame + 1) and its temporal pooling's destination
-    (merged token * kernel + place in the kernel, frames of a clip onto the same token) and weight (1 / frames),
-    stock's arithmetic on each patch's raster (row, col). The merged-token count is the plan's host integer."""
-    kh, kw = kernel
-    heights, widths, local, _ = _spread(grids, total)
-    which = torch.repeat_interleave(grids[:, 0] * grids[:, 1] * grids[:, 2], output_size=total)
-    frames = grids[:, 0].index_select(0, which)
-    within = local % (heights * widths)
-    row, col = within // widths, within % widths
-    merged = (grids[:, 1] // kh) * (grids[:, 2] // kw)
-    offset = (merged.cumsum(0) - merged).index_select(0, which)
-    destination = (offset + (row // kh) * (widths // kw) + col // kw) * (kh * kw) + (row % kh) * kw + col % kw
-    return {"frame_index": local // (heights * widths) + (frames > 1),
-            "merge_destination": destination, "frame_weight": 1.0 / frames.to(torch.float32)}
+def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
+    """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size)."""
+    merges = list(merges) if merges is not None else [spec.merge] * len(rows)
+    kh, kw = spec.pool or (1, 1)
+    shuffle = spec.shuffle or 1
+    columns, start, pooled = [], 0, 0
+    for (t, h, w), merge in zip(rows, merges):
+        columns.append((t * h * w, start, t, h, w, h * w, merge, pooled, w // kw,
+                        *_decoding_columns(merge, w // merge, h * w), *_decoding_columns(merge, h // merge, h * w),
+                        *_decoding_columns(shuffle, w // shuffle, h * w)))
+        start += t * h * w
+        pooled += (h // kh) * (w // kw)
+    return torch.tensor(list(zip(*columns)), dtype=torch.long)  # (one row per column: built transposed)
 
 
-def _window_index(grids: torch.Tensor, merged: int, spec: TableSpec) -> torch.Tensor:
-    """Stock's window permutation: for each place in window order, the merged patch that goes there.
-
-    A merged patch at (frame, r, c) of an (lh, lw) grid lands after the frames before it, the full window
-    rows above it (``size * lw`` each), the windows to its left in its window row (``size`` columns of that
-    row's height each) and the rows above it in its own window (that window's width each)."""
-    merge, size = spec.merge, spec.window // spec.merge // spec.patch
-    small = torch.stack([grids[:, 0], grids[:, 1] // merge, grids[:, 2] // merge], 1)
-    lh, lw, local, start = _spread(small, merged)
-    frame, r, c = local // (lh * lw), (local // lw) % lh, local % lw
-    window_h = torch.clamp(lh - (r // size) * size, max=size)
-    window_w = torch.clamp(lw - (c // size) * size, max=size)
-    place = (start + frame * lh * lw + (r // size) * size * lw + (c // size) * size * window_h
-             + (r % size) * window_w + c % size)
-    source = torch.arange(merged, device=grids.device)
-    return torch.empty_like(source).index_copy_(0, place, source)
-
-
-def _patch_merges(grids: torch.Tensor, merges: torch.Tensor, total: int) -> torch.Tensor:
-    """Each patch's merge size (``spec.item_merges``): its grid row's, spread with the host-known total (no sync)."""
-    return torch.repeat_interleave(merges, grids[:, 0] * grids[:, 1] * grids[:, 2], output_size=total)
+def window_columns(rows, spec: TableSpec) -> torch.Tensor:
+    """The (len(WINDOW), windows) int64 host table of the grid ``rows``' attention windows, in stock's order (frames,
+    window rows, window columns); empty windows dropped as stock drops them. Integers per window, like
+    ``window_seqlens``."""
+    merge = spec.merge
+    size = spec.window // merge // spec.patch  # window side in merged patches
+    columns, start, place = [], 0, 0
+    for t, h, w in rows:
+        lh, lw = h // merge, w // merge
+        for frame in range(t):
+            for r in range(0, lh, size):
+                for c in range(0, lw, size):
+                    wh, ww = min(size, lh - r), min(size, lw - c)
+                    columns.append((wh * ww, place, start + frame * lh * lw + r * lw + c, ww, lw))
+                    place += wh * ww
+        start += t * lh * lw
+    return torch.tensor(list(zip(*columns)), dtype=torch.long)
 
 
-def merge_kwargs(merges: torch.Tensor | None) -> dict:
-    """``merges=`` for ``device_tables`` / ``host_tables`` where there are per-row merges, else nothing."""
-    return {} if merges is None else {"merges": merges}
+def _spread(table: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of ``total`` patches laid out item after item: its item's column of ``table`` (rows ``ITEM``) and its
+    index inside its item. The item of each patch comes from ``repeat_interleave`` with the host-known total (no
+    sync); four ops in all."""
+    which = torch.repeat_interleave(table[_I["count"]], output_size=total)
+    per = table.index_select(1, which)
+    return per, torch.arange(total, device=table.device) - per[_I["start"]]
 
 
-def device_tables(grids: torch.Tensor, total: int, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
-    """The per-patch tables on ``grids.device`` (``grids``: the (N, 3) int64 grid rows, already there; ``merges``:
-    the (N,) int64 merge size of each row, there too, where ``spec.item_merges``)."""
-    merge = _patch_merges(grids, merges, total) if spec.item_merges else spec.merge  # (the decoding is elementwise)
-    row, col, heights, widths = _decode(grids, total, merge)
-    tables = {"position_ids": torch.stack([row, col], -1)}
+def _decode(per: torch.Tensor, local: torch.Tensor, merge, decoding: str) -> torch.Tensor:
+    """Each patch's (row, col) in its frame, in stock's block order (``merge`` x ``merge`` blocks laid out row after
+    row): a (2, patches) tensor. Both coordinates at once, from pairs of the item's rows (``_decoding_columns``): the
+    block's (row, col) is (place // (m*m*across), place // (m*m) % across), the place in the block (place // m % m,
+    place % m); seven ops in all."""
+    d = _D[decoding]
+    within = (local % per[_I["frame"]]).unsqueeze(0)  # place in its frame
+    block = within // per[d:d + 2] % per[d + 2:d + 4]
+    return block * merge + within // per[d + 4:d + 6] % merge
+
+
+def _window_index(windows: torch.Tensor, merged: int) -> torch.Tensor:
+    """Stock's window permutation: for each place in window order, the merged patch that goes there: the window's top
+    left patch, plus the place's row in the window times its frame's width, plus its column."""
+    which = torch.repeat_interleave(windows[_W["size"]], output_size=merged)
+    per = windows.index_select(1, which)
+    local = torch.arange(merged, device=windows.device) - per[_W["place"]]
+    width = per[_W["width"]]
+    return per[_W["source"]] + (local // width) * per[_W["stride"]] + local % width
+
+
+def device_tables(items: torch.Tensor, total: int, spec: TableSpec, windows: torch.Tensor | None = None) -> dict:
+    """The per-patch tables on ``items.device`` (``items``: ``item_columns``' table, already there; ``windows``:
+    ``window_columns``' table, there too, where ``spec.window``)."""
+    per, local = _spread(items, total)
+    merge = per[_I["merge"]] if spec.item_merges else spec.merge  # (the decoding is elementwise)
+    places = _decode(per, local, merge, "merge")
+    row, col = places
+    heights, widths = per[_I["height"]], per[_I["width"]]
+    tables = {"position_ids": places.t()}
     if spec.temporal:
-        tables["position_ids"] = torch.stack([_frames(grids, total), row, col], -1)
+        tables["position_ids"] = torch.stack([local // per[_I["frame"]], row, col], -1)
     if spec.side is not None:
         helper = _module(spec.module).get_vision_interpolation_indices_and_weights
         kernel = _module(helper.__module__)  # where stock's per-axis kernel lives
-        # (the swapped grid by stacking its columns: a list index of a device tensor would copy the list over)
-        at, side = (_decode(torch.stack([grids[:, 0], grids[:, 2], grids[:, 1]], 1), total, merge) if spec.swap_hw
-                    else (row, col, heights, widths)), spec.side
+        # (read at (w, h): each patch decoded as if its frame were transposed)
+        at = ((*_decode(per, local, merge, "transposed"), widths, heights) if spec.swap_hw
+              else (row, col, heights, widths))
         options = {"padding": spec.padding} if spec.padding != "border" else {}  # (older kernels take no padding)
-        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], side, spec.mode, spec.align_corners,
-                                                                    **options)
-        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], side, spec.mode, spec.align_corners,
-                                                                    **options)
+        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], spec.side, spec.mode,
+                                                                    spec.align_corners, **options)
+        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], spec.side, spec.mode,
+                                                                    spec.align_corners, **options)
         n = h_taps.shape[1]
         tables["interp_indices"] = (h_taps[:, :, None] * spec.side + w_taps[:, None, :]).reshape(-1, n * n)
         tables["interp_weights"] = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, n * n)
     if spec.window is not None:
-        tables["window_index"] = _window_index(grids, total // spec.merge ** 2, spec)
+        tables["window_index"] = _window_index(windows, total // spec.merge ** 2)
     if spec.shuffle:
-        tables["pixel_shuffle_index"] = _shuffle_index(grids, total, spec.shuffle)
+        tables["pixel_shuffle_index"] = _shuffle_index(per, local, spec.shuffle)
     if spec.pool is not None:
-        tables.update(_pooling(grids, total, spec.pool))
+        tables.update(_pooling(per, local, spec.pool))
     return tables
 
 
-def _shuffle_index(grids: torch.Tensor, total: int, factor: int) -> torch.Tensor:
+def _pooling(per: torch.Tensor, local: torch.Tensor, kernel: tuple[int, int]) -> dict:
+    """Kimi-K2.5's frame index (0 for a one-frame clip, else frame + 1) and its temporal pooling's destination
+    (merged token * kernel + place in the kernel, frames of a clip onto the same token) and weight (1 / frames),
+    stock's arithmetic on each patch's raster (row, col). The merged-token count is the plan's host integer."""
+    kh, kw = kernel
+    frames, frame, widths = per[_I["frames"]], per[_I["frame"]], per[_I["width"]]
+    within = local % frame
+    row, col = within // widths, within % widths
+    destination = ((per[_I["pool_start"]] + (row // kh) * per[_I["pool_w"]] + col // kw) * (kh * kw)
+                   + (row % kh) * kw + col % kw)
+    return {"frame_index": local // frame + (frames > 1),
+            "merge_destination": destination, "frame_weight": 1.0 / frames.to(torch.float32)}
+
+
+def _shuffle_index(per: torch.Tensor, local: torch.Tensor, factor: int) -> torch.Tensor:
     """Stock's pixel-shuffle gather index: output place p (in ``factor x factor`` block order within its frame) takes
     the raster patch at that block place's (row, col) of the same frame."""
-    row, col, heights, widths = _decode(grids, total, factor)
-    _, _, local, start = _spread(grids, total)
-    frame_start = start + local - local % (heights * widths)
-    return frame_start + row * widths + col
+    frame = per[_I["frame"]]
+    row, col = _decode(per, local, factor, "shuffle")
+    return per[_I["start"]] + local - local % frame + row * per[_I["width"]] + col
+
+
+def tables_from_grid(grid: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
+    """``device_tables`` of the (N, 3) ``grid`` (``merges``: its rows' own merge sizes), on ``grid.device``: the
+    columns made on the host from its rows, then moved there (a reference and test entry; plans hold the columns)."""
+    rows = grid.tolist()
+    items = item_columns(rows, spec, None if merges is None else merges.tolist()).to(grid.device)
+    windows = window_columns(rows, spec).to(grid.device) if spec.window else None
+    return device_tables(items, sum(t * h * w for t, h, w in rows), spec, windows)
+
+
+def merge_kwargs(merges: torch.Tensor | None) -> dict:
+    """``merges=`` for ``host_tables`` where there are per-row merges, else nothing."""
+    return {} if merges is None else {"merges": merges}
 
 
 def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
@@ -240,7 +293,7 @@ def device_tables_match_stock(spec: TableSpec) -> bool:
     merges = _probe_merges(grids, spec)
     try:
         # (the merges passed only where the spec takes them: every other spec's call stays as it was)
-        ours = device_tables(grids, int(grids.prod(-1).sum()), spec, **merge_kwargs(merges))
+        ours = tables_from_grid(grids, spec, merges)
     except AttributeError:  # a release without the helpers this builds on
         ours = None
     stock = host_tables(grids, spec, **merge_kwargs(merges))
