@@ -202,6 +202,32 @@ def render_families() -> str:
     return (_table(head, rows, "llrrrl") + "\n" + _census_summary(meta["rows"], meta) + _reproduce("census.json"))
 
 
+def _arrow(row: dict, stock: str, patched: str) -> str:
+    if row.get(stock) is None:
+        return "—"
+    after = row.get(patched)
+    return f"{row[stock]} → {'—' if after is None else after}"
+
+
+def render_device_work() -> str:
+    """docs/families.md: per fully supported family, the kernel launches, whole-forward graph breaks (and the first
+    site left) and host milliseconds of the tiny model's forward, stock → patched with ``prepare``."""
+    meta = _load("census.json")
+    rows = []
+    for r in meta["rows"]:
+        if r["status"] != "ok" or r["support"] != "full":
+            continue
+        sites = r.get("break_sites") or []
+        first = f"`{sites[0].split(': ', 1)[0]}` ({len(sites)} sites)" if sites else ""
+        rows.append((f"{display_name(r['family'])} (`{r['family']}`)", _arrow(r, "stock_launches", "patched_launches"),
+                     _arrow(r, "stock_breaks", "patched_breaks"), first, _arrow(r, "stock_ms", "patched_ms")))
+    head = ("family", "kernel launches", "graph breaks (whole forward)", "most frequent break left", "host ms")
+    return (_table(head, rows, "lrrlr") + "\nKernel launches are counted on the emulated device (views, allocations and "
+            "copies left out); graph breaks by `torch._dynamo.explain` of the whole forward; host milliseconds are the "
+            "median of five CPU forwards, `prepare` included on every patched call. `census.json` lists every break "
+            "site of each family (`break_sites`)." + _reproduce("census.json"))
+
+
 # ---- headline numbers (README) ---------------------------------------------------------------------------
 def render_headlines() -> str:
     bench = _load("bench-cpu.json")["pairs"]
@@ -440,6 +466,7 @@ def render_hf_tests() -> str:
 RENDERERS: dict[str, Callable[[], str]] = {
     "support": render_support,
     "families": render_families,
+    "device-work": render_device_work,
     "headlines": render_headlines,
     "bench-cpu": render_bench_cpu,
     "bench-cpu-compiled": render_bench_compiled,

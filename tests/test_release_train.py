@@ -117,7 +117,7 @@ def test_doctor_exits_0_where_everything_matches(capsys):
 def test_census_row_of_a_changed_family_says_why(changed_release):
     from syncfree.census.run import census_family
 
-    row = census_family(CHANGED)
+    row = census_family(CHANGED, graph_breaks=False)
     assert row.status == "ok" and row.support == "changed"
     assert row.stock_syncs and row.patched_syncs is None
     assert row.reason.startswith("left stock:") and "changed" in row.reason

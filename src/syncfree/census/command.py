@@ -43,14 +43,14 @@ def _pair(stock, patched) -> str:
 
 def table(rows: list[CensusRow]) -> str:
     head = ("family", "support", "stock syncs", "stock blocking", "patched syncs", "patched+prepare", "same outputs",
-            "launches", "graph breaks", "note")
+            "launches", "graph breaks", "host ms", "note")
     lines = [head]
     for r in rows:
         note = r.reason if r.status != "ok" or r.support == "changed" else (f"left: {r.left}" if r.left else "")
         lines.append((r.family, r.support if r.status == "ok" else f"{r.support} ({r.status})", _cell(r.stock_syncs),
                       _cell(r.stock_blocking), _cell(r.patched_syncs), _cell(r.prepared_syncs),
                       _cell(r.same_outputs), _pair(r.stock_launches, r.patched_launches),
-                      _pair(r.stock_breaks, r.patched_breaks), note[:100]))
+                      _pair(r.stock_breaks, r.patched_breaks), _pair(r.stock_ms, r.patched_ms), note[:100]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     text.insert(1, "-" * len(text[0]))
@@ -96,7 +96,8 @@ def run_census_command(args: argparse.Namespace) -> int:
     with open(paths[1], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(result["rows"][0]) if rows else ["family"])
         writer.writeheader()
-        writer.writerows(result["rows"])
+        writer.writerows({k: "; ".join(v) if isinstance(v, list) else v for k, v in row.items()}
+                         for row in result["rows"])
     png = plot_census(rows, os.path.join(out, f"{args.name}.png"),
                       f"torch {torch.__version__}, transformers {transformers.__version__}")
     print("\n" + table(rows) + "\n\n" + summary(rows) + f" ({result['seconds']} s)")

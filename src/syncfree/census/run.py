@@ -13,12 +13,12 @@ import copy
 import os
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 __all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level", "output_of",
-           "whole_forward_graph_breaks"]
+           "whole_forward_graph_breaks", "host_ms"]
 
 PATTERN = "lengths.tolist()"
 
@@ -41,6 +41,12 @@ class CensusRow:
     # Graph breaks of the whole forward under torch.compile (torch._dynamo.explain on the host), the same two.
     stock_breaks: int | None = None
     patched_breaks: int | None = None
+    # Host milliseconds of one forward of the tiny model on the CPU (median of five, no grad): stock, and patched with
+    # syncfree.prepare on every call (the plan's host work counted in).
+    stock_ms: float | None = None
+    patched_ms: float | None = None
+    # Where the patched forward's graph breaks are (file:line, then Dynamo's reason), most frequent first.
+    break_sites: list[str] = field(default_factory=list)
     left: str = ""  # where the patched forward still syncs most (file:line), if anywhere
     reason: str = ""
     seconds: float = 0.0
@@ -163,19 +169,54 @@ def tiny_model_and_batch(family: str) -> tuple[torch.nn.Module, dict]:
     return model, batch or _family_batch(model) or census_batch(model)
 
 
-def whole_forward_graph_breaks(model, batch: dict, prepared: bool = False) -> int:
+def whole_forward_graph_breaks(model, batch: dict, prepared: bool = False) -> tuple[int, list[str]]:
     """Graph breaks of ``model``'s whole forward on ``batch`` (inputs from ``syncfree.prepare`` if ``prepared``), as
-    ``torch._dynamo.explain`` counts them on the host. A copy is traced: Dynamo keeps references to what it traced."""
+    ``torch._dynamo.explain`` counts them on the host, and where they are: ``"file:line: reason"``, most frequent
+    first (a count in front where a site breaks more than once). A copy is traced: Dynamo keeps references to what it
+    traced."""
     from ..prepare import prepare
 
     inputs = prepare(batch, "cpu", model) if prepared else dict(batch)
     traced = copy.deepcopy(model)
     try:
         with torch.no_grad():
-            return torch._dynamo.explain(traced)(**inputs).graph_break_count
+            explained = torch._dynamo.explain(traced)(**inputs)
+        sites: dict[str, int] = {}
+        for reason in explained.break_reasons:
+            frame = reason.user_stack[-1] if reason.user_stack else None
+            where = f"{_short_path(frame.filename)}:{frame.lineno}" if frame else "?"
+            site = f"{where}: {str(reason.reason).strip().splitlines()[0][:120]}"
+            sites[site] = sites.get(site, 0) + 1
+        ranked = sorted(sites.items(), key=lambda kv: -kv[1])
+        return explained.graph_break_count, [f"{n}x {site}" if n > 1 else site for site, n in ranked]
     finally:
         del traced
         torch._dynamo.reset()
+
+
+def host_ms(model, batch: dict, prepared: bool = False, repeats: int = 5) -> float:
+    """Median host milliseconds of ``model``'s forward on ``batch`` on the CPU (``prepared``: ``syncfree.prepare``
+    on every call, timed with it), after one untimed call."""
+    from ..prepare import prepare
+
+    def once() -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(**(prepare(batch, "cpu", model) if prepared else batch))
+        return (time.perf_counter() - start) * 1e3
+
+    once()
+    times = sorted(once() for _ in range(repeats))
+    return round(times[len(times) // 2], 2)
+
+
+def _short_path(path: str) -> str:
+    """A source path from the package down (transformers/..., syncfree/...)."""
+    for root in ("transformers", "syncfree", "torch"):
+        marker = f"/{root}/"
+        if marker in path:
+            return root + "/" + path.rsplit(marker, 1)[1]
+    return path
 
 
 def census_family(family: str, debug: bool = False, graph_breaks: bool = True) -> CensusRow:
@@ -219,10 +260,14 @@ def census_family(family: str, debug: bool = False, graph_breaks: bool = True) -
             stock.to("cpu")
             if patched is not None:
                 patched.to("cpu")
+        row.stock_ms = host_ms(stock, batch)
+        if patched is not None:
+            row.patched_ms = host_ms(patched, batch, prepared=row.support == "full")
         if graph_breaks:
-            row.stock_breaks = whole_forward_graph_breaks(stock, batch)
+            row.stock_breaks = whole_forward_graph_breaks(stock, batch)[0]
             if patched is not None:
-                row.patched_breaks = whole_forward_graph_breaks(patched, batch, prepared=row.support == "full")
+                row.patched_breaks, row.break_sites = whole_forward_graph_breaks(patched, batch,
+                                                                                 prepared=row.support == "full")
         row.status = "ok"
     except Exception as exc:
         _failed(row, exc, debug)
