@@ -229,6 +229,25 @@ def render_device_work() -> str:
 
 
 # ---- headline numbers (README) ---------------------------------------------------------------------------
+def _device_work_headlines(census: list[dict]) -> list[tuple]:
+    """Kernel launches and whole-forward graph breaks of the fully supported families' tiny models, where the census
+    counted them."""
+    counted = [r for r in census if r.get("stock_launches") and r.get("patched_launches")]
+    if not counted:
+        return []
+    ratios = [r["patched_launches"] / r["stock_launches"] for r in counted]
+    rows = [(f"kernel launches per forward: each of the {len(counted)} fully supported families (tiny models), "
+             "patched with `prepare` / stock",
+             f"{min(ratios):.2f}–{max(ratios):.2f}, median {statistics.median(ratios):.2f}",
+             f"`{COMMANDS['census.json']}`")]
+    breaks = [r for r in counted if r.get("stock_breaks") is not None and r.get("patched_breaks") is not None]
+    if breaks:
+        rows.append(("graph breaks of the whole forward (tiny models; not one graph yet: [Families](docs/families.md))",
+                     f"{_span(r['stock_breaks'] for r in breaks)} → {_span(r['patched_breaks'] for r in breaks)}",
+                     f"`{COMMANDS['census.json']}`"))
+    return rows
+
+
 def render_headlines() -> str:
     bench = _load("bench-cpu.json")["pairs"]
     vision = [p for p in bench if p["stock_graph_breaks"] is not None]
@@ -256,6 +275,7 @@ def render_headlines() -> str:
         (f"host syncs per forward: each of the {len(census)} fully supported families (tiny models)",
          f"{_span(r['stock_syncs'] for r in census)} → {_some_zero([r['prepared_syncs'] for r in census])}",
          f"`{COMMANDS['census.json']}`"),
+        *_device_work_headlines(census),
         ("host syncs per forward: other families at their published shapes",
          f"{_span(syncs(d, 'stock') for d in shapes)} → "
          f"{_some_zero([syncs(d, 'patched+prepare') for d in shapes])}",
