@@ -115,18 +115,76 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_line_rewrites_one_line_on_a_terminal_and_is_silent_elsewhere():
+def test_progress_line_redraws_one_line_on_a_terminal_and_is_silent_elsewhere():
     from syncfree.compare.progress import ProgressLine
 
     pipe, tty = io.StringIO(), _Terminal()
+    shown = ["[1/3 stock] vision block 1/24", "[1/3 stock] vision block 2/24"]
     for stream in (pipe, tty):
         line = ProgressLine(stream)
-        line.show("[1/3 stock] vision block 1/24")
-        line.show("[1/3 stock] vision block 2/24")
+        assert line.enabled == (stream is tty)
+        for text in shown:
+            before = len(stream.getvalue())
+            line.show(text)
+            if stream is tty:
+                assert text in tty.getvalue()[before:]  # each text reaches the terminal as it is shown
+                assert _screen(tty.getvalue()) == [text]  # one line, redrawn in place
         line.clear()
-    assert pipe.getvalue() == ""
-    assert tty.getvalue() == ("\r\033[K[1/3 stock] vision block 1/24\r\033[K[1/3 stock] vision block 2/24"
-                              "\r\033[K")
+    assert pipe.getvalue() == ""  # nothing at all where the stream is not a terminal
+    assert _screen(tty.getvalue()) == [""]  # clear() leaves the line erased
+
+
+def _screen(written: str) -> list[str]:
+    """What a terminal shows after ``written``: carriage returns, line feeds, cursor up and erase-line
+    (the codes a one-line live display uses); other escape sequences (cursor show/hide) draw nothing."""
+    rows, row, col = [""], 0, 0
+    for match in re.finditer(r"\x1b\[([0-9;?]*)([A-Za-z])|(.)", written, re.S):
+        args, code, char = match.groups()
+        if char == "\r":
+            col = 0
+        elif char == "\n":
+            row, col = row + 1, 0
+            rows += [""] * (row + 1 - len(rows))
+        elif char is not None:
+            rows[row] = rows[row][:col].ljust(col) + char + rows[row][col + 1:]
+            col += 1
+        elif code == "A":
+            row = max(0, row - int(args or 1))
+        elif code == "K":  # 2K: the whole line; K or 0K: from the cursor on
+            rows[row] = "" if args == "2" else rows[row][:col]
+    while len(rows) > 1 and not rows[-1]:
+        rows.pop()
+    return [r.rstrip() for r in rows]
+
+
+def test_step_progress_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere(capsys):
+    from syncfree.display import step_progress
+
+    tty = _Terminal()
+    with step_progress(2, stream=tty) as step:
+        step("[1/2] qwen3_vl")
+        step("[2/2] glm4v")
+    assert "[2/2] glm4v" in _screen(tty.getvalue())[-1] and capsys.readouterr().out == ""
+    pipe = io.StringIO()
+    with step_progress(2, stream=pipe, indent="  ") as step:
+        step("[1/2] qwen3_vl")
+        step("[2/2] glm4v")
+    assert pipe.getvalue() == "" and capsys.readouterr().out == "  [1/2] qwen3_vl\n  [2/2] glm4v\n"
+
+
+# ---- tables --------------------------------------------------------------------------------------------
+def test_text_table_aligns_columns_under_one_header_rule_and_takes_cells_literally():
+    from syncfree.display import text_table
+
+    text = text_table(("", "syncs", "code"), [("stock", "208", "x[mask].item()"), ("patched+prepare", "0", ":x:")],
+                      align="lrl")
+    assert text.splitlines() == ["                 syncs  code",
+                                 "--------------------------------------",
+                                 "stock              208  x[mask].item()",
+                                 "patched+prepare      0  :x:"]
+    assert text_table(None, [("a", "1"), ("bb", "22")]) == "a    1\nbb  22"  # (first column left, others right)
+    with pytest.raises(ValueError, match="one letter per column"):
+        text_table(("a", "b"), [], align="l")
 
 
 def test_audited_forwards_report_each_vision_block_and_text_layer_and_leave_no_hooks():

@@ -1,48 +1,23 @@
 """A one-line progress display for long forwards, and the module hooks that drive it.
 
 A full-size audited forward on the emulated device runs for a minute or more; without a
-sign of life a user cannot tell a slow run from a hung one. ``ProgressLine`` rewrites
-one terminal line in place (``\\r``) and prints nothing at all when its stream is not a
-terminal, so logs and pipes stay clean. ``layer_progress`` reports each vision block and
-text decoder layer as it starts, through forward pre-hooks that are removed afterwards.
-The hooks run plain Python (no tensor is touched), so they add no sync and no copy.
+sign of life a user cannot tell a slow run from a hung one. ``ProgressLine`` (drawn by
+``syncfree.display``, with rich) redraws one terminal line in place and prints nothing at
+all when its stream is not a terminal, so logs and pipes stay clean. ``layer_progress``
+reports each vision block and text decoder layer as it starts, through forward pre-hooks
+that are removed afterwards. The hooks run plain Python (no tensor is touched), so they add no sync and no copy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-from typing import Callable, Iterator, TextIO
+from typing import Callable, Iterator
 
 import torch
 
+from ..display import ProgressLine
+
 __all__ = ["ProgressLine", "layer_progress"]
-
-_CLEAR = "\r\033[K"  # back to the start of the line, erase it
-
-
-class ProgressLine:
-    """One status line on ``stream`` (stderr by default), rewritten in place; silent unless it is a terminal."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = sys.stderr if stream is None else stream
-        isatty = getattr(self.stream, "isatty", None)
-        self.enabled = bool(isatty and isatty())
-        self._shown = False
-
-    def show(self, text: str) -> None:
-        if self.enabled:
-            self.stream.write(_CLEAR + text)
-            self.stream.flush()
-            self._shown = True
-
-    def clear(self) -> None:
-        """Erase the line, so what is printed next starts on a clean one."""
-        if self._shown:
-            self.stream.write(_CLEAR)
-            self.stream.flush()
-            self._shown = False
-
 
 # Which ModuleLists are worth counting, by their attribute name: the vision towers' transformer
 # blocks (every Qwen-VL family calls them `blocks`) and the text model's decoder `layers`.
