@@ -103,17 +103,18 @@ class Report(Collector):
 
     def table(self, max_code: int = 60) -> str:
         """A plain-text table: one row per source line with its syncs and copies."""
+        from ..display import text_table  # (rich, imported when a table is drawn, not with the auditor)
+
         # The phase column appears once anything happened outside a forward (a training step).
         phased = self.phases not in ([], ["forward"])
-        rows = [("syncs", "h2d", "d2h", "blk", *(("phase",) if phased else ()), "where", "what", "code")]
+        head = ("syncs", "h2d", "d2h", "blk", *(("phase",) if phased else ()), "where", "what", "code")
+        rows = []
         for s in self.by_line().values():
             code = s.code if len(s.code) <= max_code else s.code[: max_code - 3] + "..."
             rows.append((str(s.syncs), str(s.h2d), str(s.d2h), str(s.blocking_copies),
                          *((s.phase,) if phased else ()), f"{s.line} {s.function}", ", ".join(s.ops), code))
         t = self.summary()
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        out.insert(1, "-" * len(out[0]))
+        out = [text_table(head, rows, align="rrrr" + "l" * (len(head) - 4))]  # the counts right-aligned
         launches = f"; {t['launches']} kernel launches" if t["launches"] is not None else ""
         out.append(
             f"total ({t['engine']}): {t['syncs']} syncs, {t['h2d']} host-to-device and {t['d2h']} "

@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from ..display import text_table
+
 __all__ = ["pairs", "table", "footnotes", "write_results", "machine"]
 
 _KEY = ("model", "scenario", "scope", "attn", "compiled", "device")
@@ -55,7 +57,7 @@ def table(rows: list[dict]) -> str:
     gpu = any("stock_busy_fraction" in r for r in rows)
     head = ("model", "scenario", "scope", "attn", "compile", "stock ms", "patched ms", "ratio", "syncs s/p",
             "breaks s/p", "launches s/p", "plan ms") + (("busy s/p", "DtoH s/p", "stream syncs s/p") if gpu else ())
-    lines = [head]
+    lines = []
     for r in rows:
         line = (r["model"], r["scenario"], r["scope"], r["attn"], "yes" if r["compiled"] else "no",
                 f"{r['stock_ms']:.1f}", f"{r['patched_ms']:.1f}", f"{r['ratio']:.3f}", _both(r, "syncs"),
@@ -64,10 +66,8 @@ def table(rows: list[dict]) -> str:
         if gpu:
             line += (_both(r, "busy_fraction", "{:.2f}"), _both(r, "memcpy_dtoh"), _both(r, "stream_syncs"))
         lines.append(line)
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
-    text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
-    text.insert(1, "-" * len(text[0]))
-    return "\n".join(text)
+    # The milliseconds and the ratio right-aligned; names and stock/patched pairs left.
+    return text_table(head, lines, align="lllll" + "rrr" + "lll" + "r" + "lll" * gpu)
 
 
 def _video_only(scenario: str) -> bool:

@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 
+from ..display import text_table
 from .plot import plot_census
 from .run import CensusRow, as_dicts, discover, run_census
 
@@ -44,17 +45,14 @@ def _pair(stock, patched) -> str:
 def table(rows: list[CensusRow]) -> str:
     head = ("family", "support", "stock syncs", "stock blocking", "patched syncs", "patched+prepare", "same outputs",
             "launches", "graph breaks", "host ms", "note")
-    lines = [head]
+    lines = []
     for r in rows:
         note = r.reason if r.status != "ok" or r.support == "changed" else (f"left: {r.left}" if r.left else "")
         lines.append((r.family, r.support if r.status == "ok" else f"{r.support} ({r.status})", _cell(r.stock_syncs),
                       _cell(r.stock_blocking), _cell(r.patched_syncs), _cell(r.prepared_syncs),
                       _cell(r.same_outputs), _pair(r.stock_launches, r.patched_launches),
                       _pair(r.stock_breaks, r.patched_breaks), _pair(r.stock_ms, r.patched_ms), note[:100]))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
-    text.insert(1, "-" * len(text[0]))
-    return "\n".join(text)
+    return text_table(head, lines, align="ll" + "rrrr" + "l" * 5)  # the sync counts right-aligned
 
 
 def summary(rows: list[CensusRow]) -> str:

@@ -84,12 +84,14 @@ def _newer_than_tested(version: str) -> bool:
 
 
 def report(rows: list[DoctorRow]) -> str:
-    width = max(len(r.family) for r in rows)
-    lines = []
+    from ..display import text_table
+
+    cells = []
     for r in rows:
-        lines.append(f"{r.family.ljust(width)}  {r.status.ljust(7)}  {r.detail}".rstrip())
-        if r.problem:
-            lines.append(f"{' ' * width}    {r.problem}")
+        cells.append((r.family, r.status, r.detail))
+        if r.problem:  # (on a line of its own, under the detail)
+            cells.append(("", "", r.problem))
+    lines = [text_table(None, cells, align="lll")]
     counts = {s: sum(r.status == s for r in rows) for s in ("matches", "CHANGED", "generic", "none", "absent")}
     lines.append("")
     lines.append(f"{counts['matches']} fully supported and matching, {counts['CHANGED']} changed, {counts['generic']} "

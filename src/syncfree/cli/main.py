@@ -153,10 +153,10 @@ _LABELS = {
 
 
 def _render(rows: list[tuple]) -> str:
-    """A plain table: the first column left-aligned, the rest right-aligned."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    """A plain table under the header ``rows[0]``: the first column left-aligned, the rest right-aligned."""
+    from ..display import text_table
+
+    return text_table(rows[0], rows[1:])
 
 
 def _launches(summary: dict) -> str:
