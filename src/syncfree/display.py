@@ -104,8 +104,10 @@ def step_progress(total: int, stream: TextIO | None = None, plain: TextIO | None
         return
     console = Console(file=stream, highlight=False, markup=False, emoji=False)
     # stderr written while the bar is up (a warning) is printed above it; stdout is left alone: it may be a file.
-    progress = Progress(BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}", markup=False),
-                        console=console, redirect_stdout=False, redirect_stderr=stream is sys.stderr)
+    # (finished in plain green: rich's own olive turns grey on a 16-colour terminal, like an empty bar)
+    progress = Progress(BarColumn(finished_style="green"), TimeElapsedColumn(),
+                        TextColumn("{task.description}", markup=False), console=console, redirect_stdout=False,
+                        redirect_stderr=stream is sys.stderr)
     task = progress.add_task("", total=max(total, 1))
     started = 0
 

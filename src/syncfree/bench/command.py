@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import tempfile
 
 from ..compare.checks import at_least_one, positive_seconds
@@ -124,7 +123,9 @@ def _check(cfg, out: str) -> None:
 
 def run_bench(args: argparse.Namespace, dtypes: dict) -> int:
     from ..audit import CudaUnavailable, real_cuda_available
+    from ..display import step_progress
     from . import footnotes, pairs, run_matrix, table, write_results
+    from .runner import step_count
 
     has_gpu = real_cuda_available()  # (torch.cuda.is_available() also answers True inside emulate_cuda())
     device = args.device or ("cuda" if has_gpu else "cpu")
@@ -140,11 +141,6 @@ def run_bench(args: argparse.Namespace, dtypes: dict) -> int:
     print(f"syncfree bench on {device}: {len(cfg.models)} models x {len(cfg.scenarios)} scenarios x "
           f"{len(cfg.scopes)} scopes x {len(cfg.attns)} attention x {len(cfg.compile)} compile, stock vs patched")
     print(f"results go to {os.path.join(out, name)}.json and .csv (rewritten after every scenario)", flush=True)
-    tty = sys.stdout.isatty()
-
-    def progress(line: str) -> None:
-        print(("\r\033[K" if tty else "") + line, end="" if tty else "\n", flush=True)
-
     config = dataclasses.asdict(cfg)
 
     def save(run, plot: bool = False) -> dict:
@@ -152,11 +148,9 @@ def run_bench(args: argparse.Namespace, dtypes: dict) -> int:
         return write_results(out, name, config, run.records, plot=plot, errors=run.errors, not_run=run.not_run,
                              skipped=run.skipped)
 
-    try:
-        run = run_matrix(cfg, progress=progress, on_update=save)
-    finally:
-        if tty:
-            print()  # end the progress line, also when the run fails
+    # (a bar on a terminal; elsewhere one plain line per step as it starts)
+    with step_progress(step_count(cfg)) as step:
+        run = run_matrix(cfg, progress=step, on_update=save)
     paths = save(run, plot=not args.no_plot)
     rows = pairs(run.records)
     print("\n" + table(rows))

@@ -282,6 +282,12 @@ def _failure(model_name: str, attn: str, scenario: str | None, exc: BaseExceptio
             "traceback": "".join(traceback.format_exception(exc))[-4000:]}
 
 
+def step_count(cfg: BenchConfig) -> int:
+    """How many timed (model, attention, scenario, scope, compile, variant) steps the matrix has: its progress total."""
+    return len(cfg.models) * len(cfg.attns) * 2 * sum(1 for s in cfg.scenarios for scope, _ in _timed_cells(cfg)
+                                                      if scope != "vision" or SCENARIOS[s].pixels)
+
+
 _clock = time.perf_counter  # the deadline's clock (a test steps it by hand)
 
 
@@ -297,8 +303,7 @@ def run_matrix(cfg: BenchConfig, progress=None, on_update=None) -> MatrixRun:
     run = MatrixRun()
     # Attention outermost: if a deadline cuts the run, the first implementation has every model.
     cells = [(m, a) for a in cfg.attns for m in cfg.models]
-    counter = _Counter(len(cells) * 2 * sum(1 for s in cfg.scenarios for scope, _ in _timed_cells(cfg)
-                                            if scope != "vision" or SCENARIOS[s].pixels))
+    counter = _Counter(step_count(cfg))
     for model_name, attn in cells:
         if cfg.deadline_s is not None and _clock() - start > cfg.deadline_s:
             run.not_run += [{"model": model_name, "attn": attn, "scenario": s} for s in cfg.scenarios]

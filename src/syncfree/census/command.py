@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 
-from ..display import text_table
+from ..display import step_progress, text_table
 from .plot import plot_census
 from .run import CensusRow, as_dicts, discover, run_census
 
@@ -81,8 +81,10 @@ def run_census_command(args: argparse.Namespace) -> int:
     # (--debug: each failing family's traceback too, not only its one-line reason.)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("SYNCFREE_DEBUG", "").strip().lower() not in (
         "", "0", "false", "no", "off")
-    rows = run_census(families, progress=lambda line: print(f"  {line}", flush=True), debug=debug,
-                      graph_breaks=not getattr(args, "no_graph_breaks", False))
+    # (a bar on a terminal; elsewhere the plain "  [3/12] glm4v" line of each family as it starts)
+    with step_progress(len(families), indent="  ") as step:
+        rows = run_census(families, progress=step, debug=debug,
+                          graph_breaks=not getattr(args, "no_graph_breaks", False))
     import torch
     import transformers
 
