@@ -37,7 +37,8 @@ def test_a_fully_supported_model_lists_each_target_with_its_edits_and_wrapper(na
             assert target.optional, where
             continue
         got = listed[where]
-        assert got.wrapper == target.wrap and len(got.rewrote) == len([e for e in target.edits if e.kind != "prepend"])
+        wrapper = target.wrap.__name__ if target.wrap is not None else None
+        assert got.wrapper == wrapper and len(got.rewrote) == len([e for e in target.edits if e.kind != "prepend"])
         assert got.modules == sum(isinstance(m, cls) for m in model.modules())
     assert {f.where.rsplit(".", 1)[0] for f in said.shared} <= {f"{m}.{n}".rsplit(".", 1)[0]
                                                                for m, n in MODULE_TARGETS}

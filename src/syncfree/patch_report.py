@@ -13,7 +13,7 @@ from .rewrite.generic import GENERIC_NOTE
 
 __all__ = ["PatchedFunction", "PatchDescription", "describe_patch", "WRAPPER_ROLES"]
 
-# What each wrapper does, in a line (the wrapper factories' names, ``Target.wrap``).
+# What each wrapper does, in a line, by the wrapper factory's name (``Target.wrap.__name__``).
 WRAPPER_ROLES = {
     "make_model_forward": "finds the batch's plan (prepare()'s, else one read of the control tensors) and runs stock "
                           "with it, grids on the host",
@@ -88,7 +88,7 @@ def _function(where: str, modules: int, replacement) -> PatchedFunction:
     if target is None:
         return PatchedFunction(where, modules, (), None)
     rewrote = tuple(_one_line(e) for e in target.edits if e.kind != "prepend")
-    return PatchedFunction(where, modules, rewrote, target.wrap)
+    return PatchedFunction(where, modules, rewrote, target.wrap.__name__ if target.wrap is not None else None)
 
 
 def describe_patch(model: torch.nn.Module) -> PatchDescription:

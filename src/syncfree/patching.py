@@ -44,7 +44,6 @@ from .rewrite.nearest import nearest_fragment
 from .rewrite.rewriter import RewriteError, rewrite
 from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
-from .rewrite.wrapper_table import WRAPPERS
 from .shared_patches import CLASS_LEVEL, HOLD_ATTR, Hold, critical, hold, release
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FamilyLeftStock", "check_family",
@@ -128,14 +127,14 @@ def _build(family: str, where: str, target: Target, stock):
             raise _refuse(family, where, str(err)) from None
     if target.wrap:
         _check_wrap(family, where, target, stock)
-        fn = WRAPPERS[target.wrap](fn)
+        fn = target.wrap(fn)
     _built[(stock, target)] = fn
     _how[fn] = target
     return fn
 
 
 def _is_tower(target: Target) -> bool:
-    return (target.wrap or "").startswith("make_vision_forward")
+    return target.wrap is not None and target.wrap.__name__.startswith("make_vision_forward")
 
 
 def _build_resolved(family: str, cls: type, target: Target) -> tuple[Target, object, object]:

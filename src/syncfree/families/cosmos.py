@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..plan.spec import Layout
 from ..rewrite.edits import VISION_ATTENTION_CAT
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers import make_vision_forward_seqlens_only
 from .preset import Preset
 from .qwen_vl.inputs import build_inputs
 from .shared import family_module, handled_by, vlm_targets
@@ -27,7 +28,7 @@ def _cosmos() -> Family:
     targets = vlm_targets(
         "Cosmos3EdgeVisionAttention", "Cosmos3EdgeVisionModel", "Cosmos3EdgeModel",
         "Cosmos3EdgeForConditionalGeneration", rope_needs=("video_grid_thw[:, 0] = 1",),
-        attention_edits=VISION_ATTENTION_CAT, vision_wrap="make_vision_forward_seqlens_only",
+        attention_edits=VISION_ATTENTION_CAT, vision_wrap=make_vision_forward_seqlens_only,
         vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("self.encoder(hidden_states, grid_thw=grid_thw, **kwargs)",))
     # What the wrapper relies on beyond the tower's own code: the encoder takes the planned cu_seqlens from its

@@ -33,6 +33,7 @@ from ..rewrite.edits_variants import (
     PLACEHOLDER_BY_ANY_TOKEN_ID,
 )
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from .muse import Waveform
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
@@ -49,13 +50,13 @@ _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds",
 def _dots3_note() -> Family:
     targets = (
         Target(f"{_P}VisionAttention", "forward", edits=VISION_ATTENTION),
-        Target(f"{_P}VisionModel", "forward", wrap="make_vision_forward", params=("pixel_values", "grid_thw"),
+        Target(f"{_P}VisionModel", "forward", wrap=make_vision_forward, params=("pixel_values", "grid_thw"),
                needs=VISION_NEEDS),
         Target(f"{_P}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_ANY_TOKEN_ID),
-        Target(f"{_P}Model", "forward", edits=FEATURE_SCATTER_EMBEDDINGS, wrap="make_model_forward",
+        Target(f"{_P}Model", "forward", edits=FEATURE_SCATTER_EMBEDDINGS, wrap=make_model_forward,
                params=_MODEL_PARAMS, needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
         Target(f"{_P}AudioModel", "forward", edits=AUDIO_CHUNK_TOKENS),
-        Target(f"{_P}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+        Target(f"{_P}ForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
         Target(f"{_P}ForConditionalGeneration", "_expand_inputs_for_generation", edits=AUDIO_CHUNK_GROUPS),
     )
     return Family("dots3_note", targets, Layout(family_module("dots3_note"), mrope=False, vision_markers=False,

@@ -20,6 +20,7 @@ from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
 from ..rewrite.edits import BLOCK_KWARGS
 from ..rewrite.targets import Family
+from ..rewrite.wrappers import make_vision_forward_device_grid
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, frame_timestamps, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, vlm_targets
@@ -37,7 +38,7 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
     # GLM-OCR's tower has no learned positions (its grid is read by nothing but the helpers, so the host grid
     # serves) and calls its blocks without **kwargs (BLOCK_KWARGS passes syncfree's own keys on).
     tower_options = (dict(vision_edits=BLOCK_KWARGS) if ocr
-                     else dict(vision_needs=_TOWER_NEEDS, vision_wrap="make_vision_forward_device_grid"))
+                     else dict(vision_needs=_TOWER_NEEDS, vision_wrap=make_vision_forward_device_grid))
     targets = vlm_targets(f"{tower}VisionAttention", f"{tower}VisionModel", f"{prefix}Model",
                           f"{prefix}ForConditionalGeneration", rope_needs=_ROPE_NEEDS, vision_module=tower_module,
                           **tower_options)

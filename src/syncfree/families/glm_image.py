@@ -30,6 +30,8 @@ from ..plan.spec import Layout
 from ..rewrite.edits import VISION_ATTENTION
 from ..rewrite.edits_image_generation import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
+from ..rewrite.wrappers_decode_cache import make_decode_cache_rope_index
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, installed_source_has, registered_only
@@ -44,18 +46,18 @@ _MODEL = "GlmImageModel"
 _TARGETS = (
     Target("GlmImageVisionAttention", "forward", edits=VISION_ATTENTION),
     # The tower: the plan's segment sizes and position ids, its grid on the device (the embeddings index it there).
-    Target("GlmImageVisionModel", "forward", edits=BLOCK_KWARGS_NO_POSITIONS, wrap="make_vision_forward_device_grid",
+    Target("GlmImageVisionModel", "forward", edits=BLOCK_KWARGS_NO_POSITIONS, wrap=make_vision_forward_device_grid,
            params=("pixel_values", "grid_thw"),
            needs=("get_vision_position_ids(grid_thw", "get_vision_attention_seqlens(grid_thw", "kwargs=kwargs",
                   "self.embeddings(", "grid_thw,")),
     Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_IDS_CHECK),
-    Target(_MODEL, "forward", edits=IMAGE_IDS_SCATTER, wrap="make_model_forward",
+    Target(_MODEL, "forward", edits=IMAGE_IDS_SCATTER, wrap=make_model_forward,
            params=("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "image_grid_thw",
                    "images_per_sample"),
            needs=("self.get_image_grids_for_generation(images_per_sample, image_grid_thw)",
                   "self.get_placeholder_mask(", "self.compute_3d_position_ids(", "self.language_model(")),
     # Its own index, from the plan, with what it leaves on the model for the decode steps.
-    Target(_MODEL, "get_rope_index", wrap="make_decode_cache_rope_index",
+    Target(_MODEL, "get_rope_index", wrap=make_decode_cache_rope_index,
            params=("input_ids", "image_grid_thw", "images_per_sample", "attention_mask"),
            needs=("images_per_sample.tolist()", "self._cached_decode_position_ids =", "self._prefill_len = seq_len")),
     # What the wrappers rely on beyond the functions they wrap: these read the grids and images_per_sample into Python,
@@ -65,7 +67,7 @@ _TARGETS = (
     Target(_MODEL, "get_image_grids_for_generation", check_only=True, needs=("images_per_sample.tolist()",)),
     Target(_MODEL, "compute_3d_position_ids", check_only=True,
            needs=("self._cached_decode_position_ids[:, :, step : step + seq_length]",)),
-    Target("GlmImageForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    Target("GlmImageForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
 )
 
 

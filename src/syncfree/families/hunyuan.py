@@ -35,6 +35,7 @@ from ..plan.spec import Layout
 from ..rewrite.edits import PLACEHOLDER_MASK
 from ..rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, vlm_targets
@@ -52,7 +53,7 @@ _TOWER_NEEDS = ("grid_thw.prod(dim=-1).tolist()", "zip(grid_thw.tolist(), split_
 def _hunyuan() -> Family:
     targets = vlm_targets(
         "HunYuanVLVisionAttention", "HunYuanVLVisionTransformer", _MODEL, "HunYuanVLForConditionalGeneration",
-        image_only=True, attention_edits=VISION_ATTENTION_SCALING, vision_wrap="make_vision_forward_seqlens_only",
+        image_only=True, attention_edits=VISION_ATTENTION_SCALING, vision_wrap=make_vision_forward_seqlens_only,
         vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
         # (The merger's split and loop read the grid: the plan's host grid there.)
@@ -61,7 +62,7 @@ def _hunyuan() -> Family:
         # The placeholder count, and the check that selects the placeholders to count them again.
         "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL[:1]),
         # Its own index (no video inputs), from the plan; generate()'s position setup calls it too.
-        "get_rope_index": Target(_MODEL, "get_rope_index", wrap="make_host_rope_index",
+        "get_rope_index": Target(_MODEL, "get_rope_index", wrap=make_host_rope_index,
                                  params=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
                                  needs=("self.get_vision_position_ids(",)),
     }
@@ -77,13 +78,13 @@ def _hunyuan() -> Family:
 def _hyv4() -> Family:
     targets = vlm_targets(
         "HYV4VLVisionAttention", "HYV4VLVisionModel", _HYV4, "HYV4VLForConditionalGeneration",
-        attention_edits=VISION_ATTENTION_SCALING, vision_wrap="make_vision_forward_seqlens_only",
+        attention_edits=VISION_ATTENTION_SCALING, vision_wrap=make_vision_forward_seqlens_only,
         vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
         vision_needs=_TOWER_NEEDS)
     # Its own index, from the plan (stock's on the host: the same numbers); generate()'s position setup calls it too
     # (its vision-token check is the shared GENERATION_POSITIONS edit). What makes it not Qwen-VL's: the frame blocks.
-    rope = Target(_HYV4, "get_rope_index", wrap="make_host_rope_index",
+    rope = Target(_HYV4, "get_rope_index", wrap=make_host_rope_index,
                   params=("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask"),
                   needs=("self.get_vision_position_ids(", "current_pos = vision_position_ids.max().item() + 1"))
     targets = tuple(rope if (t.cls, t.attr) == (_HYV4, "get_rope_index") else t for t in targets)

@@ -44,6 +44,8 @@ from ..rewrite.edits_variants import (
     PLACEHOLDER_BY_TOKEN_ID,
 )
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
+from ..rewrite.wrappers_navit import make_vision_forward_target_sizes
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video
 from .shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
@@ -66,7 +68,7 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
     p = prefix
     targets = (
         Target(f"{p}VisionAttention", "forward", edits=VISION_ATTENTION),
-        Target(f"{p}VisionModel", "forward", edits=NAVIT_CU_SEQLENS, wrap="make_vision_forward_target_sizes",
+        Target(f"{p}VisionModel", "forward", edits=NAVIT_CU_SEQLENS, wrap=make_vision_forward_target_sizes,
                params=("pixel_values", "target_sizes", "use_vit_merger"),
                needs=("self.embeddings(pixel_values, target_sizes=target_sizes, **kwargs)",
                       "get_max_seqlen(cu_seqlens, self.config, kwargs=kwargs)", "**kwargs,")),
@@ -79,13 +81,13 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
         Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
         Target(f"{p}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_TOKEN_ID),
-        Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap="make_model_forward",
+        Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap=make_model_forward,
                params=_MODEL_PARAMS + ("mm_token_type_ids",) if host_rope else _MODEL_PARAMS,
                needs=MODEL_NEEDS if host_rope else tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
-        Target(f"{p}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+        Target(f"{p}ForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
     )
     if host_rope:  # (its own index, from the plan; generate()'s position setup calls it too)
-        targets += (Target(f"{p}Model", "get_rope_index", wrap="make_host_rope_index", params=_ROPE_PARAMS,
+        targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,

@@ -22,6 +22,8 @@ from ..plan.spec import Layout
 from ..rewrite.audio_mask import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
 from ..rewrite.edits import AUDIO_ATTENTION
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers import make_generate, make_model_forward
+from ..rewrite.wrappers_audio import make_masked_audio_forward
 from .omni.inputs import Audio
 from .preset import Preset
 from .qwen_vl.inputs import Text, pack_rows
@@ -35,14 +37,14 @@ _MODEL_PARAMS = ("input_ids", "input_features", "input_features_mask", "attentio
                  "inputs_embeds")
 _TARGETS = (
     Target("Qwen3ASRAudioAttention", "forward", edits=AUDIO_ATTENTION),
-    Target("Qwen3ASREncoder", "forward", edits=ASR_VALID_FRAMES, wrap="make_masked_audio_forward",
+    Target("Qwen3ASREncoder", "forward", edits=ASR_VALID_FRAMES, wrap=make_masked_audio_forward,
            params=("input_features", "input_features_mask"),
            needs=("get_audio_cu_seqlens(", "kwargs=kwargs", "get_max_seqlen(cu_seqlens, self.config, kwargs=kwargs)",
                   "max_seqlen=max_seqlen, **kwargs", "self._post_cnn_length(")),
     Target("Qwen3ASRModel", "get_placeholder_mask", edits=ASR_PLACEHOLDER_MASK),
-    Target("Qwen3ASRModel", "forward", edits=ASR_SCATTER, wrap="make_model_forward", params=_MODEL_PARAMS,
+    Target("Qwen3ASRModel", "forward", edits=ASR_SCATTER, wrap=make_model_forward, params=_MODEL_PARAMS,
            needs=("self.get_placeholder_mask(", "self.get_audio_features(", "self.language_model(")),
-    Target("Qwen3ASRForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    Target("Qwen3ASRForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
 )
 
 # Registered only where Transformers ships the code these targets were written for (the encoder that takes

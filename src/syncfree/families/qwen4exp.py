@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..plan.spec import Layout
 from ..rewrite.edits_variants import QSA_MASK, QSA_VISIBLE
+from ..rewrite.qsa import make_generation_masks
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
@@ -27,7 +28,7 @@ _TARGETS = qwen3_vl_targets(_P, deepstack=False) + (
     Target(f"{_P}TextModel", "forward", edits=QSA_MASK),
     Target(f"{_P}TextQSAIndexer", "forward", edits=QSA_VISIBLE, alt_attrs=("_select_tokens",)),
     # (generate() with a static cache makes the masks itself: the counts for its indexed layers' mask)
-    Target(f"{_P}ForConditionalGeneration", "prepare_inputs_for_generation", wrap="make_generation_masks",
+    Target(f"{_P}ForConditionalGeneration", "prepare_inputs_for_generation", wrap=make_generation_masks,
            inherited=True),
 )
 # Registered where the installed Qwen4-Exp has the indexed-attention layers its QSA edits stand for (Transformers

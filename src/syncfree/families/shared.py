@@ -4,7 +4,9 @@ and what the wrappers of a Qwen-VL-style vision tower and multimodal forward rel
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
+from ..rewrite.audio_chunks import make_ignore_bidirectional_mask_sdpa
 from ..rewrite.edits import (
     FEATURE_SCATTER,
     GENERATION_POSITIONS,
@@ -17,6 +19,13 @@ from ..rewrite.edits import (
     VISION_ATTENTION,
 )
 from ..rewrite.targets import Target
+from ..rewrite.wrappers import (
+    make_generate,
+    make_get_rope_index,
+    make_ignore_causal_mask_sdpa,
+    make_model_forward,
+    make_vision_forward,
+)
 
 __all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
            "vlm_targets", "handled_by", "installed_source_has", "registered_only"]
@@ -50,7 +59,7 @@ ROPE_NEEDS = ("max(grid_thw[1], grid_thw[2]) // spatial_merge_size", "llm_positi
 
 def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vision_needs: tuple = (),
                 rope_needs: tuple | None = (), model_edits: tuple = (), vision_module: str | None = None,
-                vision_wrap: str = "make_vision_forward", vision_edits: tuple = (),
+                vision_wrap: Callable = make_vision_forward, vision_edits: tuple = (),
                 attention_edits: tuple = VISION_ATTENTION, vision_params: tuple = ("hidden_states", "grid_thw"),
                 base_vision_needs: tuple = VISION_NEEDS, image_only: bool = False,
                 model_params: tuple = (), scatter: tuple = FEATURE_SCATTER,
@@ -74,17 +83,17 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
         Target(vision, "forward", edits=vision_edits, wrap=vision_wrap, params=vision_params,
                needs=base_vision_needs + vision_needs, module=vision_module),
         Target(model, "get_placeholder_mask", edits=placeholders + placeholder_edits),
-        Target(generation, "generate", wrap="make_generate", inherited=True),
+        Target(generation, "generate", wrap=make_generate, inherited=True),
     )
     if rope_needs is None:
         return targets + (
-            Target(model, "forward", edits=scatter + model_edits, wrap="make_model_forward",
+            Target(model, "forward", edits=scatter + model_edits, wrap=make_model_forward,
                    params=tuple(p for p in params if p != "mm_token_type_ids"),
                    needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),)
     return targets + (
-        Target(model, "forward", edits=scatter + model_edits, wrap="make_model_forward", params=params,
+        Target(model, "forward", edits=scatter + model_edits, wrap=make_model_forward, params=params,
                needs=MODEL_NEEDS),
-        Target(model, "get_rope_index", wrap="make_get_rope_index", params=ROPE_PARAMS, needs=ROPE_NEEDS + rope_needs),
+        Target(model, "get_rope_index", wrap=make_get_rope_index, params=ROPE_PARAMS, needs=ROPE_NEEDS + rope_needs),
         Target(generation, "_prepare_position_ids_for_generation", edits=GENERATION_POSITIONS, optional=True),
     )
 
@@ -92,11 +101,11 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
 # the function by name (``from ...masking_utils import create_recurrent_attention_mask``) get it too.
 MODULE_TARGETS: dict[tuple[str, str], Target] = {
     ("transformers.masking_utils", "_ignore_causal_mask_sdpa"): Target(
-        "_ignore_causal_mask_sdpa", "", wrap="make_ignore_causal_mask_sdpa", params=("padding_mask",),
+        "_ignore_causal_mask_sdpa", "", wrap=make_ignore_causal_mask_sdpa, params=("padding_mask",),
         needs=("fast_all(padding_mask", "is_tracing(")),
     # (dots3-note's audio frames: answered from a host copy only where its audio code made one for that very mask)
     ("transformers.masking_utils", "_ignore_bidirectional_mask_sdpa"): Target(
-        "_ignore_bidirectional_mask_sdpa", "", wrap="make_ignore_bidirectional_mask_sdpa", params=("padding_mask",),
+        "_ignore_bidirectional_mask_sdpa", "", wrap=make_ignore_bidirectional_mask_sdpa, params=("padding_mask",),
         needs=("padding_mask.all()", "is_tracing("), optional=True),
     ("transformers.masking_utils", "create_recurrent_attention_mask"): Target(
         "create_recurrent_attention_mask", "", edits=RECURRENT_MASK, optional=True),

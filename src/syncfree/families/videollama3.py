@@ -29,6 +29,7 @@ from ..plan.spec import Layout
 from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ..rewrite.edits_variants import KEPT_VIDEO_FEATURES
 from ..rewrite.targets import Family, Target
+from ..rewrite.wrappers_merges import make_vision_forward_item_merges
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
 from .shared import family_module, handled_by, vlm_targets
@@ -42,7 +43,7 @@ _P = "VideoLlama3"
 def _videollama3() -> Family:
     targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionModel", f"{_P}Model", f"{_P}ForConditionalGeneration",
                           rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS,
-                          vision_wrap="make_vision_forward_item_merges",
+                          vision_wrap=make_vision_forward_item_merges,
                           vision_params=("pixel_values", "grid_thw", "merge_sizes"),
                           vision_needs=("get_vision_position_ids(grid_thw, merge_sizes",
                                         "self.pixel_unshuffle(last_hidden_state, grid_thw, merge_sizes)"),

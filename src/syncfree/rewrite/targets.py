@@ -6,6 +6,7 @@ The tables themselves live with each family (``syncfree.families``); this module
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..plan.spec import Layout
@@ -19,7 +20,9 @@ class Target:
     cls: str  # class name in the family's modeling module (or, for module-level targets, a function name)
     attr: str
     edits: tuple[Edit, ...] = ()
-    wrap: str | None = None  # the name of a wrapper factory (``syncfree.rewrite.wrapper_table.WRAPPERS``)
+    # The wrapper factory, called with the stock function (its edits made) for the function put in its place; a
+    # module-level function, so that ``describe_patch`` can name it (``__name__``) and a Target stays hashable.
+    wrap: Callable | None = None
     params: tuple[str, ...] = ()  # parameters the stock function must take (for the wrapper)
     needs: tuple[str, ...] = ()  # code the stock function must contain (for the wrapper)
     inherited: bool = False  # the stock function may come from a base class (GenerationMixin.generate)

@@ -19,6 +19,8 @@ from ...rewrite.edits import (
     VISION_ATTENTION,
 )
 from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
+from ...rewrite.wrappers_audio import make_audio_forward, make_omni_rope_index
 from ..preset import Preset
 from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
 from .inputs import build_omni_inputs, is_omni, omni_forward_kwargs
@@ -42,21 +44,21 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     thinker = dict(fallback_cls=f"{prefix}ThinkerForConditionalGeneration")
     targets = (
         Target(f"{prefix}VisionAttention", "forward", edits=VISION_ATTENTION),
-        Target(vision, "forward", wrap="make_vision_forward", params=("hidden_states", "grid_thw"),
+        Target(vision, "forward", wrap=make_vision_forward, params=("hidden_states", "grid_thw"),
                needs=VISION_NEEDS + vision_needs),
         Target(f"{prefix}AudioAttention", "forward", edits=AUDIO_ATTENTION),
-        Target(audio, "forward", wrap="make_audio_forward", params=("input_features", "feature_lens"),
+        Target(audio, "forward", wrap=make_audio_forward, params=("input_features", "feature_lens"),
                needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
         Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES, **thinker),
         Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK, **thinker),
         Target(f"{prefix}ThinkerModel", "forward",
                edits=FEATURE_SCATTER + AUDIO_SCATTER + (DEEPSTACK_MERGE if deepstack else ()),
-               wrap="make_model_forward", params=_MODEL_PARAMS,
+               wrap=make_model_forward, params=_MODEL_PARAMS,
                needs=("self.get_placeholder_mask(", "self.compute_3d_position_ids(", "self.get_audio_features("),
                **thinker),
-        Target(f"{prefix}PreTrainedModelForConditionalGeneration", "get_rope_index", wrap="make_omni_rope_index",
+        Target(f"{prefix}PreTrainedModelForConditionalGeneration", "get_rope_index", wrap=make_omni_rope_index,
                params=_ROPE_PARAMS, needs=("input_ids.tolist()", "audio_seqlens[audio_idx]")),
-        Target(f"{prefix}ThinkerForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+        Target(f"{prefix}ThinkerForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
     )
     if deepstack:
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)

@@ -25,6 +25,7 @@ from ...plan.spec import Layout
 from ...rewrite.edits import PLACEHOLDER_MASK, VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..preset import Preset
 from ..shared import MODEL_PARAMS, family_module, handled_by, installed_source_has, registered_only
 from .inputs import boundary_ids, build_ovis_inputs
@@ -53,7 +54,7 @@ _TOWER_NEEDS = ("self.embeddings(pixel_values, grid_thw, **kwargs)", "get_vision
 
 _TARGETS = (
     Target(f"{_P}VisionAttention", "forward", edits=VISION_ATTENTION_WEIGHTS),
-    Target(f"{_P}VisionModel", "forward", wrap="make_vision_forward", params=("pixel_values", "grid_thw"),
+    Target(f"{_P}VisionModel", "forward", wrap=make_vision_forward, params=("pixel_values", "grid_thw"),
            needs=_TOWER_NEEDS),
     # What the plan's interpolation tables stand for, as the installed source says it.
     Target(f"{_P}VisionEmbeddings", "__init__", check_only=True,
@@ -66,9 +67,9 @@ _TARGETS = (
            needs=("image_grid_thw.prod(dim=1) // self.vision_tower.config.spatial_merge_size**2",)),
     Target(f"{_P}Model", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
     Target(f"{_P}Model", "_merge_visual_features", edits=MERGE_VISUAL_FEATURES),
-    Target(f"{_P}Model", "forward", wrap="make_model_forward", params=MODEL_PARAMS,
+    Target(f"{_P}Model", "forward", wrap=make_model_forward, params=MODEL_PARAMS,
            needs=("self._merge_visual_features(", "self.language_model(")),
-    Target(f"{_P}ForConditionalGeneration", "generate", wrap="make_generate", inherited=True),
+    Target(f"{_P}ForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
 )
 
 # Registered where Transformers ships Ovis2.5 (5.25 on); older releases have none.
