@@ -5,7 +5,7 @@ blocks without kwargs, and its forward writes each source image's VQ codes into 
 
 from __future__ import annotations
 
-from .rewriter import Edit
+from ...rewrite.rewriter import Edit
 
 __all__ = ["BLOCK_KWARGS_NO_POSITIONS", "PLACEHOLDER_IDS_CHECK", "IMAGE_IDS_SCATTER"]
 

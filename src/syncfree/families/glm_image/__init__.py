@@ -19,22 +19,24 @@ What is its own (survey 19 §4):
   positions (a device tensor, as stock builds it) from the plan (``make_decode_cache_rope_index``).
 
 Registered only where Transformers ships this code (5.24): 5.17's forward finds the sources by counting end markers.
+
+The family's own code is in this folder: its stock line edits (``edits``) and its rotary index wrapper (``wrappers``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..plan.errors import InputsNotTaken
-from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION
-from ..rewrite.edits_image_generation import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
-from ..rewrite.wrappers_decode_cache import make_decode_cache_rope_index
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, installed_source_has, registered_only
+from ...plan.errors import InputsNotTaken
+from ...plan.spec import Layout
+from ...rewrite.edits import VISION_ATTENTION
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, installed_source_has, registered_only
+from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
+from .wrappers import make_decode_cache_rope_index
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_glm_image_inputs", "target_grids",

@@ -14,11 +14,11 @@ import functools
 
 import torch
 
-from ..plan import active
-from ..plan.tensors import move
-from .call_args import given_args, positional_names
-from .host_read import read_to_host_syncs_once
-from .wrappers import _prepared_plan
+from ...plan import active
+from ...plan.tensors import move
+from ...rewrite.call_args import given_args, positional_names
+from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.wrappers import _prepared_plan
 
 __all__ = ["make_decode_cache_rope_index"]
 
