@@ -27,28 +27,31 @@ processor types the placeholders (``mm_token_type_ids``) and writes no id before
 
 Only the "4x" mode is sync free: "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) shrinks every
 segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
-``rewrite/wrappers_navit.py``).
+``wrappers``).
+
+The family's own code is in this folder: its tower wrapper (``wrappers``). The NaViT helpers rewritten stock code
+calls stay in ``rewrite/navit.py``: ``_syncfree`` (``rewrite/helpers.py``) is one namespace for every family.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION
-from ..rewrite.edits_variants import (
+from ...plan.spec import Layout
+from ...rewrite.edits import VISION_ATTENTION
+from ...rewrite.edits_variants import (
     FEATURE_SCATTER_MASK,
     NAVIT_CU_SEQLENS,
     NAVIT_MERGED_CU_SEQLENS,
     NAVIT_WINDOW_MERGER,
     PLACEHOLDER_BY_TOKEN_ID,
 )
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
-from ..rewrite.wrappers_navit import make_vision_forward_target_sizes
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video
-from .shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video
+from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from .wrappers import make_vision_forward_target_sizes
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minicpm_inputs", "MARKERS"]
@@ -184,7 +187,7 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
     """Inputs laid out as ``MiniCPMOcrProcessor`` lays them out (see the module docstring): ``target_sizes`` holds
     each image's thumbnail then its slices row by row; ``target_sizes_videos`` each frame's; the pixels are one
     ``(1, C, p, patches * p)`` strip per modality."""
-    from .qwen_vl.inputs import pack_rows
+    from ..qwen_vl.inputs import pack_rows
 
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
