@@ -81,6 +81,7 @@ def test_audit_compare_for_qwen2_5_vl_window_attention(tmp_path):
                                                    "blocking_copies": 0}
 
 
+@pytest.mark.slow
 def test_a_local_checkpoint_folder_is_audited_and_benchmarked_like_its_preset(tmp_path):
     # What a user with real weights does: the folder is loaded offline and takes the same code paths.
     import torch

@@ -73,6 +73,7 @@ def _failing_compiler(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_compiler_that_fails_is_one_line_and_debug_shows_its_command_and_output(tmp_path):
     env = _no_shim_env(tmp_path)
     env["CXX"] = _failing_compiler(tmp_path)

@@ -28,8 +28,10 @@ from syncfree.plan.spec import ModelSpec
 # a question about the tensor.
 _NO_WORK = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
             "lift_fresh_copy", "_local_scalar_dense", "is_nonzero", "set_", "resize_", "result_type", "is_same_size"}
-# The tiny models that take longest on a CPU (reference kernels for their linear-attention layers).
-SLOW = {"glm5_next", "qwen4_exp", "dots3_note"}
+# The tiny models that take longest on a CPU (reference kernels for linear attention, MoE experts, several towers):
+# their checks run in the slow step.
+SLOW = {"glm5_next", "qwen4_exp", "dots3_note", "muse_spark", "muse_glimmer", "minimax_m3_vl", "hy_v4_vl", "kimi_k25",
+        "qwen3_omni_moe", "qwen2_5_omni", "qwen3_5_moe"}
 
 
 class _OpCounter(TorchDispatchMode):

@@ -86,6 +86,7 @@ def test_forward_equals_stock(attn, layout, padding):
     check_forward_equals_stock(stock, patched, _build(stock.config, LAYOUTS[layout], padding))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(clips=st.lists(st.lists(st.integers(1, 2000), min_size=0, max_size=2), min_size=1, max_size=3))
 def test_any_audio_chunks_equal_stock(clips):
@@ -127,6 +128,7 @@ def test_fp32_prepared_prefill_leaves_only_the_moe_remainder():
     assert not prepared.blocking_copies
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["images", "videos", "audio"])
 def test_generate_and_backward_equal_stock(layout):
     stock, patched = model_pair(NAME)
@@ -209,6 +211,7 @@ def test_the_planned_chunk_expansion_is_stocks(rows, k, drop):
     assert ours is not None and torch.equal(ours, stocks["chunk_sample_lengths"])
 
 
+@pytest.mark.slow
 def test_the_census_builds_and_runs_it():
     """The census's tiny model of the default config (its per-layer attention shrunk alike): built, fully supported,
     stock's outputs; in fp32 only the MoE experts' grouped-matmul fallback is left with prepare()."""

@@ -123,6 +123,7 @@ def test_generate_and_backward_equal_stock(family, layout):
     check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
+@pytest.mark.slow  # (an Inductor compile of the tower)
 def test_the_patched_tower_compiles_without_a_graph_break(family):
     """Handed the plan, the tower's position ids, cumulative lengths and splits come from it: no break in "4x"; in
     "16x" the window merger's tables (a context variable) break the graph, and the result is still stock's."""
