@@ -472,15 +472,25 @@ def render_emulation_overhead() -> str:
 def render_hf_tests() -> str:
     """Transformers' own model tests, stock vs patched, from the table in hf-tests.md."""
     with open(os.path.join(RESULTS, "hf-tests.md")) as f:
-        found = re.findall(r"^\| (\w+) \| ([\d/]+[^|]*) \| ([\d/]+[^|]*) \| (\d+) \|$", f.read(), re.M)
+        first, *later = re.split(r"^## Transformers (?=\d)", f.read(), flags=re.M)
+    row = r"^\| (\w+) \| ([\d/]+[^|]*) \| ([\d/]+[^|]*) \| (\d+) \|$"
+    found = re.findall(row, first, re.M)
     rows = [(f"{display_name(t)} (`{t}`)", stock.strip(), patched.strip(), n) for t, stock, patched, n in found]
     differ = sum(int(n) for *_, n in found)
     ran = {t for t, *_ in found}
     others = [display_name(r["family"]) for r in _census_rows() if r["support"] == "full" and r["family"] not in ran]
     missing = f"\nNot run this way: {', '.join(others)}.\n" if others else ""
+    releases = []
+    for section in later:  # (a later release's re-runs of the families whose code it changed)
+        version, body = section.split(None, 1)
+        rerun = re.findall(row, body, re.M)
+        releases.append(f"On Transformers {version}, the {len(rerun)} families whose code it changed and that have "
+                        f"tests there ({', '.join(display_name(t) for t, *_ in rerun)}): "
+                        f"**{sum(int(n) for *_, n in rerun)} tests differ**.\n")
     return (f"{len(rows)} families, **{differ} tests differ**. Counts are passed/failed/skipped; every failure fails "
             "in stock the same way.\n\n"
-            + _table(("family", "stock", "patched", "tests that differ"), rows, "lllr") + missing)
+            + _table(("family", "stock", "patched", "tests that differ"), rows, "lllr") + missing
+            + "".join("\n" + line for line in releases))
 
 
 RENDERERS: dict[str, Callable[[], str]] = {
