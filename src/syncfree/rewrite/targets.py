@@ -7,9 +7,10 @@ The tables themselves live with each family (``syncfree.families``); this module
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..plan.spec import Layout
+from .namespace import helpers_for
 from .rewriter import Edit
 
 __all__ = ["Target", "Family"]
@@ -38,11 +39,21 @@ class Target:
 
 @dataclass(frozen=True)
 class Family:
-    """A fully supported model type: its targets, and how it lays out its inputs (``layout``, for the plan)."""
+    """A fully supported model type: its targets, and how it lays out its inputs (``layout``, for the plan).
+
+    ``helpers``: the family's own helpers its edits call (a module, by its ``__all__``, or a mapping of names), which
+    its targets' rewritten code sees under ``_syncfree`` besides the shared ones (``rewrite.helpers``); a name the
+    shared helpers have is refused here (``ValueError``). ``namespace`` is that ``_syncfree``, made once."""
 
     model_type: str
     targets: tuple[Target, ...]
     layout: Layout
+    helpers: object = field(default=None, hash=False)
+    namespace: object = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # (Made once per Family: the build cache is keyed on it, so every build of the family shares one.)
+        object.__setattr__(self, "namespace", helpers_for(self.model_type, self.helpers))
 
     @property
     def modeling(self) -> str:
