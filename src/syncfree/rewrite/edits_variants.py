@@ -1,6 +1,7 @@
 """The stock lines syncfree rewrites in the families issue 19 added (VideoLLaMA3, HunYuan-VL, MiniMax-M3-VL,
-GLM-5-Next, Qwen4-Exp, Muse, MiniCPM, ...): the core edits (``edits.py``) as each family spells them, and the text
-models' data-dependent selections. Checked against the installed Transformers like every edit.
+GLM-5-Next, Muse, MiniCPM, ...): the core edits (``edits.py``) as each family spells them, and the text models'
+data-dependent selections. Checked against the installed Transformers like every edit. A family's edits that call
+helpers of its own live in its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from .edits import VISION_ATTENTION
 from .rewriter import Edit
 
 __all__ = ["KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "POOLED_WRITTEN", "POOLED_KEEP",
-           "QSA_MASK", "QSA_VISIBLE", "BLOCK_KWARGS_BY_TYPE", "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS",
+           "BLOCK_KWARGS_BY_TYPE", "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS",
            "AUDIO_VALID_TOKENS", "NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID", "FEATURE_SCATTER_MASK",
            "NAVIT_WINDOW_MERGER", "NAVIT_MERGED_CU_SEQLENS", "PLACEHOLDER_BY_ANY_TOKEN_ID", "FEATURE_SCATTER_EMBEDDINGS",
            "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
@@ -58,17 +59,6 @@ POOLED_WRITTEN = (
 )
 POOLED_KEEP = (
     Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
-)
-
-# Qwen4-Exp's QSA indexer: each (row, query)'s visible key positions by ``nonzero_static`` with a count the host knows
-# (rewrite/qsa.py): the text model keeps the counts for the causal mask it makes, the indexer asks for them.
-QSA_MASK = (
-    Edit("expr", "create_causal_mask(**mask_kwargs)", "_syncfree.indexed_causal_mask(create_causal_mask, mask_kwargs)"),
-)
-QSA_VISIBLE = (
-    Edit("expr", "torch.nonzero(visible_token_indices[batch_idx, 0, query_idx], as_tuple=False)",
-         "_syncfree.visible_positions(visible_token_indices[batch_idx, 0, query_idx], attention_mask, batch_idx, "
-         "query_idx)"),
 )
 
 # The same pass-on where the blocks are called with the segmentation of their layer type (Muse Glimmer / Spark: full

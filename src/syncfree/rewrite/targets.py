@@ -31,8 +31,8 @@ class Target:
     fallback_cls: str | None = None  # the class holding the function in releases without ``cls``
     module: str | None = None  # the modeling module holding ``cls``, where not the family's (a borrowed tower)
     check_only: bool = False  # only checked (its ``needs``: code a wrapper elsewhere relies on), never replaced
-    # Other methods of ``cls`` that hold the edited code in other releases (Transformers 5.25 moved Qwen4-Exp's QSA
-    # loop from ``forward`` into ``_select_tokens``): tried in order where ``attr`` does not match; the first that
+    # Other methods of ``cls`` that hold the edited code in other releases (Transformers 5.25 moved a text model's
+    # token indexer loop from ``forward`` into ``_select_tokens``): tried in order where ``attr`` does not match; the first that
     # matches is patched, and the refusal, where none does, is ``attr``'s.
     alt_attrs: tuple[str, ...] = ()
 
