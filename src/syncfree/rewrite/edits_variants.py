@@ -1,7 +1,7 @@
-"""The stock lines syncfree rewrites in the families issue 19 added (VideoLLaMA3, HunYuan-VL, MiniMax-M3-VL,
-GLM-5-Next, Muse, MiniCPM, ...): the core edits (``edits.py``) as each family spells them, and the text models'
-data-dependent selections. Checked against the installed Transformers like every edit. A family's edits that call
-helpers of its own live in its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
+"""The stock lines syncfree rewrites in the families issue 19 added (VideoLLaMA3, HunYuan-VL, MiniMax-M3-VL, Muse,
+MiniCPM, ...): the core edits (``edits.py``) as each family spells them, and the text models' data-dependent
+selections. Checked against the installed Transformers like every edit. A family's edits that call helpers of its
+own live in its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from __future__ import annotations
 from .edits import VISION_ATTENTION
 from .rewriter import Edit
 
-__all__ = ["KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "POOLED_WRITTEN", "POOLED_KEEP",
-           "BLOCK_KWARGS_BY_TYPE", "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS",
-           "AUDIO_VALID_TOKENS", "NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID", "FEATURE_SCATTER_MASK",
-           "NAVIT_WINDOW_MERGER", "NAVIT_MERGED_CU_SEQLENS", "PLACEHOLDER_BY_ANY_TOKEN_ID", "FEATURE_SCATTER_EMBEDDINGS",
-           "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
+__all__ = ["KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "BLOCK_KWARGS_BY_TYPE",
+           "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS", "AUDIO_VALID_TOKENS", "NAVIT_CU_SEQLENS",
+           "PLACEHOLDER_BY_TOKEN_ID", "FEATURE_SCATTER_MASK", "NAVIT_WINDOW_MERGER", "NAVIT_MERGED_CU_SEQLENS",
+           "PLACEHOLDER_BY_ANY_TOKEN_ID", "FEATURE_SCATTER_EMBEDDINGS", "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
 
 # VideoLLaMA3's video token compression keeps the video features its processor's mask marks, by a boolean select (a
 # read of the count): by the positions of the mask's ones instead, counted on the plan's host copy of that mask.
@@ -46,19 +45,6 @@ PLACEHOLDER_NUMEL = (
          '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
     Edit("expr", "inputs_embeds[special_video_mask].numel()",
          '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
-)
-
-# GLM-5-Next's pooled DSA indexer keeps the pools some row can use with a boolean select (a read of their number);
-# where the plan's host mask shows they are a prefix, by an index of that length (rewrite/pooled_keep.py). The
-# indexer's forward says first whether every slot of the states it pools is a written token (no static cache
-# still filling): POOLED_WRITTEN is the forward's edit, POOLED_KEEP get_pooled_states'.
-POOLED_WRITTEN = (
-    Edit("stmt", "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)",
-         "_syncfree.pools_written(packed_states, seq_len, kv_len, current_length)\n"
-         "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)"),
-)
-POOLED_KEEP = (
-    Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
 )
 
 # The same pass-on where the blocks are called with the segmentation of their layer type (Muse Glimmer / Spark: full

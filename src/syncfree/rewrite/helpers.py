@@ -25,7 +25,6 @@ from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid 
 from .host_mask import host_padding_mask
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
 from .navit import navit_cu_seqlens, navit_merged_cu_seqlens, navit_window_index, navit_window_kwargs  # noqa: F401
-from .pooled_keep import kept_pools, pools_written  # noqa: F401  (GLM-5-Next's pooled indexer)
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
@@ -34,7 +33,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "kept_video_features", "kept_pools", "pools_written",
+           "kept_video_features",
            "valid_audio_tokens",
            "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs", "navit_merged_cu_seqlens",
            "planned_valid_indices", "scatter_image_ids"]
