@@ -24,7 +24,6 @@ from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_
 from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid audio frames)
 from .host_mask import host_padding_mask
 from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
-from .navit import navit_cu_seqlens, navit_merged_cu_seqlens, navit_window_index, navit_window_kwargs  # noqa: F401
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
@@ -35,7 +34,6 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
            "kept_video_features",
            "valid_audio_tokens",
-           "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs", "navit_merged_cu_seqlens",
            "planned_valid_indices", "scatter_image_ids"]
 
 
