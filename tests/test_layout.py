@@ -35,7 +35,9 @@ MOVED = {"qwen4exp": ("qwen4_exp", "Qwen4Exp", "Qwen4-Exp", "QSA"),
          "glm5next": ("glm5_next", "Glm5Next", "GLM-5-Next", "pooled_keep"),
          # (MiniCPM-V is still the shared layers' example of NaViT packing, in prose: its code names are checked)
          "minicpm": ("minicpm", "MiniCPMV", "MiniCPMOcr", "NAVIT_", "navit_cu_seqlens", "navit_window",
-                     "navit_merged")}
+                     "navit_merged"),
+         "videollama3": ("video_llama_3", "VideoLlama3", "kept_video_features", "KEPT_VIDEO_FEATURES"),
+         "glm_image": ("glm_image", "GlmImage", "scatter_image_ids")}
 
 
 @pytest.mark.parametrize("group", sorted(MOVED))
@@ -53,8 +55,7 @@ def test_every_shared_helper_serves_more_than_one_family_group():
                      "any_vision_token", "modality_rows", "experts_by_modality",  # ERNIE
                      "host_index_to",  # (ERNIE's edits; MiniCPM's wrapper too: shared, under a name for what it does)
                      "valid_audio_tokens", "planned_valid_indices",  # Muse Spark, Qwen3-ASR
-                     "audio_lengths", "masked_frames",  # Omni
-                     "kept_video_features", "scatter_image_ids"}
+                     "audio_lengths", "masked_frames"}  # Omni
     from syncfree.rewrite import helpers
 
     callers: dict[str, set[str]] = {}

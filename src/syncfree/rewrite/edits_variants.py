@@ -1,7 +1,7 @@
-"""The stock lines syncfree rewrites in the families issue 19 added (VideoLLaMA3, HunYuan-VL, MiniMax-M3-VL, Muse,
-dots3-note, ...): the core edits (``edits.py``) as each family spells them, and the text models' data-dependent
-selections. Checked against the installed Transformers like every edit. A family's edits that call helpers of its
-own live in its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
+"""The stock lines syncfree rewrites in the families issue 19 added (HunYuan-VL, MiniMax-M3-VL, Muse, dots3-note,
+...): the core edits (``edits.py``) as each family spells them, and the text models' data-dependent selections.
+Checked against the installed Transformers like every edit. A family's edits that call helpers of its own live in
+its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
 """
 
 from __future__ import annotations
@@ -9,16 +9,9 @@ from __future__ import annotations
 from .edits import VISION_ATTENTION
 from .rewriter import Edit
 
-__all__ = ["KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "BLOCK_KWARGS_BY_TYPE",
+__all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "BLOCK_KWARGS_BY_TYPE",
            "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS", "AUDIO_VALID_TOKENS", "PLACEHOLDER_BY_ANY_TOKEN_ID",
            "FEATURE_SCATTER_EMBEDDINGS", "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
-
-# VideoLLaMA3's video token compression keeps the video features its processor's mask marks, by a boolean select (a
-# read of the count): by the positions of the mask's ones instead, counted on the plan's host copy of that mask.
-KEPT_VIDEO_FEATURES = (
-    Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
-         "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
-)
 
 # The same split where each segment's call passes only the scale (HunYuan-VL's and HY-V4-VL's tower attention): its
 # block hands the attention ``attention_mask=None``, which reaches the call in ``kwargs``; a backend's own mask

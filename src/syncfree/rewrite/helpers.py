@@ -32,9 +32,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "kept_video_features",
            "valid_audio_tokens",
-           "planned_valid_indices", "scatter_image_ids"]
+           "planned_valid_indices"]
 
 
 def _compiling() -> bool:
@@ -251,21 +250,6 @@ def planned_kwargs(kwargs: dict) -> dict:
     return {k: kwargs[k] for k in ("syncfree_seqlens", "syncfree_attention") if k in kwargs}
 
 
-def kept_video_features(video_embeds: torch.Tensor, video_compression_mask: torch.Tensor) -> torch.Tensor:
-    """``video_embeds[video_compression_mask.to(video_embeds.device)]`` (VideoLLaMA3's token compression): the same
-    rows in the same order, taken by the positions of the mask's ones, whose count the plan's host copy of that
-    very mask gives (``index_select``: no read of the count, forward or backward)."""
-    entry = None if _compiling() else active.current()
-    host = entry.plan.host.get("video_compression_mask") if entry is not None else None
-    if (not isinstance(host, torch.Tensor) or entry.given.get("video_compression_mask") is not video_compression_mask
-            or video_compression_mask.dtype != torch.bool or host.dtype != torch.bool
-            or tuple(video_compression_mask.shape) != tuple(host.shape)
-            or tuple(host.shape) != (video_embeds.shape[0],)):
-        return video_embeds[video_compression_mask.to(video_embeds.device)]
-    count = int(host.sum())  # (a host tensor: no device involved)
-    return video_embeds.index_select(0, _positions(video_compression_mask.to(video_embeds.device), count))
-
-
 def valid_audio_tokens(audio_features: torch.Tensor, token_mask: torch.Tensor, input_values_mask, samples_per_token):
     """``audio_features[token_mask]`` (Muse Spark: each clip's first ``ceil(real samples / samples_per_token)`` tokens):
     the same rows in the same order, taken by the positions of the mask's ones, whose count comes from the plan's host
@@ -280,19 +264,3 @@ def valid_audio_tokens(audio_features: torch.Tensor, token_mask: torch.Tensor, i
     count = sum(min(-(-n // samples_per_token), token_mask.shape[1]) for n in lengths)
     rows = audio_features.reshape(-1, *audio_features.shape[2:])
     return rows.index_select(0, _positions(token_mask, count))
-
-
-def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
-    """``input_ids.masked_scatter(mask, image_ids)`` (GLM-Image writes its source images' VQ codes into their
-    placeholders). Where the active plan was built from these input_ids and no code can be an image start or end id
-    (the codebook is smaller than both: the only ids its rotary index reads), the new ids have the plan's positions:
-    the active entry says so (``Entry.rope_ids``), so the index answers from the plan."""
-    scattered = input_ids.masked_scatter(mask, image_ids)
-    entry = None if _compiling() else active.current()
-    config = entry.plan.spec.config if entry is not None else None
-    if entry is not None and entry.owns(input_ids) and config is not None:
-        codes = getattr(getattr(config, "vq_config", None), "num_embeddings", None)
-        markers = (getattr(config, "image_start_token_id", None), getattr(config, "image_end_token_id", None))
-        if isinstance(codes, int) and all(isinstance(m, int) and m >= codes for m in markers):
-            entry.rope_ids = scattered
-    return scattered
