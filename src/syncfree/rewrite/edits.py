@@ -239,7 +239,7 @@ MODALITY_MOE = (
 
 # ERNIE-4.5-VL's resampler builds the indices that pair each video's frames on the host (from the host grid the
 # patched forward hands it) and moves them with a blocking copy from pageable memory: pinned and non-blocking
-# instead (the same values).
+# instead (the same values; ``rewrite/host_index.py``).
 TEMPORAL_SLICES = (
     Edit("stmt", "first_slice_offsets = torch.cat(first_slice_offsets, dim=-1).to(hidden_states.device)",
          "first_slice_offsets = _syncfree.host_index_to(torch.cat(first_slice_offsets, dim=-1), hidden_states.device)"),

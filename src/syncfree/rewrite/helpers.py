@@ -22,8 +22,9 @@ from ..plan import active
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
 from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_tokens  # noqa: F401  (dots3-note)
 from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid audio frames)
+from .host_index import host_index_to  # noqa: F401
 from .host_mask import host_padding_mask
-from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
+from .modality_moe import any_vision_token, experts_by_modality, modality_rows  # noqa: F401
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",

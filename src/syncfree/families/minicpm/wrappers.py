@@ -25,8 +25,8 @@ from ...plan.spec import ModelSpec
 from ...plan.tensors import same_host_values
 from ...plan.vision import VisionPlan, vision_plan
 from ...rewrite.call_args import given_args, positional_names, same_device
+from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
-from ...rewrite.modality_moe import host_index_to
 from .navit import MERGER, MergerTables
 
 __all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
