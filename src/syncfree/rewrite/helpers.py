@@ -33,8 +33,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "valid_audio_tokens",
-           "planned_valid_indices"]
+           "valid_audio_tokens", "planned_valid_indices"]
 
 
 def _compiling() -> bool:
