@@ -55,7 +55,8 @@ def test_every_shared_helper_serves_more_than_one_family_group():
                      "any_vision_token", "modality_rows", "experts_by_modality",  # ERNIE
                      "host_index_to",  # (ERNIE's edits; MiniCPM's wrapper too: shared, under a name for what it does)
                      "valid_audio_tokens", "planned_valid_indices",  # Muse Spark, Qwen3-ASR
-                     "audio_lengths", "masked_frames"}  # Omni
+                     "audio_lengths", "masked_frames",  # Omni
+                     "token_count"}  # Ovis2.5 (registered where the installed Transformers has it)
     from syncfree.rewrite import helpers
 
     callers: dict[str, set[str]] = {}
