@@ -24,7 +24,6 @@ from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_
 from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid audio frames)
 from .host_index import host_index_to  # noqa: F401
 from .host_mask import host_padding_mask
-from .modality_moe import any_vision_token, experts_by_modality, modality_rows  # noqa: F401
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
@@ -32,7 +31,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
+           "planned_kwargs", "host_index_to",
            "valid_audio_tokens", "planned_valid_indices"]
 
 

@@ -1,4 +1,5 @@
-"""Helpers for a MoE block that routes text and vision tokens to separate experts (ERNIE-4.5-VL).
+"""ERNIE-4.5-VL's own rewrite helpers (its ``Family.helpers``): its MoE block, which routes text and vision tokens to
+separate experts.
 
 Stock asks ``moe_mm_token_type_ids.any()`` (a read of the device) and then moves each kind's rows in and out
 of its experts with boolean masks expanded over the hidden width (``x[mask]``, ``x[mask] = y``: each reads
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..plan import active
-from ..plan.tensors import host_array
+from ...plan import active
+from ...plan.tensors import host_array
 
 __all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality"]
 
