@@ -1,6 +1,6 @@
-"""The stock lines syncfree rewrites in the families issue 19 added (HunYuan-VL, MiniMax-M3-VL, Muse, dots3-note,
-...): the core edits (``edits.py``) as each family spells them, and the text models' data-dependent selections.
-Checked against the installed Transformers like every edit. A family's edits that call helpers of its own live in
+"""The stock lines syncfree rewrites in the families issue 19 added (HunYuan-VL, MiniMax-M3-VL, dots3-note, ...): the
+core edits (``edits.py``) as each family spells them, and the text models' data-dependent selections. Checked
+against the installed Transformers like every edit. A family's edits that call helpers of its own live in
 its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
 """
 
@@ -9,8 +9,7 @@ from __future__ import annotations
 from .edits import VISION_ATTENTION
 from .rewriter import Edit
 
-__all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "BLOCK_KWARGS_BY_TYPE",
-           "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS", "AUDIO_VALID_TOKENS", "PLACEHOLDER_BY_ANY_TOKEN_ID",
+__all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "PLACEHOLDER_BY_ANY_TOKEN_ID",
            "FEATURE_SCATTER_EMBEDDINGS", "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
 
 # The same split where each segment's call passes only the scale (HunYuan-VL's and HY-V4-VL's tower attention): its
@@ -37,34 +36,6 @@ PLACEHOLDER_NUMEL = (
          '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
     Edit("expr", "inputs_embeds[special_video_mask].numel()",
          '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
-)
-
-# The same pass-on where the blocks are called with the segmentation of their layer type (Muse Glimmer / Spark: full
-# and window layers): the plan's sizes of both segmentations reach every block, whose attention picks its own by count.
-BLOCK_KWARGS_BY_TYPE = (
-    Edit("stmt", """
-         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
-                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],)""", """
-         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
-                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],
-                               **_syncfree.planned_kwargs(kwargs))"""),
-)
-
-# Muse Spark's audio: the placeholder count (as PLACEHOLDER_MASK), the scatter (as FEATURE_SCATTER) and the valid audio
-# tokens of each clip, a boolean select (a read of the count) taken by the positions of the mask's ones instead, whose
-# count the plan's host copy of ``input_values_mask`` gives.
-AUDIO_PLACEHOLDER_MASK = (
-    Edit("stmt", "n_audio_tokens = audio_mask.sum()",
-         'n_audio_tokens = _syncfree.placeholder_count(input_ids, audio_mask, "audio")'),
-)
-AUDIO_SCATTER_EMBEDS = (
-    Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_embeds)",
-         '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_embeds, input_ids, "audio")'),
-)
-AUDIO_VALID_TOKENS = (
-    Edit("stmt", "audio_features = audio_features[token_mask]",
-         "audio_features = _syncfree.valid_audio_tokens(audio_features, token_mask, input_values_mask, "
-         "samples_per_token)"),
 )
 
 # dots3-note's get_placeholder_mask serves three kinds through ``token_id`` (images, videos, audio): its count and check

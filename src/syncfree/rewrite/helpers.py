@@ -32,7 +32,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "host_index_to",
-           "valid_audio_tokens", "planned_valid_indices"]
+           "planned_valid_indices"]
 
 
 def _compiling() -> bool:
@@ -247,19 +247,3 @@ def planned_kwargs(kwargs: dict) -> dict:
     """The keyword arguments syncfree's tower wrapper added for the vision attention (segment sizes, backend),
     out of a tower's ``kwargs``: for a tower that passes its blocks no ``**kwargs`` of its own."""
     return {k: kwargs[k] for k in ("syncfree_seqlens", "syncfree_attention") if k in kwargs}
-
-
-def valid_audio_tokens(audio_features: torch.Tensor, token_mask: torch.Tensor, input_values_mask, samples_per_token):
-    """``audio_features[token_mask]`` (Muse Spark: each clip's first ``ceil(real samples / samples_per_token)`` tokens):
-    the same rows in the same order, taken by the positions of the mask's ones, whose count comes from the plan's host
-    copy of that very ``input_values_mask`` (``index_select``: no read of the count, forward or backward)."""
-    entry = None if _compiling() else active.current()
-    host = entry.plan.host.get("input_values_mask") if entry is not None else None
-    if (not isinstance(host, torch.Tensor) or entry.given.get("input_values_mask") is not input_values_mask
-            or tuple(host.shape) != tuple(input_values_mask.shape) or token_mask.dim() != 2
-            or tuple(token_mask.shape) != tuple(audio_features.shape[:2]) or host.shape[0] != token_mask.shape[0]):
-        return audio_features[token_mask]
-    lengths = host.sum(-1).tolist()  # (a host tensor: no device involved)
-    count = sum(min(-(-n // samples_per_token), token_mask.shape[1]) for n in lengths)
-    rows = audio_features.reshape(-1, *audio_features.shape[2:])
-    return rows.index_select(0, _positions(token_mask, count))
