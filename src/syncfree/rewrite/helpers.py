@@ -21,7 +21,6 @@ from ..plan import active
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
 from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_tokens  # noqa: F401  (dots3-note)
-from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid audio frames)
 from .host_index import host_index_to  # noqa: F401
 from .host_mask import host_padding_mask
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
@@ -31,8 +30,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "host_index_to",
-           "planned_valid_indices"]
+           "planned_kwargs", "host_index_to"]
 
 
 def _compiling() -> bool:
