@@ -60,7 +60,6 @@ def test_every_shared_helper_serves_more_than_one_family_group():
     in its folder (``Family.helpers``). Those not moved there yet are listed here."""
     not_moved_yet = {"placeholder_count_by_id", "placeholder_numel_by_id",  # dots3-note
                      "host_index_to",  # (ERNIE's edits; MiniCPM's wrapper too: shared, under a name for what it does)
-                     "audio_lengths", "masked_frames",  # Omni
                      "token_count"}  # Ovis2.5 (registered where the installed Transformers has it)
     from syncfree.rewrite import helpers
 

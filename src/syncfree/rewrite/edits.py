@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .rewriter import Edit
 
-__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
+__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
@@ -171,15 +171,6 @@ GENERATION_POSITIONS = (
 # 2D mask is all ones, to skip the masking multiply (Qwen3.5's text model).
 RECURRENT_MASK = (
     Edit("expr", "torch.all(attention_mask == 1)", "_syncfree.all_ones(attention_mask)"),
-)
-
-# Omni thinkers' get_audio_features: the mel frames kept by feature_attention_mask (boolean indexing:
-# a read of the count) and the per-clip lengths, from the plan's host copy of that mask.
-AUDIO_FEATURES = (
-    Edit("stmt", "audio_feature_lengths = torch.sum(feature_attention_mask, dim=1)",
-         "audio_feature_lengths = _syncfree.audio_lengths(feature_attention_mask)"),
-    Edit("expr", "input_features.permute(0, 2, 1)[feature_attention_mask.bool()]",
-         "_syncfree.masked_frames(input_features.permute(0, 2, 1), feature_attention_mask)"),
 )
 
 # Omni thinkers' *Model.forward puts the audio features into the audio placeholders (as FEATURE_SCATTER).

@@ -29,7 +29,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "segment_lengths", "placeholder_count", "placeholder_numel", "placeholder_count_by_id", "placeholder_numel_by_id",
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
+           "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "host_index_to"]
 
 
@@ -186,31 +186,6 @@ def has_vision_tokens_after(mm_token_type_ids, past_length) -> bool:
     if host is not None and isinstance(past_length, int) and entry.given.get("mm_token_type_ids") is mm_token_type_ids:
         return bool(host[:, past_length:].any())
     return bool(mm_token_type_ids[:, past_length:].any())
-
-
-def _audio_entry(feature_attention_mask):
-    """The active plan's audio plan when ``feature_attention_mask`` is the very mask it was made from."""
-    entry = None if _compiling() else active.current()
-    if entry is None or entry.plan.audio is None or feature_attention_mask is None:
-        return None
-    return entry.plan.audio if entry.given.get("feature_attention_mask") is feature_attention_mask else None
-
-
-def audio_lengths(feature_attention_mask: torch.Tensor) -> torch.Tensor:
-    """``torch.sum(feature_attention_mask, dim=1)`` (mel frames per clip): the plan's host copy, which the
-    patched audio encoder recognises (so it lays the frames out without reading the device)."""
-    audio = _audio_entry(feature_attention_mask)
-    return torch.sum(feature_attention_mask, dim=1) if audio is None else audio.feature_lens
-
-
-def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) -> torch.Tensor:
-    """``features[feature_attention_mask.bool()]`` for (clips, frames, bins) features: the same rows in the
-    same order, taken by the plan's positions of the mask's ones (``index_select``: no read of the count)."""
-    audio = _audio_entry(feature_attention_mask)
-    if (audio is None or audio.frame_positions is None or features.dim() != 3
-            or features.shape[:2] != feature_attention_mask.shape):
-        return features[feature_attention_mask.bool()]
-    return features.reshape(-1, features.shape[-1]).index_select(0, audio.frame_positions)
 
 
 def planned_sizes(max_seqlen):
