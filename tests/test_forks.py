@@ -67,3 +67,28 @@ def test_register_family_refuses_a_taken_model_type_and_a_non_family(registry):
         syncfree.register_family("qwen2_vl")
     mine = syncfree.register_family(syncfree.Family("my_qwen2_vl", family.targets, family.layout))
     assert FAMILIES["my_qwen2_vl"] is mine and spec.layout_of("my_qwen2_vl") is family.layout
+
+
+def _stock_plus_one(x):
+    return x + 1
+
+
+def test_a_family_s_own_helpers_reach_its_rewritten_code_and_never_shadow_a_shared_one():
+    """``Family.helpers``: what its edits call under ``_syncfree`` besides ``rewrite.helpers``, built apart from the
+    same edits against the shared helpers; a name the shared helpers have is refused when the family is made."""
+    from syncfree import patching
+    from syncfree.rewrite import helpers
+    from syncfree.rewrite.rewriter import Edit
+
+    layout = FAMILIES["qwen2_vl"].layout
+    with pytest.raises(ValueError, match=r"\['all_ones'\] would shadow the shared helpers"):
+        syncfree.Family("mine", (), layout, helpers={"all_ones": lambda mask: True})
+    with pytest.raises(ValueError, match="not public names"):
+        syncfree.Family("mine", (), layout, helpers={"_private": abs})
+    mine = syncfree.Family("mine", (), layout, helpers={"plus_one_on_host": lambda x: x + 100})
+    target = syncfree.Target("_stock_plus_one", "", edits=(Edit("expr", "x + 1", "_syncfree.plus_one_on_host(x)"),))
+    built = patching._build("mine", "_stock_plus_one", target, _stock_plus_one, mine.namespace)
+    assert built(1) == 101 and mine.namespace.all_ones is helpers.all_ones
+    assert patching._build("mine", "_stock_plus_one", target, _stock_plus_one, mine.namespace) is built
+    with pytest.raises(AttributeError, match="plus_one_on_host"):  # (the shared helpers alone do not have it)
+        patching._build("mine", "_stock_plus_one", target, _stock_plus_one)(1)

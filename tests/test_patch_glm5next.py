@@ -23,11 +23,11 @@ from family_checks import (
     standard_layouts,
     tower_graph_breaks,
 )
+from syncfree.families.glm5next.pooled_keep import kept_pools, kept_prefix, pools_written
 from syncfree.inputs import Image, Text, Video, processor_batch
 from syncfree.plan import active
 from syncfree.plan.batch import build_plan
 from syncfree.plan.spec import ModelSpec
-from syncfree.rewrite.pooled_keep import kept_pools, kept_prefix, pools_written
 
 pytestmark = pytest.mark.skipif("glm5_next" not in syncfree.families.FAMILIES,
                                 reason="this Transformers release has no GLM-5-Next in the form syncfree supports")

@@ -77,7 +77,7 @@ def test_qsa_visible_positions_are_stocks(data, batch, width, attn):
     from transformers import DynamicCache
     from transformers.masking_utils import create_causal_mask
 
-    from syncfree.rewrite.qsa import visible_counts
+    from syncfree.families.qwen4exp.qsa import visible_counts
 
     config = _pair(attn)[0].config.text_config
     past = data.draw(st.integers(0, width - 1), label="cached tokens")  # the mask covers them and this call's

@@ -63,10 +63,12 @@ def _classes(module) -> dict[str, type]:
             if isinstance(value, type) and value.__module__ == module.__name__}
 
 
-def family_like(model: torch.nn.Module, like: str, refusal: Callable[[str, type, Target], Exception | None]) -> Family:
+def family_like(model: torch.nn.Module, like: str,
+                refusal: Callable[[str, type, Target, object], Exception | None]) -> Family:
     """The family of ``model``, a copy of the supported family ``like`` under other names: each target moved to the
-    copy's class. ``refusal(model_type, cls, target)`` is why the target's edits and checks refuse ``cls``'s
-    function (None where they accept it). Where the renamed class exists but its code differs, that refusal is
+    copy's class, its own helpers ``like``'s. ``refusal(model_type, cls, target, namespace)`` is why the target's
+    edits (compiled against ``like``'s ``Family.namespace``) and checks refuse ``cls``'s function (None where they
+    accept it). Where the renamed class exists but its code differs, that refusal is
     raised (the message names the nearest code); a target found nowhere raises ``ValueError``."""
     if like not in FAMILIES:
         raise ValueError(f"syncfree.patch: like={like!r} is not a fully supported family (supported: "
@@ -83,9 +85,10 @@ def family_like(model: torch.nn.Module, like: str, refusal: Callable[[str, type,
     for target in base.targets:
         renamed = rename and target.cls.startswith(rename[0]) and rename[1] + target.cls[len(rename[0]):]
         cls = own.get(renamed) if renamed else None
-        refused = refusal(model_type, cls, _in(target, cls)) if cls is not None else None
+        refused = refusal(model_type, cls, _in(target, cls), base.namespace) if cls is not None else None
         if cls is None or refused is not None:
-            found = [c for c in own.values() if _holds(c, target) and refusal(model_type, c, _in(target, c)) is None]
+            found = [c for c in own.values()
+                     if _holds(c, target) and refusal(model_type, c, _in(target, c), base.namespace) is None]
             if len(found) != 1:
                 if target.optional:
                     continue
@@ -100,7 +103,7 @@ def family_like(model: torch.nn.Module, like: str, refusal: Callable[[str, type,
     layout = dataclasses.replace(base.layout, modeling=module_name, vision_modeling=None)
     key = model_type if model_type not in FAMILIES or FAMILIES[model_type].modeling == module_name \
         else f"{model_type}@{module_name}"
-    return register_family(Family(key, tuple(targets), layout), replace=True)
+    return register_family(Family(key, tuple(targets), layout, helpers=base.helpers), replace=True)
 
 
 def _in(target: Target, cls: type) -> Target:

@@ -111,9 +111,14 @@ def _check_wrap(family: str, where: str, target: Target, fn) -> None:
             raise _refuse(family, where, f"its code no longer contains {absent}" + (f"; {said}" if said else ""))
 
 
-def _build(family: str, where: str, target: Target, stock):
-    if (stock, target) in _built:  # (keyed on both: the generic fix and full support rewrite one function apiece)
-        return _built[(stock, target)]
+def _build(family: str, where: str, target: Target, stock, namespace=helpers):
+    """``stock`` with ``target``'s edits made (compiled against ``namespace``: what the new code calls ``_syncfree``,
+    the shared helpers or a family's ``Family.namespace``) and its wrapper put around it; built once."""
+    # (Keyed on all three: the generic fix and full support rewrite one function apiece, and the same edits compiled
+    # against another family's helpers are another function.)
+    key = (stock, target, namespace)
+    if key in _built:
+        return _built[key]
     if stock is None:
         raise _refuse(family, where, "it does not exist")
     fn = stock
@@ -122,13 +127,13 @@ def _build(family: str, where: str, target: Target, stock):
         return stock
     if target.edits:
         try:
-            fn = rewrite(fn, list(target.edits), helpers, where)
+            fn = rewrite(fn, list(target.edits), namespace, where)
         except RewriteError as err:
             raise _refuse(family, where, str(err)) from None
     if target.wrap:
         _check_wrap(family, where, target, stock)
         fn = target.wrap(fn)
-    _built[(stock, target)] = fn
+    _built[key] = fn
     _how[fn] = target
     return fn
 
@@ -137,15 +142,15 @@ def _is_tower(target: Target) -> bool:
     return target.wrap is not None and target.wrap.__name__.startswith("make_vision_forward")
 
 
-def _build_resolved(family: str, cls: type, target: Target) -> tuple[Target, object, object]:
+def _build_resolved(family: str, cls: type, target: Target, namespace=helpers) -> tuple[Target, object, object]:
     """(the target as matched, its stock function, its replacement): ``target.attr``'s, else the first of its
-    ``alt_attrs`` that matches; where none does, ``target.attr``'s refusal."""
+    ``alt_attrs`` that matches; where none does, ``target.attr``'s refusal. ``namespace`` as ``_build``'s."""
     first = None
     for attr in (target.attr, *target.alt_attrs):
         candidate = target if attr == target.attr else dataclasses.replace(target, attr=attr, alt_attrs=())
         stock = stock_function(cls, attr, candidate.inherited)
         try:
-            return candidate, stock, _build(family, f"{cls.__name__}.{attr}", candidate, stock)
+            return candidate, stock, _build(family, f"{cls.__name__}.{attr}", candidate, stock, namespace)
         except UnsupportedTransformers as err:
             first = first or err
     raise first
@@ -161,7 +166,7 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
                                           f"no {target.cls}. Nothing was patched.", family.model_type, target.cls,
                                           "the class does not exist")
         try:
-            target, stock, built = _build_resolved(family.model_type, cls, target)
+            target, stock, built = _build_resolved(family.model_type, cls, target, family.namespace)
         except UnsupportedTransformers:
             if not target.optional:
                 raise
@@ -313,10 +318,11 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     return model
 
 
-def _refusal(model_type: str, cls: type, target: Target) -> UnsupportedTransformers | None:
-    """Why ``target``'s edits and checks refuse ``cls``'s function, or None (for ``like=``: where a target lives)."""
+def _refusal(model_type: str, cls: type, target: Target, namespace=helpers) -> UnsupportedTransformers | None:
+    """Why ``target``'s edits and checks refuse ``cls``'s function, or None (for ``like=``: where a target lives).
+    ``namespace``: the copied family's (``Family.namespace``), so that what is built here is what its patch uses."""
     try:
-        _build_resolved(model_type, cls, target)
+        _build_resolved(model_type, cls, target, namespace)
     except UnsupportedTransformers as err:
         return err
     return None

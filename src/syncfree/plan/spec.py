@@ -70,7 +70,7 @@ class Layout:
     # its merger: the attention splits segments one token longer than their patches, and stock's
     # ``get_vision_frame_lengths`` takes the per-frame patch counts from the plan (``frame_lengths``).
     segment_class_token: bool = False
-    # Video frames are image placeholders that lie between the config's video start and end ids (GLM-5-Next): the
+    # Video frames are image placeholders that lie between the config's video start and end ids: the
     # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
     # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
     video_spans: bool = False

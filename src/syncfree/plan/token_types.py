@@ -44,7 +44,7 @@ def placeholder_runs(types: np.ndarray) -> Runs:
 def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | None:
     """Token types (0 text, 1 image, 2 video) as stock sees placeholders: from input_ids when given (from
     mm_token_type_ids where video frames are written with the image placeholder: only they tell them apart; from
-    input_ids' video start/end spans where those tell them apart, as GLM-5-Next's stock does)."""
+    input_ids' video start/end spans where those tell them apart, as that family's stock does)."""
     if spec.video_span_ids is not None and input_ids is not None and input_ids.dim() == 2:
         return span_types(host_array(input_ids), spec.image_token_id, *spec.video_span_ids)
     if (spec.video_frames_as_images and mm_token_type_ids is not None and mm_token_type_ids.dim() == 2

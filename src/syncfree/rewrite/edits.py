@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from .rewriter import Edit
 
-__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_FEATURES", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
+__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
-           "VISION_ATTENTION_WEIGHTS", "MODALITY_MOE", "TEMPORAL_SLICES", "VISION_ATTENTION_WEIGHTS_MASKED",
+           "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
@@ -173,15 +173,6 @@ RECURRENT_MASK = (
     Edit("expr", "torch.all(attention_mask == 1)", "_syncfree.all_ones(attention_mask)"),
 )
 
-# Omni thinkers' get_audio_features: the mel frames kept by feature_attention_mask (boolean indexing:
-# a read of the count) and the per-clip lengths, from the plan's host copy of that mask.
-AUDIO_FEATURES = (
-    Edit("stmt", "audio_feature_lengths = torch.sum(feature_attention_mask, dim=1)",
-         "audio_feature_lengths = _syncfree.audio_lengths(feature_attention_mask)"),
-    Edit("expr", "input_features.permute(0, 2, 1)[feature_attention_mask.bool()]",
-         "_syncfree.masked_frames(input_features.permute(0, 2, 1), feature_attention_mask)"),
-)
-
 # Omni thinkers' *Model.forward puts the audio features into the audio placeholders (as FEATURE_SCATTER).
 AUDIO_SCATTER = (
     Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_features)",
@@ -213,37 +204,3 @@ SLIDING_WINDOW_TENSOR = _host_scalar_move("_sliding_window_tensor")
 # a state (Transformers 5.25: a blocking copy per layer, in the static cache's layers and the linear-attention ones).
 STATIC_LENGTH_TENSOR = _host_scalar_move("cumulative_length")
 LINEAR_LENGTH_TENSOR = _host_scalar_move("cumulative_length_linear")
-
-# ERNIE-4.5-VL's MoE block runs text and vision tokens through separate experts: it asks whether the batch has
-# vision tokens, then moves each kind's rows with boolean masks over the hidden width (each one a read of the
-# count, forward and backward). From the plan's host copy of moe_mm_token_type_ids instead: the answer on the
-# host, the rows by positions found once per forward (``rewrite/modality_moe.py``).
-MODALITY_MOE = (
-    Edit("expr", "moe_mm_token_type_ids.any()", "_syncfree.any_vision_token(moe_mm_token_type_ids)"),
-    Edit("stmt", "moe_mm_token_type_ids = moe_mm_token_type_ids.bool()",
-         "syncfree_rows = _syncfree.modality_rows(moe_mm_token_type_ids)\n"
-         "moe_mm_token_type_ids = moe_mm_token_type_ids.bool()"),
-    Edit("stmt", """
-         final_hidden_states[~token_type_ids_states], router_logits[~token_type_ids_router] = self.text_moe(
-             hidden_states[~token_type_ids_states])""", """
-         _syncfree.experts_by_modality(self.text_moe, hidden_states, ~token_type_ids_states, ~token_type_ids_router,
-                                       final_hidden_states, router_logits,
-                                       None if syncfree_rows is None else syncfree_rows.text)"""),
-    Edit("stmt", """
-         final_hidden_states[token_type_ids_states], router_logits[token_type_ids_router] = self.vision_moe(
-             hidden_states[token_type_ids_states])""", """
-         _syncfree.experts_by_modality(self.vision_moe, hidden_states, token_type_ids_states, token_type_ids_router,
-                                       final_hidden_states, router_logits,
-                                       None if syncfree_rows is None else syncfree_rows.vision)"""),
-)
-
-# ERNIE-4.5-VL's resampler builds the indices that pair each video's frames on the host (from the host grid the
-# patched forward hands it) and moves them with a blocking copy from pageable memory: pinned and non-blocking
-# instead (the same values).
-TEMPORAL_SLICES = (
-    Edit("stmt", "first_slice_offsets = torch.cat(first_slice_offsets, dim=-1).to(hidden_states.device)",
-         "first_slice_offsets = _syncfree.host_index_to(torch.cat(first_slice_offsets, dim=-1), hidden_states.device)"),
-    Edit("stmt", "second_slice_offsets = torch.cat(second_slice_offsets, dim=-1).to(hidden_states.device)",
-         "second_slice_offsets = _syncfree.host_index_to(torch.cat(second_slice_offsets, dim=-1), "
-         "hidden_states.device)"),
-)

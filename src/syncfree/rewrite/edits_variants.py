@@ -1,6 +1,7 @@
-"""The stock lines syncfree rewrites in the families issue 19 added (VideoLLaMA3, HunYuan-VL, MiniMax-M3-VL,
-GLM-5-Next, Qwen4-Exp, Muse, MiniCPM, ...): the core edits (``edits.py``) as each family spells them, and the text
-models' data-dependent selections. Checked against the installed Transformers like every edit.
+"""The stock lines syncfree rewrites in the families issue 19 added (HunYuan-VL, MiniMax-M3-VL, dots3-note, ...): the
+core edits (``edits.py``) as each family spells them, and the text models' data-dependent selections. Checked
+against the installed Transformers like every edit. A family's edits that call helpers of its own live in
+its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
 """
 
 from __future__ import annotations
@@ -8,18 +9,8 @@ from __future__ import annotations
 from .edits import VISION_ATTENTION
 from .rewriter import Edit
 
-__all__ = ["KEPT_VIDEO_FEATURES", "VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "POOLED_WRITTEN", "POOLED_KEEP",
-           "QSA_MASK", "QSA_VISIBLE", "BLOCK_KWARGS_BY_TYPE", "AUDIO_PLACEHOLDER_MASK", "AUDIO_SCATTER_EMBEDS",
-           "AUDIO_VALID_TOKENS", "NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID", "FEATURE_SCATTER_MASK",
-           "NAVIT_WINDOW_MERGER", "NAVIT_MERGED_CU_SEQLENS", "PLACEHOLDER_BY_ANY_TOKEN_ID", "FEATURE_SCATTER_EMBEDDINGS",
-           "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
-
-# VideoLLaMA3's video token compression keeps the video features its processor's mask marks, by a boolean select (a
-# read of the count): by the positions of the mask's ones instead, counted on the plan's host copy of that mask.
-KEPT_VIDEO_FEATURES = (
-    Edit("stmt", "video_embeds = video_embeds[video_compression_mask.to(video_embeds.device)]",
-         "video_embeds = _syncfree.kept_video_features(video_embeds, video_compression_mask)"),
-)
+__all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL", "PLACEHOLDER_BY_ANY_TOKEN_ID",
+           "FEATURE_SCATTER_EMBEDDINGS", "AUDIO_CHUNK_TOKENS", "AUDIO_CHUNK_GROUPS"]
 
 # The same split where each segment's call passes only the scale (HunYuan-VL's and HY-V4-VL's tower attention): its
 # block hands the attention ``attention_mask=None``, which reaches the call in ``kwargs``; a backend's own mask
@@ -47,112 +38,8 @@ PLACEHOLDER_NUMEL = (
          '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
 )
 
-# GLM-5-Next's pooled DSA indexer keeps the pools some row can use with a boolean select (a read of their number);
-# where the plan's host mask shows they are a prefix, by an index of that length (rewrite/pooled_keep.py). The
-# indexer's forward says first whether every slot of the states it pools is a written token (no static cache
-# still filling): POOLED_WRITTEN is the forward's edit, POOLED_KEEP get_pooled_states'.
-POOLED_WRITTEN = (
-    Edit("stmt", "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)",
-         "_syncfree.pools_written(packed_states, seq_len, kv_len, current_length)\n"
-         "pool_keys, pool_indices, pool_valid = self.get_pooled_states(packed_states=packed_states)"),
-)
-POOLED_KEEP = (
-    Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
-)
-
-# Qwen4-Exp's QSA indexer: each (row, query)'s visible key positions by ``nonzero_static`` with a count the host knows
-# (rewrite/qsa.py): the text model keeps the counts for the causal mask it makes, the indexer asks for them.
-QSA_MASK = (
-    Edit("expr", "create_causal_mask(**mask_kwargs)", "_syncfree.indexed_causal_mask(create_causal_mask, mask_kwargs)"),
-)
-QSA_VISIBLE = (
-    Edit("expr", "torch.nonzero(visible_token_indices[batch_idx, 0, query_idx], as_tuple=False)",
-         "_syncfree.visible_positions(visible_token_indices[batch_idx, 0, query_idx], attention_mask, batch_idx, "
-         "query_idx)"),
-)
-
-# The same pass-on where the blocks are called with the segmentation of their layer type (Muse Glimmer / Spark: full
-# and window layers): the plan's sizes of both segmentations reach every block, whose attention picks its own by count.
-BLOCK_KWARGS_BY_TYPE = (
-    Edit("stmt", """
-         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
-                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],)""", """
-         hidden_states = block(hidden_states, position_embeddings=position_embeddings,
-                               cu_seqlens=cu_seqlens_mapping[self.config.layer_types[i]],
-                               **_syncfree.planned_kwargs(kwargs))"""),
-)
-
-# Muse Spark's audio: the placeholder count (as PLACEHOLDER_MASK), the scatter (as FEATURE_SCATTER) and the valid audio
-# tokens of each clip, a boolean select (a read of the count) taken by the positions of the mask's ones instead, whose
-# count the plan's host copy of ``input_values_mask`` gives.
-AUDIO_PLACEHOLDER_MASK = (
-    Edit("stmt", "n_audio_tokens = audio_mask.sum()",
-         'n_audio_tokens = _syncfree.placeholder_count(input_ids, audio_mask, "audio")'),
-)
-AUDIO_SCATTER_EMBEDS = (
-    Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_embeds)",
-         '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_embeds, input_ids, "audio")'),
-)
-AUDIO_VALID_TOKENS = (
-    Edit("stmt", "audio_features = audio_features[token_mask]",
-         "audio_features = _syncfree.valid_audio_tokens(audio_features, token_mask, input_values_mask, "
-         "samples_per_token)"),
-)
-
-# MiniCPM-V's NaViT tower builds its segments' cumulative lengths from ``target_sizes`` and copies them to the device
-# (from the plan's host sizes the wrapper hands it: a blocking copy): the plan's, moved with it, instead.
-NAVIT_CU_SEQLENS = (
-    Edit("stmt", """
-         cu_seqlens = F.pad(torch.cumsum(target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(
-             hidden_states.device), (1, 0))""", """
-         cu_seqlens = _syncfree.navit_cu_seqlens(kwargs, lambda: F.pad(torch.cumsum(
-             target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(hidden_states.device), (1, 0)))"""),
-)
-
-# MiniCPM-V's get_placeholder_mask serves both kinds (``token_id`` says which): its count and its check by boolean
-# select, from the plan's counts (the same message and error).
-_KIND = '"image" if token_id == self.config.image_token_id else "video"'
-PLACEHOLDER_BY_TOKEN_ID = (
-    Edit("stmt", "n_tokens = special_mask.sum()",
-         f"n_tokens = _syncfree.placeholder_count(input_ids, special_mask, {_KIND})"),
-    Edit("expr", "inputs_embeds[special_mask].numel()",
-         f"_syncfree.placeholder_numel(inputs_embeds, special_mask, input_ids, {_KIND})"),
-)
-
-# MiniCPM-V's forward scatters both kinds through one mask name: the kind comes from the features' name.
-FEATURE_SCATTER_MASK = (
-    Edit("expr", "inputs_embeds.masked_scatter(mask, image_features)",
-         '_syncfree.scatter_features(inputs_embeds, mask, image_features, input_ids, "image")'),
-    Edit("expr", "inputs_embeds.masked_scatter(mask, video_features)",
-         '_syncfree.scatter_features(inputs_embeds, mask, video_features, input_ids, "video")'),
-)
-
-# MiniCPM-V's in-tower window merger ("16x"): its window order and boundaries (stock builds them on the host from the
-# host sizes and copies them over) and its window attention's split sizes, from the tables the tower wrapper made
-# (``rewrite/navit.py``); stock's own where there are none.
-NAVIT_WINDOW_MERGER = (
-    Edit("stmt", "window_index, window_cu_seqlens, window_max_seqlens = self.get_window_index(target_sizes, "
-                 "kwargs=kwargs)",
-         "window_index, window_cu_seqlens, window_max_seqlens = _syncfree.navit_window_index(self, target_sizes, "
-         "kwargs)"),
-    Edit("stmt", """
-         hidden_states, _ = self.self_attn(hidden_states=hidden_states, cu_seqlens=window_cu_seqlens.to(device),
-                                           max_seqlen=window_max_seqlens)""", """
-         hidden_states, _ = self.self_attn(hidden_states=hidden_states, cu_seqlens=window_cu_seqlens.to(device),
-                                           max_seqlen=window_max_seqlens, **_syncfree.navit_window_kwargs(kwargs))"""),
-)
-
-# The segments after the window merger (4x shorter, as many): the planned ones, with their own split sizes.
-NAVIT_MERGED_CU_SEQLENS = (
-    Edit("stmt", """
-         cu_seqlens = F.pad(torch.cumsum(target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(
-             device), (1, 0))""", """
-         cu_seqlens = _syncfree.navit_merged_cu_seqlens(kwargs, lambda: F.pad(torch.cumsum(
-             target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(device), (1, 0)))"""),
-)
-
-# dots3-note's get_placeholder_mask serves three kinds through ``token_id`` (images, videos, audio): MiniCPM-V's count
-# and check by boolean select, from the plan's count of the kind that id names (stock's own where it names none).
+# dots3-note's get_placeholder_mask serves three kinds through ``token_id`` (images, videos, audio): its count and check
+# by boolean select, from the plan's count of the kind that id names (stock's own where it names none).
 PLACEHOLDER_BY_ANY_TOKEN_ID = (
     Edit("stmt", "n_tokens = special_mask.sum()",
          "n_tokens = _syncfree.placeholder_count_by_id(input_ids, special_mask, token_id)"),

@@ -21,24 +21,16 @@ from ..plan import active
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
 from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_tokens  # noqa: F401  (dots3-note)
-from .audio_mask import planned_valid_indices  # noqa: F401  (Qwen3-ASR's valid audio frames)
+from .host_index import host_index_to  # noqa: F401
 from .host_mask import host_padding_mask
-from .modality_moe import any_vision_token, experts_by_modality, host_index_to, modality_rows  # noqa: F401
-from .navit import navit_cu_seqlens, navit_merged_cu_seqlens, navit_window_index, navit_window_kwargs  # noqa: F401
-from .pooled_keep import kept_pools, pools_written  # noqa: F401  (GLM-5-Next's pooled indexer)
-from .qsa import indexed_causal_mask, visible_positions  # noqa: F401  (Qwen4-Exp's QSA indexer)
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
            "segment_lengths", "placeholder_count", "placeholder_numel", "placeholder_count_by_id", "placeholder_numel_by_id",
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "audio_lengths", "masked_frames", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "any_vision_token", "modality_rows", "experts_by_modality", "host_index_to",
-           "kept_video_features", "kept_pools", "pools_written",
-           "indexed_causal_mask", "visible_positions", "valid_audio_tokens",
-           "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs", "navit_merged_cu_seqlens",
-           "planned_valid_indices", "scatter_image_ids"]
+           "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
+           "planned_kwargs", "host_index_to"]
 
 
 def _compiling() -> bool:
@@ -196,31 +188,6 @@ def has_vision_tokens_after(mm_token_type_ids, past_length) -> bool:
     return bool(mm_token_type_ids[:, past_length:].any())
 
 
-def _audio_entry(feature_attention_mask):
-    """The active plan's audio plan when ``feature_attention_mask`` is the very mask it was made from."""
-    entry = None if _compiling() else active.current()
-    if entry is None or entry.plan.audio is None or feature_attention_mask is None:
-        return None
-    return entry.plan.audio if entry.given.get("feature_attention_mask") is feature_attention_mask else None
-
-
-def audio_lengths(feature_attention_mask: torch.Tensor) -> torch.Tensor:
-    """``torch.sum(feature_attention_mask, dim=1)`` (mel frames per clip): the plan's host copy, which the
-    patched audio encoder recognises (so it lays the frames out without reading the device)."""
-    audio = _audio_entry(feature_attention_mask)
-    return torch.sum(feature_attention_mask, dim=1) if audio is None else audio.feature_lens
-
-
-def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) -> torch.Tensor:
-    """``features[feature_attention_mask.bool()]`` for (clips, frames, bins) features: the same rows in the
-    same order, taken by the plan's positions of the mask's ones (``index_select``: no read of the count)."""
-    audio = _audio_entry(feature_attention_mask)
-    if (audio is None or audio.frame_positions is None or features.dim() != 3
-            or features.shape[:2] != feature_attention_mask.shape):
-        return features[feature_attention_mask.bool()]
-    return features.reshape(-1, features.shape[-1]).index_select(0, audio.frame_positions)
-
-
 def planned_sizes(max_seqlen):
     """The window sizes a planned ``max_seqlen`` carries (``syncfree.plan.audio.SegmentedMax``), or None."""
     return getattr(max_seqlen, "seqlens", None)
@@ -253,50 +220,3 @@ def planned_kwargs(kwargs: dict) -> dict:
     """The keyword arguments syncfree's tower wrapper added for the vision attention (segment sizes, backend),
     out of a tower's ``kwargs``: for a tower that passes its blocks no ``**kwargs`` of its own."""
     return {k: kwargs[k] for k in ("syncfree_seqlens", "syncfree_attention") if k in kwargs}
-
-
-def kept_video_features(video_embeds: torch.Tensor, video_compression_mask: torch.Tensor) -> torch.Tensor:
-    """``video_embeds[video_compression_mask.to(video_embeds.device)]`` (VideoLLaMA3's token compression): the same
-    rows in the same order, taken by the positions of the mask's ones, whose count the plan's host copy of that
-    very mask gives (``index_select``: no read of the count, forward or backward)."""
-    entry = None if _compiling() else active.current()
-    host = entry.plan.host.get("video_compression_mask") if entry is not None else None
-    if (not isinstance(host, torch.Tensor) or entry.given.get("video_compression_mask") is not video_compression_mask
-            or video_compression_mask.dtype != torch.bool or host.dtype != torch.bool
-            or tuple(video_compression_mask.shape) != tuple(host.shape)
-            or tuple(host.shape) != (video_embeds.shape[0],)):
-        return video_embeds[video_compression_mask.to(video_embeds.device)]
-    count = int(host.sum())  # (a host tensor: no device involved)
-    return video_embeds.index_select(0, _positions(video_compression_mask.to(video_embeds.device), count))
-
-
-def valid_audio_tokens(audio_features: torch.Tensor, token_mask: torch.Tensor, input_values_mask, samples_per_token):
-    """``audio_features[token_mask]`` (Muse Spark: each clip's first ``ceil(real samples / samples_per_token)`` tokens):
-    the same rows in the same order, taken by the positions of the mask's ones, whose count comes from the plan's host
-    copy of that very ``input_values_mask`` (``index_select``: no read of the count, forward or backward)."""
-    entry = None if _compiling() else active.current()
-    host = entry.plan.host.get("input_values_mask") if entry is not None else None
-    if (not isinstance(host, torch.Tensor) or entry.given.get("input_values_mask") is not input_values_mask
-            or tuple(host.shape) != tuple(input_values_mask.shape) or token_mask.dim() != 2
-            or tuple(token_mask.shape) != tuple(audio_features.shape[:2]) or host.shape[0] != token_mask.shape[0]):
-        return audio_features[token_mask]
-    lengths = host.sum(-1).tolist()  # (a host tensor: no device involved)
-    count = sum(min(-(-n // samples_per_token), token_mask.shape[1]) for n in lengths)
-    rows = audio_features.reshape(-1, *audio_features.shape[2:])
-    return rows.index_select(0, _positions(token_mask, count))
-
-
-def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
-    """``input_ids.masked_scatter(mask, image_ids)`` (GLM-Image writes its source images' VQ codes into their
-    placeholders). Where the active plan was built from these input_ids and no code can be an image start or end id
-    (the codebook is smaller than both: the only ids its rotary index reads), the new ids have the plan's positions:
-    the active entry says so (``Entry.rope_ids``), so the index answers from the plan."""
-    scattered = input_ids.masked_scatter(mask, image_ids)
-    entry = None if _compiling() else active.current()
-    config = entry.plan.spec.config if entry is not None else None
-    if entry is not None and entry.owns(input_ids) and config is not None:
-        codes = getattr(getattr(config, "vq_config", None), "num_embeddings", None)
-        markers = (getattr(config, "image_start_token_id", None), getattr(config, "image_end_token_id", None))
-        if isinstance(codes, int) and all(isinstance(m, int) and m >= codes for m in markers):
-            entry.rope_ids = scattered
-    return scattered

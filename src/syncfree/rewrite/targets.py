@@ -7,9 +7,10 @@ The tables themselves live with each family (``syncfree.families``); this module
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..plan.spec import Layout
+from .namespace import helpers_for
 from .rewriter import Edit
 
 __all__ = ["Target", "Family"]
@@ -30,19 +31,29 @@ class Target:
     fallback_cls: str | None = None  # the class holding the function in releases without ``cls``
     module: str | None = None  # the modeling module holding ``cls``, where not the family's (a borrowed tower)
     check_only: bool = False  # only checked (its ``needs``: code a wrapper elsewhere relies on), never replaced
-    # Other methods of ``cls`` that hold the edited code in other releases (Transformers 5.25 moved Qwen4-Exp's QSA
-    # loop from ``forward`` into ``_select_tokens``): tried in order where ``attr`` does not match; the first that
+    # Other methods of ``cls`` that hold the edited code in other releases (Transformers 5.25 moved a text model's
+    # token indexer loop from ``forward`` into ``_select_tokens``): tried in order where ``attr`` does not match; the first that
     # matches is patched, and the refusal, where none does, is ``attr``'s.
     alt_attrs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Family:
-    """A fully supported model type: its targets, and how it lays out its inputs (``layout``, for the plan)."""
+    """A fully supported model type: its targets, and how it lays out its inputs (``layout``, for the plan).
+
+    ``helpers``: the family's own helpers its edits call (a module, by its ``__all__``, or a mapping of names), which
+    its targets' rewritten code sees under ``_syncfree`` besides the shared ones (``rewrite.helpers``); a name the
+    shared helpers have is refused here (``ValueError``). ``namespace`` is that ``_syncfree``, made once."""
 
     model_type: str
     targets: tuple[Target, ...]
     layout: Layout
+    helpers: object = field(default=None, hash=False)
+    namespace: object = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # (Made once per Family: the build cache is keyed on it, so every build of the family shares one.)
+        object.__setattr__(self, "namespace", helpers_for(self.model_type, self.helpers))
 
     @property
     def modeling(self) -> str:

@@ -35,6 +35,7 @@ from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_f
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
 from ..shared import family_module, handled_by, installed_source_has, registered_only
+from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
 from .wrappers import make_decode_cache_rope_index
 
@@ -81,7 +82,8 @@ def installed_code_supported() -> bool:
 
 
 FAMILIES: tuple[Family, ...] = () if not installed_code_supported() else (
-    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, host_rope_class=_MODEL, target_grids=True)),
+    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, host_rope_class=_MODEL, target_grids=True),
+           helpers=image_ids),
 )
 
 # A tiny model with the real layout rules: patch 16, no merge, a learned 8x8 position table (image_size 128) resampled

@@ -29,8 +29,9 @@ Only the "4x" mode is sync free: "16x" (the window merger inside the tower, Mini
 segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
 ``wrappers``).
 
-The family's own code is in this folder: its tower wrapper (``wrappers``). The NaViT helpers rewritten stock code
-calls stay in ``rewrite/navit.py``: ``_syncfree`` (``rewrite/helpers.py``) is one namespace for every family.
+The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``: the family's
+``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared ``rewrite/helpers.py``) and its
+tower wrapper (``wrappers``).
 """
 
 from __future__ import annotations
@@ -39,18 +40,19 @@ import torch
 
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION
-from ...rewrite.edits_variants import (
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video
+from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from . import navit
+from .edits import (
     FEATURE_SCATTER_MASK,
     NAVIT_CU_SEQLENS,
     NAVIT_MERGED_CU_SEQLENS,
     NAVIT_WINDOW_MERGER,
     PLACEHOLDER_BY_TOKEN_ID,
 )
-from ...rewrite.targets import Family, Target
-from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
-from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video
-from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
 from .wrappers import make_vision_forward_target_sizes
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -95,7 +97,7 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,
                     tower_holds_projector=False, target_sizes=True, host_rope_class=f"{p}Model" if host_rope else None)
-    return Family(model_type, targets, layout)
+    return Family(model_type, targets, layout, helpers=navit)
 
 
 # Registered where the installed code merges windows per crop by the window index (Transformers 5.24); 5.17's merger

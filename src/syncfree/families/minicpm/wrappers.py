@@ -9,8 +9,8 @@ the planned ``cu_seqlens`` (taken by ``NAVIT_CU_SEQLENS``) and the host segment 
 
 The in-tower window merger (``use_vit_merger`` with a layer past ``insert_layer_id``: MiniCPM-V 4.6's "16x" mode)
 shrinks every segment 4x and keeps their count, which the planned split sizes (keyed by segment count) cannot tell
-apart: for such a call the wrapper also makes the merger's tables (``rewrite.navit.MergerTables``: stock's window
-order on the host sizes, the window and post-merger segments) and holds them in ``rewrite.navit.MERGER`` while stock
+apart: for such a call the wrapper also makes the merger's tables (``navit.MergerTables``: stock's window
+order on the host sizes, the window and post-merger segments) and holds them in ``navit.MERGER`` while stock
 runs.
 """
 
@@ -25,9 +25,9 @@ from ...plan.spec import ModelSpec
 from ...plan.tensors import same_host_values
 from ...plan.vision import VisionPlan, vision_plan
 from ...rewrite.call_args import given_args, positional_names, same_device
+from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
-from ...rewrite.modality_moe import host_index_to
-from ...rewrite.navit import MERGER, MergerTables
+from .navit import MERGER, MergerTables
 
 __all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from ...plan.spec import Layout
 from ...rewrite.edits import (
     AUDIO_ATTENTION,
-    AUDIO_FEATURES,
     AUDIO_SCATTER,
     DEEPSTACK_MERGE,
     DEEPSTACK_PROCESS,
@@ -23,6 +22,8 @@ from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_f
 from ...rewrite.wrappers_audio import make_audio_forward, make_omni_rope_index
 from ..preset import Preset
 from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
+from . import audio_features
+from .audio_features import AUDIO_FEATURES
 from .inputs import build_omni_inputs, is_omni, omni_forward_kwargs
 from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
 
@@ -64,7 +65,7 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     layout = Layout(family_module(folder), learned_positions=deepstack, windows=not deepstack, audio=True,
                     rope_class=f"{prefix}PreTrainedModelForConditionalGeneration")
-    return Family(f"{folder}_thinker", targets, layout)
+    return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 
 FAMILIES: tuple[Family, ...] = (

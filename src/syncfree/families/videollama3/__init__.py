@@ -13,7 +13,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   split sizes (``prod(dim=1) // merge_sizes**2``, ``.tolist()``) are host integers;
 * video token compression: the forward keeps the video features ``video_compression_mask`` marks with a boolean
   select, a read of the count; by positions counted on the plan's host copy of the mask instead
-  (``KEPT_VIDEO_FEATURES``);
+  (``KEPT_VIDEO_FEATURES`` in ``edits``, its helper in ``compression``);
 * the attention loop collects each segment's weights (``VISION_ATTENTION_WEIGHTS``); the projector sits outside the
   tower (``vision_every_step`` is refused);
 * no rotary index (the text model numbers tokens itself) and no ``mm_token_type_ids`` (the EXAONE-4.5 layout);
@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
-from ..rewrite.edits_variants import KEPT_VIDEO_FEATURES
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers_merges import make_vision_forward_item_merges
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
-from .shared import family_module, handled_by, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers_merges import make_vision_forward_item_merges
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
+from ..shared import family_module, handled_by, vlm_targets
+from . import compression
+from .edits import KEPT_VIDEO_FEATURES
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_videollama3_inputs", "compression_mask"]
@@ -58,7 +59,7 @@ def _videollama3() -> Family:
     )
     layout = Layout(family_module("video_llama_3"), mrope=False, vision_markers=False, token_types=False,
                     tower_holds_projector=False, item_merge_sizes=True)
-    return Family("video_llama_3", targets, layout)
+    return Family("video_llama_3", targets, layout, helpers=compression)
 
 
 FAMILIES: tuple[Family, ...] = (_videollama3(),)

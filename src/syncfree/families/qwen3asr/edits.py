@@ -1,5 +1,5 @@
-"""Qwen3-ASR's audio encoder and placeholders: the stock lines rewritten (``ASR_*``) and the helper the valid-frame
-select calls instead (``planned_valid_indices``).
+"""Qwen3-ASR's audio encoder and placeholders: the stock lines rewritten (``ASR_*``); the helper the valid-frame
+select calls instead (``planned_valid_indices``) is the family's own, in ``valid_frames.py`` (its ``Family.helpers``).
 
 The encoder wrapper (``wrappers_audio.make_masked_audio_forward``) hands the stock forward the plan's windows
 (``cu_seqlens``, which stock's ``get_audio_cu_seqlens`` pops; ``max_seqlen``, which ``get_max_seqlen`` pops, carrying
@@ -10,11 +10,9 @@ frames. The placeholder count and the scatter are ``placeholder_count`` / ``plac
 
 from __future__ import annotations
 
-import torch
+from ...rewrite.rewriter import Edit
 
-from .rewriter import Edit
-
-__all__ = ["ASR_VALID_FRAMES", "ASR_PLACEHOLDER_MASK", "ASR_SCATTER", "planned_valid_indices"]
+__all__ = ["ASR_VALID_FRAMES", "ASR_PLACEHOLDER_MASK", "ASR_SCATTER"]
 
 # The valid output frames of the padded chunks, a nonzero (a read of the count): the plan's positions instead, made
 # by the same line on the host copy of input_features_mask (``plan.audio_mask``). ``index_select`` with them then
@@ -40,15 +38,3 @@ ASR_SCATTER = (
          "_syncfree.scatter_features(inputs_embeds, special_audio_mask, audio_embeds.to(inputs_embeds.device, "
          'inputs_embeds.dtype), input_ids, "audio")'),
 )
-
-
-def planned_valid_indices(valid_mask: torch.Tensor, kwargs: dict) -> torch.Tensor:
-    """``valid_mask.flatten().nonzero().squeeze(-1)``: the positions the encoder wrapper took from the plan (popped
-    from the encoder's ``kwargs``, so its layers never see them), where the plan's valid mask has this one's shape
-    and device; stock's own nonzero otherwise (and while ``torch.compile`` traces, where nothing is handed in)."""
-    planned = kwargs.pop("syncfree_valid_indices", None)
-    if planned is not None:
-        shape, indices = planned
-        if tuple(valid_mask.shape) == tuple(shape) and indices.device == valid_mask.device:
-            return indices
-    return valid_mask.flatten().nonzero().squeeze(-1)

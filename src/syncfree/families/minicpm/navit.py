@@ -1,5 +1,6 @@
-"""What rewritten MiniCPM-V tower code calls (``_syncfree``): the planned cumulative lengths, and for the in-tower
-window merger ("16x") its window order and the segment sizes before and after it.
+"""MiniCPM's own rewrite helpers (its ``Family.helpers``: what its rewritten tower code calls under ``_syncfree``):
+the planned cumulative lengths, and for the in-tower window merger ("16x") its window order and the segment sizes
+before and after it.
 
 The window merger keeps the number of segments and shrinks each 4x, so the split sizes the attention finds by segment
 count cannot tell the two segmentations apart: the tower wrapper puts the merger's tables in ``MERGER`` for the

@@ -1,5 +1,5 @@
-"""Helpers for a MoE block that routes text and vision tokens to separate experts (ERNIE-4.5-VL), and for host
-index tensors stock code builds and moves to the device.
+"""ERNIE-4.5-VL's own rewrite helpers (its ``Family.helpers``): its MoE block, which routes text and vision tokens to
+separate experts.
 
 Stock asks ``moe_mm_token_type_ids.any()`` (a read of the device) and then moves each kind's rows in and out
 of its experts with boolean masks expanded over the hidden width (``x[mask]``, ``x[mask] = y``: each reads
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..plan import active
-from ..plan.tensors import host_array
+from ...plan import active
+from ...plan.tensors import host_array
 
-__all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality", "host_index_to"]
+__all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality"]
 
 
 @dataclass(frozen=True)
@@ -89,12 +89,3 @@ def experts_by_modality(experts, hidden_states: torch.Tensor, states_mask: torch
     out, logits = experts(hidden_states.reshape(-1, width).index_select(0, rows))
     final_hidden_states.view(-1, width).index_copy_(0, rows, out.view(-1, width))
     router_logits.index_copy_(0, rows, logits.view(-1, router_logits.shape[-1]))
-
-
-def host_index_to(index: torch.Tensor, device) -> torch.Tensor:
-    """``index.to(device)`` for an index tensor stock just built on the host: through pinned memory and without
-    blocking (the pinned block stays reserved until the copy is done), the same values. Anything else as stock."""
-    if (isinstance(index, torch.Tensor) and index.device.type == "cpu" and torch.device(device).type == "cuda"
-            and not torch.compiler.is_compiling()):
-        return index.pin_memory().to(device, non_blocking=True)
-    return index.to(device)

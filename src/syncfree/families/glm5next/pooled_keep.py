@@ -1,4 +1,5 @@
-"""GLM-5-Next's pooled DSA indexer: which key pools to keep, from the plan's host mask instead of the device.
+"""GLM-5-Next's own rewrite helpers (its ``Family.helpers``): which key pools its pooled DSA indexer keeps, from the
+plan's host mask instead of the device.
 
 Stock (``Glm5NextTextIndexer.get_pooled_states``) drops the pools no row can use with ``keep = pool_valid.any(0)``
 and three boolean selects ``[:, keep]``: each reads the number of kept pools from the device. Pools start at each
@@ -22,8 +23,8 @@ import weakref
 import numpy as np
 import torch
 
-from ..plan import active
-from .host_mask import host_padding_mask
+from ...plan import active
+from ...rewrite.host_mask import host_padding_mask
 
 __all__ = ["pools_written", "kept_pools", "kept_prefix"]
 

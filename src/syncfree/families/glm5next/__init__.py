@@ -11,8 +11,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   grid row per frame (``video_frames_as_images``);
 * the tower calls its blocks without ``**kwargs`` (``BLOCK_KWARGS``, as GLM-OCR's);
 * the pooled DSA indexer keeps its usable pools with a boolean select: by the plan's host mask where that shows
-  they are a prefix (``POOLED_WRITTEN`` / ``POOLED_KEEP``, ``rewrite/pooled_keep.py``); its KDA layers' all-ones mask
-  check is the shared ``create_recurrent_attention_mask`` target;
+  they are a prefix (``POOLED_WRITTEN`` / ``POOLED_KEEP`` in ``edits.py``, with the family's own helpers in
+  ``pooled_keep.py``); its KDA layers' all-ones mask check is the shared ``create_recurrent_attention_mask`` target;
 * a video frame is ``<|begin_of_image|>``, its placeholders, ``<|end_of_image|>`` and ``{seconds:.1f} seconds``,
   inside ``<|begin_of_video|>``..``<|end_of_video|>``; an image is its placeholders between the image markers.
 """
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits import BLOCK_KWARGS
-from ..rewrite.edits_variants import POOLED_KEEP, POOLED_WRITTEN
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.edits import BLOCK_KWARGS
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
+from . import pooled_keep
+from .edits import POOLED_KEEP, POOLED_WRITTEN
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_glm5next_inputs"]
@@ -44,7 +45,7 @@ def _glm5_next() -> Family:
     )
     layout = Layout(family_module("glm5_next"), frames_as_runs=True, mrope=False, video_frames_as_images=True,
                     video_spans=True)
-    return Family("glm5_next", targets, layout)
+    return Family("glm5_next", targets, layout, helpers=pooled_keep)
 
 
 # Registered where the installed GLM-5-Next has the indexed-attention layers its pooled-indexer edits stand for

@@ -5,20 +5,22 @@ Qwen3.5's targets apply as they are (``qwen3_vl_targets`` without deepstack; eac
 own copy of the code). Its text model mixes gated-DeltaNet layers (with n-gram per-layer embeddings) and
 ``indexed_attention`` layers whose QSA indexer picks, for every (row, query), the key blocks that query attends to:
 stock finds each query's visible keys with ``torch.nonzero`` of the causal mask row (a read of the device per row
-and query). ``QSA_VISIBLE`` takes their number from the host instead (``rewrite/qsa.py``). The processor is
-Qwen3-VL's: one run per video frame between the config's vision start/end ids, timestamps between frames.
+and query). ``QSA_VISIBLE`` (``edits.py``) takes their number from the host instead (``qsa.py``: the family's own
+helpers, which its edits see under ``_syncfree``). The processor is Qwen3-VL's: one run per video frame between
+the config's vision start/end ids, timestamps between frames.
 """
 
 from __future__ import annotations
 
-from ..plan.spec import Layout
-from ..rewrite.edits_variants import QSA_MASK, QSA_VISIBLE
-from ..rewrite.qsa import make_generation_masks
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
-from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by, installed_source_has, registered_only
+from ...plan.spec import Layout
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
+from ..qwen_vl.inputs import build_inputs
+from ..shared import family_module, handled_by, installed_source_has, registered_only
+from . import qsa
+from .edits import QSA_MASK, QSA_VISIBLE
+from .qsa import make_generation_masks
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -34,7 +36,7 @@ _TARGETS = qwen3_vl_targets(_P, deepstack=False) + (
 # Registered where the installed Qwen4-Exp has the indexed-attention layers its QSA edits stand for (Transformers
 # 5.24; 5.17 names them qwen_sparse_attention, with other code: left stock there).
 FAMILIES: tuple[Family, ...] = () if not installed_source_has(family_module("qwen4_exp"), "indexed_attention") else (
-    Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT)),
+    Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT), helpers=qsa),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2, an 8x8 learned table; interleaved

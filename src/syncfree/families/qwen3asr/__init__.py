@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.audio_mask import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
-from ..rewrite.edits import AUDIO_ATTENTION
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers import make_generate, make_model_forward
-from ..rewrite.wrappers_audio import make_masked_audio_forward
-from .omni.inputs import Audio
-from .preset import Preset
-from .qwen_vl.inputs import Text, pack_rows
-from .shared import family_module, handled_by, installed_source_has
+from ...plan.spec import Layout
+from ...rewrite.edits import AUDIO_ATTENTION
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_model_forward
+from ...rewrite.wrappers_audio import make_masked_audio_forward
+from ..omni.inputs import Audio
+from ..preset import Preset
+from ..qwen_vl.inputs import Text, pack_rows
+from ..shared import family_module, handled_by, installed_source_has
+from . import valid_frames
+from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_asr_inputs", "asr_layout", "ASR_LAYOUT_NAMES", "MARKERS", "audio_tokens", "is_audio_only"]
@@ -51,7 +52,8 @@ _TARGETS = (
 # input_features_mask and pops its windows from its kwargs).
 FAMILIES: tuple[Family, ...] = (
     Family("qwen3_asr", _TARGETS, Layout(_MODULE, mrope=False, vision_markers=False, token_types=False,
-                                         audio_tokens=True, audio_encoder="Qwen3ASREncoder")),
+                                         audio_tokens=True, audio_encoder="Qwen3ASREncoder"),
+           helpers=valid_frames),
 ) if installed_source_has(_MODULE, "def get_audio_cu_seqlens(", "input_features_mask: torch.Tensor,",
                           "valid_indices = valid_mask.flatten().nonzero().squeeze(-1)") else ()
 

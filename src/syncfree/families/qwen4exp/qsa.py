@@ -1,4 +1,5 @@
-"""Helpers for Qwen4-Exp's QSA token indexer: each query's visible keys without reading their number.
+"""Qwen4-Exp's own rewrite helpers (its ``Family.helpers``): its QSA token indexer's visible keys per query without
+reading their number.
 
 For every (row, query) stock takes ``torch.nonzero`` of that query's row of the causal mask: the positions of
 the keys it sees, whose number then sizes every later shape (the blocks it pools, the ``topk``, the slice it
@@ -24,8 +25,8 @@ import weakref
 import numpy as np
 import torch
 
-from ..plan import active
-from .host_mask import host_padding_mask
+from ...plan import active
+from ...rewrite.host_mask import host_padding_mask
 
 __all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks"]
 

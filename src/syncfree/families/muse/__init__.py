@@ -28,17 +28,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits_variants import (
+from ...plan.spec import Layout
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
+from ..shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
+from . import audio_tokens
+from .edits import (
     AUDIO_PLACEHOLDER_MASK,
     AUDIO_SCATTER_EMBEDS,
     AUDIO_VALID_TOKENS,
     BLOCK_KWARGS_BY_TYPE,
 )
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
-from .shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_muse_inputs", "MARKERS", "Waveform"]
@@ -64,7 +65,7 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
                token_types=False, tower_merge=1, interp_align_corners_from=f"{prefix}VisionPatchEmbedder",
                tower_holds_projector=False, merge_attr="merge_size", table_side_attr="pos_emb_height",
                window_from_table=True, interp_swap_hw=True, interp_padding="zeros", pixel_shuffle=True,
-               audio_tokens=audio))
+               audio_tokens=audio), helpers=audio_tokens)
 
 
 # Registered where the installed forward hands its tower the caller's kwargs and takes encoder outputs (Transformers

@@ -10,7 +10,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   copy: pinned and non-blocking instead (``TEMPORAL_SLICES``);
 * the text model's MoE blocks route by ``moe_mm_token_type_ids`` (types that also mark the start/end tokens),
   an input of its own the plan keeps: ``MODALITY_MOE`` answers its "any vision token?" and moves each kind's
-  rows by positions instead of boolean masks;
+  rows by positions instead of boolean masks (its edits in ``edits``, the family's own helpers they call in
+  ``modality_moe``: its ``Family.helpers``);
 * an image is ``<|IMAGE_START|>`` + placeholders + ``<|IMAGE_END|>``, a video ``<|VIDEO_START|>`` + placeholders +
   ``<|VIDEO_END|>``, with the config's own start/end ids; pixels are (patches, C*P*P), no temporal patch.
 """
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits import MODALITY_MOE, TEMPORAL_SLICES
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, vlm_targets
+from . import modality_moe
+from .edits import MODALITY_MOE, TEMPORAL_SLICES
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_ernie_inputs"]
@@ -45,7 +47,7 @@ def _ernie() -> Family:
                needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
     )
     layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False)
-    return Family("ernie4_5_vl_moe", targets, layout)
+    return Family("ernie4_5_vl_moe", targets, layout, helpers=modality_moe)
 
 
 FAMILIES: tuple[Family, ...] = (_ernie(),)
