@@ -96,18 +96,16 @@ def test_a_model_without_the_split_is_refused():
 def test_census_rows(family):
     if family not in FAMILIES:
         pytest.skip(f"this Transformers release has no {family}")
-    row = census_family(family, graph_breaks=family == "qwen3_vl")  # (the breaks: the slowest part of a row)
+    row = census_family(family, graph_breaks=False)  # (the breaks, the slowest part of a row: tested below)
     if family == "qwen2_5_omni":  # an Omni model: its thinker, on an Omni batch (audio, image, video)
         assert (row.status, row.support, row.prepared_syncs, row.same_outputs) == ("ok", "full", 0, True)
         assert row.patched_syncs == 1 and row.stock_syncs > 50
     elif family == "qwen3_vl":
         assert (row.status, row.support, row.prepared_syncs, row.same_outputs) == ("ok", "full", 0, True)
         assert row.patched_syncs == 1 and row.stock_syncs > 10
-        # The figures a user compares: kernel launches, whole-forward graph breaks (each site named), host time.
+        # The figures a user compares: kernel launches and host time (graph breaks: below).
         assert 0 < row.patched_launches <= row.stock_launches
-        assert row.stock_breaks > 0 and row.patched_breaks is not None and row.break_sites
-        assert all(re.match(r"(\d+x )?[\w/.]+\.py:\d+: \S", site) for site in row.break_sites), row.break_sites
-        assert row.stock_ms > 0 and row.patched_ms > 0
+        assert row.stock_ms > 0 and row.patched_ms > 0 and row.stock_breaks is None
     elif family == GENERIC:  # fully supported; with its registration lifted, the generic fix
         assert (row.status, row.support, row.prepared_syncs, row.same_outputs) == ("ok", "full", 0, True)
         with registration_lifted(GENERIC):
@@ -116,6 +114,13 @@ def test_census_rows(family):
         assert row.patched_syncs < row.stock_syncs and row.prepared_syncs is None
     else:  # a known gap: listed with its one-line reason, not the raw exception, and not skipped
         assert row.status != "ok" and row.reason == KNOWN_GAPS[family]
+
+
+@pytest.mark.slow  # (Dynamo traces the whole forward twice)
+def test_census_counts_the_whole_forwards_graph_breaks_and_names_each_site():
+    row = census_family("qwen3_vl")
+    assert row.status == "ok" and row.stock_breaks > 0 and row.patched_breaks is not None and row.break_sites
+    assert all(re.match(r"(\d+x )?[\w/.]+\.py:\d+: \S", site) for site in row.break_sites), row.break_sites
 
 
 # Families the census runs through a config fix or an input packing of their own (census.fixes, census.inputs):
