@@ -61,8 +61,13 @@ def test_every_shared_helper_serves_more_than_one_family_group():
     not_moved_yet = {"placeholder_count_by_id", "placeholder_numel_by_id",  # dots3-note
                      "host_index_to",  # (ERNIE's edits; MiniCPM's wrapper too: shared, under a name for what it does)
                      "token_count"}  # Ovis2.5 (registered where the installed Transformers has it)
+    import transformers
+    from packaging.version import Version
+
     from syncfree.rewrite import helpers
 
+    if Version(transformers.__version__) < Version("5.24.0"):  # (older releases lack some families: fewer callers)
+        pytest.skip("judged where every family is registered (Transformers 5.24.0 or newer)")
     callers: dict[str, set[str]] = {}
     for group in GROUPS:
         for family in group.FAMILIES:
