@@ -64,19 +64,27 @@ class TableSpec(NamedTuple):
     pool: tuple[int, int] | None = None
 
 
-def window_seqlens(rows, spec: TableSpec) -> list[int]:
-    """Patches per attention window, in stock's order (frames, window rows, window columns), empty windows
-    dropped as stock's ``unique_consecutive`` drops them. Host integers: one per window."""
-    merge, unit = spec.merge, spec.merge ** 2
+def _windows(rows, spec: TableSpec):
+    """Each attention window in stock's order (frames, window rows, window columns), empty ones dropped as stock's
+    ``unique_consecutive`` drops them: (merged patches, place in window order, top-left merged patch in raster order,
+    width, frame width). Host integers: one tuple per window."""
+    merge = spec.merge
     size = spec.window // merge // spec.patch  # window side in merged patches
-    sizes = []
+    start, place = 0, 0
     for t, h, w in rows:
         lh, lw = h // merge, w // merge
-        heights = [min(size, lh - r) for r in range(0, lh, size)]
-        widths = [min(size, lw - c) for c in range(0, lw, size)]
-        frame = [a * b * unit for a in heights for b in widths]
-        sizes.extend(frame * t)
-    return sizes
+        for frame in range(t):
+            for r in range(0, lh, size):
+                for c in range(0, lw, size):
+                    wh, ww = min(size, lh - r), min(size, lw - c)
+                    yield wh * ww, place, start + frame * lh * lw + r * lw + c, ww, lw
+                    place += wh * ww
+        start += t * lh * lw
+
+
+def window_seqlens(rows, spec: TableSpec) -> list[int]:
+    """Patches per attention window, in stock's order (``_windows``)."""
+    return [size * spec.merge ** 2 for size, *_ in _windows(rows, spec)]
 
 
 # The columns of ``item_columns``' table: one row per column, one column per image or video (an (C, N) int64 tensor:
@@ -125,22 +133,8 @@ def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
 
 
 def window_columns(rows, spec: TableSpec) -> torch.Tensor:
-    """The (len(WINDOW), windows) int64 host table of the grid ``rows``' attention windows, in stock's order (frames,
-    window rows, window columns); empty windows dropped as stock drops them. Integers per window, like
-    ``window_seqlens``."""
-    merge = spec.merge
-    size = spec.window // merge // spec.patch  # window side in merged patches
-    columns, start, place = [], 0, 0
-    for t, h, w in rows:
-        lh, lw = h // merge, w // merge
-        for frame in range(t):
-            for r in range(0, lh, size):
-                for c in range(0, lw, size):
-                    wh, ww = min(size, lh - r), min(size, lw - c)
-                    columns.append((wh * ww, place, start + frame * lh * lw + r * lw + c, ww, lw))
-                    place += wh * ww
-        start += t * lh * lw
-    return torch.tensor(list(zip(*columns)), dtype=torch.long)
+    """The (len(WINDOW), windows) int64 host table of the grid ``rows``' attention windows (``_windows``)."""
+    return torch.tensor(list(zip(*_windows(rows, spec))), dtype=torch.long)
 
 
 def _spread(table: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
