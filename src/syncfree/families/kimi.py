@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
+from ..rewrite.rewriter import Edit
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
@@ -36,7 +37,10 @@ _VISION_NEEDS = ("get_vision_position_ids(grid_thw, spatial_merge_size=1, kwargs
                  "kwargs=kwargs", "**kwargs,", "self.temporal_merge(hidden_states, grid_thw")
 _TARGETS = vlm_targets(
     "Kimi_K25VisionAttention", "Kimi_K25VisionModel", "Kimi_K25Model", "Kimi_K25ForConditionalGeneration",
-    rope_needs=None, vision_params=("pixel_values", "grid_thw"), base_vision_needs=_VISION_NEEDS)
+    rope_needs=None, vision_params=("pixel_values", "grid_thw"), base_vision_needs=_VISION_NEEDS,
+    # (its videos' features are its images': get_video_features calls get_image_features)
+    feature_split=(Edit("expr", "(image_grid_thw[:, 1:].prod(-1) // merge_kernel_size).tolist()",
+                        "_syncfree.spatial_split_sizes(image_grid_thw, merge_kernel_size)"),))
 # What the plan's tables stand for, as the installed source says it (a release that changes it is refused, not
 # planned wrongly): the bicubic table of pos_emb_height a side, the frame index and the pooling popped from kwargs,
 # and the split that ignores t.

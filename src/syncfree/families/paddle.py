@@ -11,7 +11,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``...Encoder``): the wrapper sits on the outer tower, and check-only targets pin the code it relies on;
 * ``get_image_features`` calls the tower by keyword (``pixel_values=``), with pixels (1, patches, C, P, P);
 * the attention collects each segment's weights in its loop (``VISION_ATTENTION_WEIGHTS``);
-* no video: the image lines of the placeholder and scatter edits only.
+* no video: the image lines of the placeholder and scatter edits only;
+* its projector splits the features by patches per image (``grid_products``) and loops over the grid rows and its feature split spells the
+  merge through the config: both from the plan's rows where a traced forward cannot read them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
 from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ..rewrite.rewriter import Edit
 from ..rewrite.targets import Family, Target
 from .preset import Preset
 from .qwen_vl.inputs import Video, build_inputs
@@ -27,13 +30,26 @@ from .shared import family_module, handled_by, vlm_targets
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
 
+# (For a traced forward: the feature split reads the merge from the config, and the projector splits by patches.)
+_FEATURE_SPLIT = (
+    Edit("expr", "(image_grid_thw.prod(-1) // self.config.vision_config.spatial_merge_size**2).tolist()",
+         "_syncfree.feature_split_sizes(image_grid_thw, self.config.vision_config.spatial_merge_size)"),
+)
+_PROJECTOR_SPLIT = (
+    Edit("expr", "image_grid_thw.prod(dim=1).tolist()", "_syncfree.grid_products(image_grid_thw)"),
+    Edit("expr", "zip(image_features_chunks, image_grid_thw)",
+         "zip(image_features_chunks, _syncfree.grid_rows(image_grid_thw))"),
+)
+
+
 def _paddle() -> Family:
     targets = vlm_targets(
         "PaddleOCRVisionAttention", "PaddleOCRVisionModel", "PaddleOCRVLModel", "PaddleOCRVLForConditionalGeneration",
         attention_edits=VISION_ATTENTION_WEIGHTS, vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("self.vision_model(pixel_values=pixel_values, grid_thw=grid_thw, **kwargs)",),
-        image_only=True)
+        image_only=True, feature_split=_FEATURE_SPLIT)
     targets += (
+        Target("PaddleOCRProjector", "forward", edits=_PROJECTOR_SPLIT),
         Target("PaddleOCRVisionTransformer", "forward", check_only=True,
                needs=("self.embeddings(pixel_values, grid_thw=grid_thw, **kwargs)", "grid_thw=grid_thw,")),
         Target("PaddleOCRVisionEmbeddings", "forward", check_only=True,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ..rewrite.audio_chunks import make_ignore_bidirectional_mask_sdpa
 from ..rewrite.edits import (
     FEATURE_SCATTER,
+    FEATURE_SPLIT,
     GENERATION_POSITIONS,
     LINEAR_LENGTH_TENSOR,
     PACKED_CHECK,
@@ -63,7 +64,7 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
                 attention_edits: tuple = VISION_ATTENTION, vision_params: tuple = ("hidden_states", "grid_thw"),
                 base_vision_needs: tuple = VISION_NEEDS, image_only: bool = False,
                 model_params: tuple = (), scatter: tuple = FEATURE_SCATTER,
-                placeholder_edits: tuple = ()) -> tuple[Target, ...]:
+                placeholder_edits: tuple = (), feature_split: tuple = FEATURE_SPLIT) -> tuple[Target, ...]:
     """The targets of a model with Qwen2-VL's packed vision tower and multimodal forward, by class name:
     the vision attention's split, the tower (handed the plan's tensors), the placeholder counts, the feature
     scatter, generate(), and the 3D rotary index with its generation-time check. ``rope_needs=None``: a family
@@ -74,7 +75,9 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
     placeholder and scatter code has only the image lines). ``model_params``: inputs of the multimodal forward
     beyond Qwen2-VL's that the plan keeps (ERNIE-4.5-VL's ``moe_mm_token_type_ids``). ``scatter``: the feature
     scatter's edits, where the forward names its features otherwise. ``placeholder_edits``: more edits of
-    get_placeholder_mask (MiniMax-M3-VL's count check by boolean select, ``PLACEHOLDER_NUMEL``)."""
+    get_placeholder_mask (MiniMax-M3-VL's count check by boolean select, ``PLACEHOLDER_NUMEL``). ``feature_split``: the
+    edits of get_image_features and get_video_features (image, then video) where their split sizes are spelled
+    otherwise (each applies only where its code is present)."""
     placeholders, scatter = (PLACEHOLDER_MASK[:1], scatter[:1]) if image_only else (PLACEHOLDER_MASK, scatter)
     params = tuple(p for p in MODEL_PARAMS if not (image_only and p in ("pixel_values_videos", "video_grid_thw")))
     params += model_params
@@ -84,6 +87,9 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
                needs=base_vision_needs + vision_needs, module=vision_module),
         Target(model, "get_placeholder_mask", edits=placeholders + placeholder_edits),
         Target(generation, "generate", wrap=make_generate, inherited=True),
+        # (for a traced forward: families whose feature split reads the grid otherwise keep stock's)
+        Target(model, "get_image_features", edits=feature_split[:1], optional=True),
+        Target(model, "get_video_features", edits=feature_split[1:], optional=True),
     )
     if rope_needs is None:
         return targets + (

@@ -29,7 +29,7 @@ from .batch import PLAN_INPUTS, Plan
 from .errors import StalePlan, stale
 from .tensors import same_host_values
 
-__all__ = ["register", "registered", "Entry", "activate", "current", "StalePlan", "expect", "expected"]
+__all__ = ["register", "registered", "attached", "PLAN_ATTR", "Entry", "activate", "current", "StalePlan", "expect", "expected"]
 
 
 @dataclass
@@ -39,6 +39,7 @@ class _Registration:
 
 
 _registry: dict[int, tuple[weakref.ref, _Registration]] = {}
+PLAN_ATTR = "_syncfree_plan"  # the attribute of a prepared anchor tensor that holds its plan (for compiled forwards)
 _lock = threading.Lock()
 
 
@@ -64,6 +65,16 @@ def register(plan: Plan, kwargs: dict) -> None:
     key = id(anchor)
     with _lock:
         _registry[key] = (weakref.ref(anchor, _forget(key)), _Registration(plan, tensors))
+    # The same plan as an attribute of the anchor tensor, for a forward that ``torch.compile`` traces: Dynamo cannot
+    # trace the registry's lookup by object identity, but it reads a tensor's attributes and guards on what it reads
+    # (a batch of another layout recompiles; one of the same layout reuses the graph).
+    setattr(anchor, PLAN_ATTR, plan)
+
+
+def attached(anchor) -> Plan | None:
+    """The plan ``register`` attached to ``anchor`` (``input_ids``, else ``mm_token_type_ids``), or None. Traceable
+    by Dynamo, unlike ``registered``: it proves nothing about the other tensors (the caller checks them)."""
+    return getattr(anchor, PLAN_ATTR, None) if isinstance(anchor, torch.Tensor) else None
 
 
 def registered(anchor) -> _Registration | None:

@@ -94,17 +94,18 @@ def host_checksums(host: dict) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([sums, weights]))
 
 
-def assert_given_match(plan, given: dict) -> None:
+def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
     """Check, on the device and without a wait, that the device control tensors in ``given`` are the plan's.
 
-    Host tensors are not looked at here (the callers compare them by value); tensors whose shape already
+    Host tensors are not looked at here unless ``host_too`` (the eager callers compare them by value, which a
+    compiled graph cannot: there the checksum is computed in the graph for them too); tensors whose shape already
     differs from the plan's raise ``ValueError`` at once (shapes and dtypes are known on the host)."""
     table = plan.checksums
     weights = table[len(CHECKED):]
     groups: dict[tuple, list[tuple[int, str, torch.Tensor]]] = {}
     for i, name in enumerate(CHECKED):
         value, kept = given.get(name), plan.host.get(name)
-        if not (_checkable(value) and _checkable(kept)) or value.device.type == "cpu":
+        if not (_checkable(value) and _checkable(kept)) or (value.device.type == "cpu" and not host_too):
             continue
         if tuple(value.shape) != tuple(kept.shape):
             if name == "attention_mask" and value.dim() != 2:

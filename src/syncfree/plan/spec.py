@@ -8,6 +8,8 @@ import functools
 import importlib
 from dataclasses import dataclass
 
+import torch
+
 from .rope_stock import host_rope_key, rope_config_key
 
 __all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
@@ -309,7 +311,9 @@ def _align_corners(module_name: str, layout: Layout) -> bool:
     return _align_corners_in(module_name, layout.interp_align_corners_from)
 
 
+# (Both read source code: constants of the installed release, which a graph traced by Dynamo takes as such.)
 @functools.lru_cache(maxsize=None)
+@torch.compiler.assume_constant_result
 def _align_corners_in(module_name: str, cls_name: str) -> bool:
     import inspect
     import re
@@ -334,6 +338,7 @@ def _table_side(vc, layout: Layout) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
+@torch.compiler.assume_constant_result
 def _truncates_seconds(module_name: str) -> bool:
     # Older Transformers computed Qwen2.5-VL's video time step as tokens_per_second * int(seconds).
     import inspect

@@ -33,6 +33,7 @@ class VisionPlan(DeviceFields):
     the per-patch tables, made on the plan's device when first asked for (``vision_tables``)."""
 
     grid_thw: torch.Tensor  # (N, 3), on the host
+    rows: tuple[tuple[int, int, int], ...]  # the same rows as Python ints (what a traced forward computes stock's sizes from)
     seqlens: tuple[int, ...]  # attention segment lengths: one per frame (h * w patches), or per clip (t * h * w)
     split_sizes: tuple[int, ...]  # features (placeholders) per image or video
     max_seqlen: int
@@ -160,7 +161,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
         seqlens = tuple(t * h * w for t, h, w in rows)
     return VisionPlan(
-        grid_thw=grid, seqlens=seqlens, split_sizes=split_sizes,
+        grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         items=item_columns(rows, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
@@ -182,7 +183,8 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
     table_spec = TableSpec(spec.vision_module, 1, None, None, spec.patch_size, item_merges=True)
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     return VisionPlan(
-        grid_thw=grid, seqlens=seqlens, split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
+        grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens,
+        split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         items=item_columns(rows, table_spec, merges), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes,

@@ -13,7 +13,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER"
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES"]
+           "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -120,6 +120,16 @@ PLACEHOLDER_MASK = (
          'n_image_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
     Edit("stmt", "n_video_tokens = special_video_mask.sum()",
          'n_video_tokens = _syncfree.placeholder_count(input_ids, special_video_mask, "video")'),
+)
+
+# get_image_features / get_video_features split the tower's features per item by sizes read from the grid: a host
+# grid there (the patched forward's own) costs no sync, but a traced forward cannot take a value out of a tensor. The
+# plan's per-item counts instead, when the grid is the one it was built from (else stock's expression).
+FEATURE_SPLIT = (
+    Edit("expr", "(image_grid_thw.prod(-1) // self.visual.spatial_merge_size**2).tolist()",
+         "_syncfree.feature_split_sizes(image_grid_thw, self.visual.spatial_merge_size)"),
+    Edit("expr", "(video_grid_thw.prod(-1) // self.visual.spatial_merge_size**2).tolist()",
+         "_syncfree.feature_split_sizes(video_grid_thw, self.visual.spatial_merge_size)"),
 )
 
 # *Model.forward puts the vision features into the placeholder rows with masked_scatter. Its forward

@@ -2,8 +2,10 @@
 
 Each helper takes the stock operands and returns what the stock expression returns. It uses host
 knowledge (the active plan, or sizes the caller passes) only when it can tell that knowledge
-describes exactly these operands; otherwise, and always while ``torch.compile`` traces, it
-evaluates the stock expression itself, so behaviour never drifts from stock.
+describes exactly these operands; otherwise it evaluates the stock expression itself, so behaviour never drifts
+from stock. While ``torch.compile`` traces a forward that has a plan (``wrappers.traced_entry``), the helpers whose
+answer is the plan's host integers (counts, positions by ``nonzero_static``) give it there too: Dynamo takes those
+integers as constants and guards on them. Those that would read a host tensor's values evaluate the stock expression.
 
 Boolean-mask indexing (``x[mask]``, ``x[mask] = y``) needs the number of true elements on the
 host. Where the plan knows it, the positions come from ``torch.nonzero_static`` (an output size
@@ -30,7 +32,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "host_index_to"]
+           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "spatial_split_sizes", "grid_rows"]
 
 
 def _compiling() -> bool:
@@ -49,7 +51,7 @@ def all_ones(attention_mask: torch.Tensor):
 
 def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
     """``special_{kind}_mask.sum()``: a host int when the active plan was built from these input_ids."""
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     if entry is not None and entry.owns(input_ids):
         return _placeholders(entry.plan, kind)
     return mask.sum()
@@ -58,7 +60,7 @@ def placeholder_count(input_ids, mask: torch.Tensor, kind: str):
 def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids, kind: str):
     """``inputs_embeds[mask].numel()`` for the placeholder mask of ``kind`` expanded over the hidden width: the
     plan's host count times that width when the active plan was built from these input_ids."""
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     if entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.shape == inputs_embeds.shape:
         return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
     return inputs_embeds[mask].numel()
@@ -67,7 +69,7 @@ def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids
 def _kind_of_token(token_id) -> str | None:
     """The kind whose planned token id ``token_id`` is, for a ``get_placeholder_mask`` that serves every kind through
     one ``token_id`` (dots3-note's); None where no plan is active, or no kind or two kinds have that id."""
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     if entry is None:
         return None
     spec = entry.plan.spec
@@ -100,6 +102,50 @@ def token_count(input_ids, mask: torch.Tensor, token_id):
     return int((host == token_id).sum())  # (a host tensor: no device involved)
 
 
+def _traced_grid_rows(grid_thw) -> tuple | None:
+    """In a traced forward with a plan, the rows (Python ints) of ``grid_thw`` when it is the very grid tensor the
+    planned forward was given (its images' or its videos'); else None (eager: the grid is the plan's host copy)."""
+    entry = active.current() if _compiling() else None
+    if entry is None:
+        return None
+    for name, vp in (("image_grid_thw", entry.plan.image), ("video_grid_thw", entry.plan.video)):
+        if vp is not None and entry.given.get(name) is grid_thw:
+            return vp.rows
+    return None
+
+
+def feature_split_sizes(grid_thw: torch.Tensor, merge_size: int):
+    """``(grid_thw.prod(-1) // merge_size**2).tolist()``: the features of each image or video, computed from the
+    plan's rows of that grid in a traced forward (a value Dynamo could not take out of the tensor); stock's
+    expression otherwise."""
+    rows = _traced_grid_rows(grid_thw)
+    if rows is None or not isinstance(merge_size, int):
+        return (grid_thw.prod(-1) // merge_size**2).tolist()
+    return [t * h * w // merge_size**2 for t, h, w in rows]
+
+
+def spatial_split_sizes(grid_thw: torch.Tensor, merge: int):
+    """``(grid_thw[:, 1:].prod(-1) // merge).tolist()`` (features per image or clip, whatever its frames), from the
+    plan's rows in a traced forward."""
+    rows = _traced_grid_rows(grid_thw)
+    if rows is None or not isinstance(merge, int):
+        return (grid_thw[:, 1:].prod(-1) // merge).tolist()
+    return [h * w // merge for _, h, w in rows]
+
+
+def grid_rows(grid_thw: torch.Tensor):
+    """What ``for ... in zip(..., grid_thw)`` iterates: the grid's rows (0-d tensors when unpacked), or in a traced
+    forward the plan's rows of that grid as Python ints (the same values)."""
+    rows = _traced_grid_rows(grid_thw)
+    return grid_thw if rows is None else rows
+
+
+def grid_products(grid_thw: torch.Tensor):
+    """``grid_thw.prod(dim=1).tolist()`` (patches per image or video), from the plan's rows in a traced forward."""
+    rows = _traced_grid_rows(grid_thw)
+    return grid_thw.prod(dim=1).tolist() if rows is None else [t * h * w for t, h, w in rows]
+
+
 def _placeholders(plan, kind: str) -> int:
     return {"image": plan.n_image_tokens, "video": plan.n_video_tokens, "audio": plan.n_audio_tokens}[kind]
 
@@ -111,7 +157,7 @@ def scatter_features(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: 
     Placeholder row i takes feature row i, in row-major order, as in stock; with the plan's count the
     rows move with ``index_copy``, whose backward (``index_select``) needs no host read.
     """
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     count = None
     # The mask is get_placeholder_mask's: (B, S, 1), or (B, S, H) expanded from it in older releases.
     if (entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.dim() == 3
@@ -137,7 +183,7 @@ def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
 
 def mask_at(mask: torch.Tensor, visual_pos_masks: torch.Tensor) -> torch.Tensor:
     """``mask[visual_pos_masks]`` for (B, S) boolean masks."""
-    count = None if _compiling() else _visual_count(active.current(), visual_pos_masks)
+    count = _visual_count(active.current(), visual_pos_masks)
     if count is None or mask.shape != visual_pos_masks.shape:
         return mask[visual_pos_masks]
     return mask.reshape(-1).index_select(0, _positions(visual_pos_masks, count))
@@ -145,13 +191,13 @@ def mask_at(mask: torch.Tensor, visual_pos_masks: torch.Tensor) -> torch.Tensor:
 
 def true_count(visual_pos_masks: torch.Tensor):
     """``visual_pos_masks.sum()``, used as a size: the plan's host count of image and video placeholders."""
-    count = None if _compiling() else _visual_count(active.current(), visual_pos_masks)
+    count = _visual_count(active.current(), visual_pos_masks)
     return visual_pos_masks.sum() if count is None else count
 
 
 def put_rows(target: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:
     """``target[mask, :] = rows`` for a 1D boolean ``mask`` over ``target``'s rows."""
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     if entry is None or entry.input_ids is None or mask.dim() != 1 or mask.dtype != torch.bool:
         target[mask, :] = rows
         return
@@ -162,7 +208,7 @@ def put_rows(target: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> No
 
 def rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, count: int) -> torch.Tensor:
     """``hidden_states[visual_pos_masks, :]`` for a (B, S) boolean mask with ``count`` true values."""
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     if _visual_count(entry, visual_pos_masks) is None:
         return hidden_states[visual_pos_masks, :]
     flat = hidden_states.reshape(-1, hidden_states.shape[-1])
@@ -171,7 +217,7 @@ def rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, count: 
 
 def put_rows_at(hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, rows: torch.Tensor) -> None:
     """``hidden_states[visual_pos_masks, :] = rows`` (in place, as stock), for a (B, S) boolean mask."""
-    entry = None if _compiling() else active.current()
+    entry = active.current()
     if _visual_count(entry, visual_pos_masks) is None or not hidden_states.is_contiguous():
         hidden_states[visual_pos_masks, :] = rows
         return

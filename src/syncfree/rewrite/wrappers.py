@@ -76,6 +76,39 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
     return plan
 
 
+def traced_entry(model, given: dict, explicit: Plan | None, taken) -> active.Entry | None:
+    """The plan of a call that ``torch.compile`` traces, or None (stock's graph, breaks and all): the one passed as
+    ``syncfree_plan``, else the one ``prepare(batch, device, model)`` attached to the very ``input_ids``. Dynamo guards
+    on every plan value the graph reads, so a batch of another layout recompiles. The batch is checked inside the
+    graph, as on the eager device path: control tensors added or removed at trace time, every tensor's values by its
+    keyed checksum (host tensors too: a graph cannot compare them on the host), the model by its spec."""
+    input_ids = given.get("input_ids")
+    anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
+    plan = explicit if explicit is not None else active.attached(anchor)
+    if plan is None:
+        return None
+    plan.check_model(spec_of(model))
+    plan.check_present({**dict.fromkeys(taken), **given} if explicit is not None else given)
+    shape = call_shape(given)
+    if shape is None or tuple(plan.batch_shape) != tuple(shape):
+        raise ValueError(f"this syncfree plan describes a batch of shape {plan.batch_shape} but the call has {shape}; "
+                         "call syncfree.prepare() on the batch you pass")
+    assert_given_match(plan, given, host_too=True)
+    entry = active.Entry(plan, input_ids, given.get("attention_mask"))
+    entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
+    return entry
+
+
+def spec_of(model) -> ModelSpec:
+    """``ModelSpec.from_config(model.config)``; each eager call keeps it on the model, where a traced call reads it
+    (a graph traced before any eager call traces ``from_config`` itself)."""
+    if torch.compiler.is_compiling():
+        kept = model.__dict__.get("_syncfree_spec")
+        return kept if kept is not None else ModelSpec.from_config(model.config)
+    spec = model.__dict__["_syncfree_spec"] = ModelSpec.from_config(model.config)
+    return spec
+
+
 def resolve(model, given: dict, explicit: Plan | None, taken=()) -> active.Entry | None:
     """The plan for one call of ``model`` (a ``*Model``) with arguments ``given``, or None (stock path).
     ``taken``: the control inputs the call takes (the forward's named parameters; every one for ``generate()``, which
@@ -92,12 +125,12 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
     shape = call_shape(given)
     input_ids, mask = given.get("input_ids"), given.get("attention_mask")
     if explicit is not None:
-        return active.Entry(_explicit_plan(explicit, ModelSpec.from_config(model.config),
+        return active.Entry(_explicit_plan(explicit, spec_of(model),
                                            {**dict.fromkeys(taken), **given}, shape), input_ids, mask)
     anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
     registration = active.registered(anchor)
     if registration is not None:
-        registration.plan.check_model(ModelSpec.from_config(model.config))
+        registration.plan.check_model(spec_of(model))
         active.check_unchanged(registration, given)
         assert_given_match(registration.plan, given)  # (edits that bump no version counter, e.g. via .data)
         return active.Entry(registration.plan, input_ids, mask)
@@ -105,7 +138,7 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
     waiting = active.expected()
     if waiting is not None and outer is None and shape is not None and tuple(waiting.batch_shape) == tuple(shape):
         # A plan made for this call's batch by the caller that built it (planning_trainer's loss batches).
-        return active.Entry(_explicit_plan(waiting, ModelSpec.from_config(model.config), given, shape), input_ids,
+        return active.Entry(_explicit_plan(waiting, spec_of(model), given, shape), input_ids,
                             mask)
     device = call_device(given)
     if outer is not None and input_ids is not None and fits(outer.plan, shape) and device is not None \
@@ -127,7 +160,7 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
-    spec = ModelSpec.from_config(model.config)
+    spec = spec_of(model)
     flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope_class else {}
     plan = build_plan(spec, **host, **flags)
     return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
@@ -162,7 +195,11 @@ def make_model_forward(stock):
     def forward(self, *args, **kwargs):
         explicit = kwargs.pop(PLAN_KEY, None)
         if torch.compiler.is_compiling():
-            return stock(self, *args, **kwargs)
+            entry = traced_entry(self, given_args(names, args, kwargs), explicit, taken)
+            if entry is None:
+                return stock(self, *args, **kwargs)
+            with active.activate(entry):
+                return stock(self, *args, **kwargs)
         given = given_args(names, args, kwargs)
         with vision_in_step(self, given):  # (only with patch(..., vision_every_step=True), in training)
             entry = resolve(self, given, explicit, taken)
@@ -210,6 +247,18 @@ def _vision_plan_for(grid_thw):
     return None
 
 
+def _traced_vision_plan_for(grid_thw):
+    """``_vision_plan_for`` in a traced forward, where host values cannot be compared: the vision plan of the very grid
+    tensor the planned forward was given (its images' or its videos'), or None."""
+    entry = active.current()
+    if entry is None or not isinstance(grid_thw, torch.Tensor):
+        return None
+    for name, vp in (("image_grid_thw", entry.plan.image), ("video_grid_thw", entry.plan.video)):
+        if vp is not None and entry.given.get(name) is grid_thw:
+            return vp
+    return None
+
+
 def make_vision_forward_device_grid(stock):
     """``make_vision_forward`` for a tower that indexes its grid with device tensors (GLM-4.1V's learned
     positions: ``image_shapes[seq_ids, 1]``): it is handed the plan's copy of the grid on the device."""
@@ -241,7 +290,9 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         args = args[1:] if args else args  # grid_thw is passed by keyword below
         kwargs.pop("grid_thw", None)
         if vp is None and torch.compiler.is_compiling():
-            return stock(self, hidden_states, grid_thw, *args, **kwargs)
+            vp = _traced_vision_plan_for(grid_thw)
+            if vp is None:
+                return stock(self, hidden_states, grid_thw, *args, **kwargs)
         if vp is None:
             vp = _vision_plan_for(grid_thw)
         if vp is None:
