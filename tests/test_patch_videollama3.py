@@ -156,7 +156,8 @@ def test_prepare_refuses_a_compression_mask_of_another_length():
 
 def test_the_patched_towers_graph_breaks_are_its_own_item_loop():
     """Stock un-shuffles each item in a Python loop sized by its grid and merge size: on the plan's host values that
-    is no sync, but torch.compile breaks the graph there; nothing else breaks (the tables come from the plan)."""
+    is no sync, but a tower traced on its own breaks the graph there (stock's expression, evaluated by the rewritten
+    line's helper: only the whole planned forward hands it the plan's integers); nothing else breaks."""
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
@@ -164,7 +165,7 @@ def test_the_patched_towers_graph_breaks_are_its_own_item_loop():
         batch["pixel_values"], grid_thw=plan.grid_thw, merge_sizes=plan.merge_sizes, syncfree_vision_plan=plan)
     assert explained.graph_break_count >= 1
     for reason in explained.break_reasons:  # (its split by the host grid's .tolist(): no sync, a break)
-        assert reason.user_stack[-1].name == "pixel_unshuffle", reason
+        assert reason.user_stack[-1].name in ("pixel_unshuffle", "grid_products"), reason
         assert "grid_thw.prod(dim=1).tolist()" in str(reason.user_stack[-1].line), reason
 
 

@@ -33,6 +33,7 @@ from ..compare.varlen import VARLEN, use_torch_varlen
 from ..inputs import batch_to, processor_batch
 from ..patching import patch, refusal_for, unpatch
 from ..plan.errors import InputsNotTaken
+from ..plan.spec import layout_of
 from ..prepare import plan_of, prepare
 from ..presets import PRESETS, build_model, vision_tower_of
 from .scenarios import SCENARIOS
@@ -102,8 +103,13 @@ def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = 
 def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
     """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
     visual = vision_tower_of(model)
-    if compiled:
+    forward = model
+    if compiled and scope == "vision":
         visual = torch.compile(visual, fullgraph=variant == "patched", dynamic=False)
+    elif compiled:
+        # The whole model: stock as Transformers compiles it (fullgraph=False); patched, with prepared inputs, as one
+        # graph where the family's forward traces whole (else as stock's, breaks and all).
+        forward = torch.compile(model, fullgraph=variant == "patched" and traces_whole(model), dynamic=False)
 
     keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
 
@@ -119,7 +125,7 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
         if scope == "train":
             kwargs["labels"] = labels.to(device, non_blocking=variant == "patched")  # (prepare's copies are pinned)
             with torch.enable_grad():
-                model(**kwargs).loss.backward()
+                forward(**kwargs).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
         elif scope == "vision":
@@ -131,11 +137,17 @@ def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled:
                                                                  images_per_sample=kwargs.get("images_per_sample"))
                     visual(tower_pixels, grid_thw=tower_grid, **extra)
         elif keep_last:
-            model(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
+            forward(**kwargs, logits_to_keep=1)  # as generate()'s prefill: logits of the last position only
         else:  # (Omni thinkers take no logits_to_keep)
-            model(**kwargs)
+            forward(**kwargs)
 
     return run
+
+
+def traces_whole(model) -> bool:
+    """Whether ``model``'s family traces its whole prepared forward as one graph (``Layout.one_graph``)."""
+    layout = layout_of(getattr(model.config, "model_type", ""))
+    return layout is not None and layout.one_graph
 
 
 def _audits(model, batch: dict, scopes, device: str, vision_attention: str = "split") -> dict:
@@ -210,8 +222,8 @@ def plan_cost(model, batch: dict, repeats: int = 5) -> dict:
 
 
 def _timed_cells(cfg: BenchConfig) -> list[tuple[str, bool]]:
-    """(scope, compiled) pairs timed per scenario: compiling covers the vision tower, not the whole prefill."""
-    return [(scope, compiled) for scope in cfg.scopes for compiled in cfg.compile if scope == "vision" or not compiled]
+    """(scope, compiled) pairs timed per scenario: compiled, the vision scope compiles the tower, the others the model."""
+    return [(scope, compiled) for scope in cfg.scopes for compiled in cfg.compile]
 
 
 def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchConfig, counter, progress,

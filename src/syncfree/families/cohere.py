@@ -20,7 +20,8 @@ from .shared import family_module, handled_by
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
 FAMILIES: tuple[Family, ...] = (
-    Family("cohere_compass", qwen3_vl_targets("CohereCompass"), Layout(family_module("cohere_compass"), **QWEN3_LAYOUT)),
+    Family("cohere_compass", qwen3_vl_targets("CohereCompass"), Layout(family_module("cohere_compass"), **QWEN3_LAYOUT,
+                                                                                       one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2, an 8x8 learned table, three

@@ -9,7 +9,10 @@ What is their own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * ``get_video_features`` hands the tower one ``(1, h, w)`` grid row per frame (the plan has those rows too);
 * the tower's embeddings index the grid with device tensors (``image_shapes[seq_ids, 1]``), so the patched tower
   is handed the plan's copy of the grid on the device, never the host one;
-* GLM-4.6V has no tower of its own: it runs GLM-4.1V's classes.
+* GLM-4.6V has no tower of its own: it runs GLM-4.1V's classes;
+* in a traced forward (``Layout.one_graph``), the per-frame grid ``get_video_features`` makes is sized by the plan's
+  frames (``repeat_interleave`` with its ``output_size``) and known to the tower by identity (``video_frame_grid``,
+  its own rewrite helpers).
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import torch
 
 from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
-from ..rewrite.edits import BLOCK_KWARGS
+from ..plan import active
+from ..rewrite.edits import BLOCK_KWARGS, FEATURE_SPLIT
+from ..rewrite.helpers import traced_vision_plan
+from ..rewrite.rewriter import Edit
 from ..rewrite.targets import Family
 from ..rewrite.wrappers import make_vision_forward_device_grid
 from .preset import Preset
@@ -31,6 +37,34 @@ __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", 
 _TOWER_NEEDS = ("self.embeddings(", "grid_thw,")
 _ROPE_NEEDS = ("video_grid_thw[:, 0] = 1",)
 
+# get_video_features: stock's per-frame grid, made by a repeat_interleave whose size a traced forward cannot read.
+_FRAME_GRID = (
+    Edit("stmt", "flattened_hw = torch.repeat_interleave(hw, t, dim=0)",
+         "flattened_hw = _syncfree.video_frame_rows(video_grid_thw, hw, t)"),
+    Edit("stmt", "flattened_video_grid_thw = torch.cat([prefix_ones, flattened_hw], dim=1)",
+         "flattened_video_grid_thw = _syncfree.video_frame_grid(video_grid_thw, "
+         "torch.cat([prefix_ones, flattened_hw], dim=1))"),
+)
+
+
+def video_frame_rows(video_grid_thw, hw, t):
+    """``torch.repeat_interleave(hw, t, dim=0)``: one (h, w) row per frame; sized by the plan's frames in a traced
+    forward whose plan describes this grid (the same values; a size the graph cannot read from ``t``)."""
+    entry, vp = active.current(), traced_vision_plan(video_grid_thw)
+    frames = entry.plan.video_frames if vp is not None else None
+    if frames is None:
+        return torch.repeat_interleave(hw, t, dim=0)
+    return torch.repeat_interleave(hw, t, dim=0, output_size=len(frames.rows))
+
+
+def video_frame_grid(video_grid_thw, frame_grid):
+    """``frame_grid`` (the per-frame grid stock made from ``video_grid_thw``), made known to the traced forward's
+    tower wrapper as the grid of the plan's frames (by identity, as the call's own grids are)."""
+    entry, vp = active.current(), traced_vision_plan(video_grid_thw)
+    if vp is not None and entry.plan.video_frames is not None:
+        entry.given["video_frames_grid_thw"] = frame_grid
+    return frame_grid
+
 
 def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_module: str | None = None,
          ocr: bool = False) -> Family:
@@ -41,9 +75,11 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
                      else dict(vision_needs=_TOWER_NEEDS, vision_wrap=make_vision_forward_device_grid))
     targets = vlm_targets(f"{tower}VisionAttention", f"{tower}VisionModel", f"{prefix}Model",
                           f"{prefix}ForConditionalGeneration", rope_needs=_ROPE_NEEDS, vision_module=tower_module,
-                          **tower_options)
+                          feature_split=FEATURE_SPLIT + _FRAME_GRID, **tower_options)
     return Family(model_type, targets, Layout(family_module(model_type), frames_as_runs=True,
-                                              video_frames_as_images=True, vision_modeling=tower_module))
+                                              video_frames_as_images=True, vision_modeling=tower_module,
+                                              one_graph=True),
+                  helpers={"video_frame_rows": video_frame_rows, "video_frame_grid": video_frame_grid})
 
 
 FAMILIES: tuple[Family, ...] = (

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
+from ..rewrite.helpers import traced_grid_rows
 from ..rewrite.rewriter import Edit
 from ..rewrite.targets import Family, Target
 from .preset import Preset
@@ -56,6 +57,15 @@ _TARGETS += (
 )
 
 
+def spatial_split_sizes(grid_thw, merge: int):
+    """``(grid_thw[:, 1:].prod(-1) // merge).tolist()`` (features per image or clip, whatever its frames): its own
+    rewrite helper (``Family.helpers``), from the plan's rows in a traced forward (which cannot read the grid)."""
+    rows = traced_grid_rows(grid_thw)
+    if rows is None or not isinstance(merge, int):
+        return (grid_thw[:, 1:].prod(-1) // merge).tolist()
+    return [h * w // merge for _, h, w in rows]
+
+
 def _written_for() -> bool:
     """Whether the installed Kimi-K2.5 is the code this family was written for (Transformers 5.24's: the frame index
     helper and the tower's ``temporal_merge`` by ``index_add_``). Transformers 5.17's tower pools frames by a gather
@@ -68,7 +78,8 @@ FAMILIES: tuple[Family, ...] = () if not _written_for() else (
            Layout(_MODELING, learned_positions=True, mrope=False, vision_markers=False, token_types=False,
                   tower_merge=1, interp_align_corners_from="Kimi_K25VisionPositionEmbeddings", pixels_4d=True,
                   tower_holds_projector=False, clip_segments=True, temporal_pooling=True, interp_mode="bicubic",
-                  table_side_attr="pos_emb_height")),
+                  table_side_attr="pos_emb_height", one_graph=True),
+           helpers={"spatial_split_sizes": spatial_split_sizes}),
 )
 
 # A tiny model with the real layout rules: patch 14, merge kernel (2, 2), a 16x16 learned table, 4 frame embeddings,

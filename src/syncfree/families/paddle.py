@@ -62,7 +62,7 @@ def _paddle() -> Family:
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
     layout = Layout(family_module("paddleocr_vl"), learned_positions=True, tower_merge=1,
                     interp_align_corners_from="PaddleOCRVisionEmbeddings", table_side_from_image_size=True,
-                    pixels_4d=True, tower_holds_projector=False)
+                    pixels_4d=True, tower_holds_projector=False, one_graph=True)
     return Family("paddleocr_vl", targets, layout)
 
 

@@ -140,14 +140,27 @@ class Entry:
         return tuple(mask.shape[:2]) == tuple(self.plan.batch_shape)
 
 
-_local = threading.local()
+class _Local(threading.local):
+    # (each thread starts with every stack present and empty: a traced forward then guards on their contents, never on
+    # whether one was made yet, which would recompile the second call)
+    def __init__(self) -> None:
+        self.stack: list = []
+        self.traced: list = []
+        self.expected: list = []
+
+
+_local = _Local()
+
+
+def _slot() -> str:
+    # A forward that Dynamo traces has a stack of its own: it never sees the plans of the eager calls around it (a
+    # compiled decode step inside an eager generate() reads nothing of that call's plan, and so guards on nothing of
+    # it), only the one ``rewrite.wrappers.traced_entry`` made for it.
+    return "traced" if torch.compiler.is_compiling() else "stack"
 
 
 def _stack() -> list:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
+    return getattr(_local, _slot())
 
 
 @contextlib.contextmanager
@@ -161,14 +174,14 @@ def activate(entry: Entry):
 
 
 def current() -> Entry | None:
-    """The innermost active plan on this thread, or None."""
-    stack = getattr(_local, "stack", None)
+    """The innermost active plan on this thread (in a traced forward: of that forward), or None."""
+    stack = getattr(_local, _slot())
     return stack[-1] if stack else None
 
 
 def generating() -> Entry | None:
     """The innermost active plan of a ``generate()`` call, or None."""
-    for entry in reversed(getattr(_local, "stack", None) or ()):
+    for entry in reversed(_local.stack):
         if entry.in_generate:
             return entry
     return None
@@ -180,9 +193,7 @@ def expect(plan: Plan):
     shape takes ``plan``, checked against the call as a plan passed as ``syncfree_plan`` is (host tensors by value,
     device tensors by checksum on the device, without a wait). For callers that build the model's inputs from a
     batch they planned, by copies and concatenations that keep no tensor of it (a trainer's loss batch)."""
-    stack = getattr(_local, "expected", None)
-    if stack is None:
-        stack = _local.expected = []
+    stack = _local.expected
     stack.append(plan)
     try:
         yield plan
@@ -192,5 +203,5 @@ def expect(plan: Plan):
 
 def expected() -> Plan | None:
     """The innermost plan of an ``expect`` block on this thread, or None."""
-    stack = getattr(_local, "expected", None)
+    stack = _local.expected
     return stack[-1] if stack else None

@@ -110,6 +110,10 @@ class Layout:
     # Audio packed in chunks of whole clips (dots3-note's ``chunk_sample_lengths``, ``audio_config.samples_per_token``
     # samples per placeholder), with the placeholders of ``audio_tokens``: the plan keeps the chunks' lengths.
     audio_chunks: bool = False
+    # The whole prepared forward traces as one graph (``torch.compile(fullgraph=True)``): the wrappers hand a traced
+    # call the plan (``rewrite.wrappers.traced_entry``). Only where that was shown (tests/test_one_graph.py); elsewhere a
+    # traced call runs stock's code, breaks and all.
+    one_graph: bool = False
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -311,9 +315,23 @@ def _align_corners(module_name: str, layout: Layout) -> bool:
     return _align_corners_in(module_name, layout.interp_align_corners_from)
 
 
-# (Both read source code: constants of the installed release, which a graph traced by Dynamo takes as such.)
-@functools.lru_cache(maxsize=None)
-@torch.compiler.assume_constant_result
+# What the installed source says, by question: read once per process. (Both readers below read source code: constants
+# of the installed release, which a graph traced by Dynamo takes as such, without tracing ``inspect``.)
+_SOURCE_FACTS: dict[tuple, bool] = {}
+
+
+def _source_fact(reader):
+    @functools.wraps(reader)
+    def cached(*key) -> bool:
+        found = _SOURCE_FACTS.get((reader.__name__, *key))
+        if found is None:
+            found = _SOURCE_FACTS[(reader.__name__, *key)] = reader(*key)
+        return found
+
+    return torch.compiler.assume_constant_result(cached)
+
+
+@_source_fact
 def _align_corners_in(module_name: str, cls_name: str) -> bool:
     import inspect
     import re
@@ -337,8 +355,7 @@ def _table_side(vc, layout: Layout) -> int | None:
     return int(vc.num_position_embeddings**0.5)
 
 
-@functools.lru_cache(maxsize=None)
-@torch.compiler.assume_constant_result
+@_source_fact
 def _truncates_seconds(module_name: str) -> bool:
     # Older Transformers computed Qwen2.5-VL's video time step as tokens_per_second * int(seconds).
     import inspect

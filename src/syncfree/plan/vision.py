@@ -51,6 +51,7 @@ class VisionPlan(DeviceFields):
     device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
     # Per-item merge sizes (``Layout.item_merge_sizes``, VideoLLaMA3): (N,) int64 on the host (``items`` holds them too).
     merge_sizes: torch.Tensor | None = None
+    merges: tuple[int, ...] = ()  # the same merge sizes as Python ints
     # Tokens the tower prepends to each attention segment before its blocks (``Layout.segment_class_token``: 1), which
     # its attention's split sizes count; ``seqlens`` and ``cu_seqlens`` count patches only, as stock's helpers do.
     segment_prefix: int = 0
@@ -187,7 +188,7 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
         split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         items=item_columns(rows, table_spec, merges), table_spec=table_spec,
-        tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes,
+        tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes, merges=tuple(merges),
     )
 
 

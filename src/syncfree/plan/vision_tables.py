@@ -29,7 +29,6 @@ __all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "devic
            "item_columns", "window_columns", "tables_from_grid", "ITEM", "DECODINGS", "WINDOW"]
 
 
-@functools.lru_cache(maxsize=None)
 def _module(name: str):
     # (not importlib.import_module: a compiled vision tower traces this, and Dynamo traces a dict lookup)
     return sys.modules.get(name) or __import__(name, fromlist=["_"])

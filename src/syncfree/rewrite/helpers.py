@@ -32,7 +32,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "spatial_split_sizes", "grid_rows"]
+           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "traced_vision_plan",
+           "traced_grid_rows"]
 
 
 def _compiling() -> bool:
@@ -102,47 +103,44 @@ def token_count(input_ids, mask: torch.Tensor, token_id):
     return int((host == token_id).sum())  # (a host tensor: no device involved)
 
 
-def _traced_grid_rows(grid_thw) -> tuple | None:
-    """In a traced forward with a plan, the rows (Python ints) of ``grid_thw`` when it is the very grid tensor the
-    planned forward was given (its images' or its videos'); else None (eager: the grid is the plan's host copy)."""
+def traced_vision_plan(tensor, field: str = "grid_thw"):
+    """In a traced forward with a plan, the vision plan (images' or videos') whose forward input ``<kind>_<field>`` is
+    the very tensor ``tensor``; else None (eager: the tower and its callers are handed the plan's host copies)."""
     entry = active.current() if _compiling() else None
     if entry is None:
         return None
-    for name, vp in (("image_grid_thw", entry.plan.image), ("video_grid_thw", entry.plan.video)):
-        if vp is not None and entry.given.get(name) is grid_thw:
-            return vp.rows
+    for kind, vp in (("image", entry.plan.image), ("video", entry.plan.video)):
+        if vp is not None and entry.given.get(f"{kind}_{field}") is tensor:
+            return vp
     return None
+
+
+def traced_grid_rows(grid_thw) -> tuple | None:
+    """The plan's rows (Python ints) of ``grid_thw`` in a traced forward (``_traced_vision_plan``), or None."""
+    vp = traced_vision_plan(grid_thw)
+    return None if vp is None else vp.rows
 
 
 def feature_split_sizes(grid_thw: torch.Tensor, merge_size: int):
     """``(grid_thw.prod(-1) // merge_size**2).tolist()``: the features of each image or video, computed from the
     plan's rows of that grid in a traced forward (a value Dynamo could not take out of the tensor); stock's
     expression otherwise."""
-    rows = _traced_grid_rows(grid_thw)
+    rows = traced_grid_rows(grid_thw)
     if rows is None or not isinstance(merge_size, int):
         return (grid_thw.prod(-1) // merge_size**2).tolist()
     return [t * h * w // merge_size**2 for t, h, w in rows]
 
 
-def spatial_split_sizes(grid_thw: torch.Tensor, merge: int):
-    """``(grid_thw[:, 1:].prod(-1) // merge).tolist()`` (features per image or clip, whatever its frames), from the
-    plan's rows in a traced forward."""
-    rows = _traced_grid_rows(grid_thw)
-    if rows is None or not isinstance(merge, int):
-        return (grid_thw[:, 1:].prod(-1) // merge).tolist()
-    return [h * w // merge for _, h, w in rows]
-
-
 def grid_rows(grid_thw: torch.Tensor):
     """What ``for ... in zip(..., grid_thw)`` iterates: the grid's rows (0-d tensors when unpacked), or in a traced
     forward the plan's rows of that grid as Python ints (the same values)."""
-    rows = _traced_grid_rows(grid_thw)
+    rows = traced_grid_rows(grid_thw)
     return grid_thw if rows is None else rows
 
 
 def grid_products(grid_thw: torch.Tensor):
     """``grid_thw.prod(dim=1).tolist()`` (patches per image or video), from the plan's rows in a traced forward."""
-    rows = _traced_grid_rows(grid_thw)
+    rows = traced_grid_rows(grid_thw)
     return grid_thw.prod(dim=1).tolist() if rows is None else [t * h * w for t, h, w in rows]
 
 

@@ -28,7 +28,7 @@ from ..plan import active
 from ..plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, build_plan
 from ..plan.checksum import assert_given_match
 from ..plan.rope import rope_index
-from ..plan.spec import ModelSpec
+from ..plan.spec import ModelSpec, layout_of
 from ..plan.tensors import same_host_values
 from ..plan.vision import vision_plan
 from .attention import AttentionChoice
@@ -81,13 +81,18 @@ def traced_entry(model, given: dict, explicit: Plan | None, taken) -> active.Ent
     ``syncfree_plan``, else the one ``prepare(batch, device, model)`` attached to the very ``input_ids``. Dynamo guards
     on every plan value the graph reads, so a batch of another layout recompiles. The batch is checked inside the
     graph, as on the eager device path: control tensors added or removed at trace time, every tensor's values by its
-    keyed checksum (host tensors too: a graph cannot compare them on the host), the model by its spec."""
+    keyed checksum (host tensors too: a graph cannot compare them on the host), the model by its spec. Only for a
+    family whose layout says its forward traces whole (``Layout.one_graph``); None for the others."""
     input_ids = given.get("input_ids")
     anchor = input_ids if input_ids is not None else given.get("mm_token_type_ids")
     plan = explicit if explicit is not None else active.attached(anchor)
     if plan is None:
         return None
-    plan.check_model(spec_of(model))
+    spec = spec_of(model)
+    layout = layout_of(spec.model_type)
+    if layout is None or not layout.one_graph:
+        return None
+    plan.check_model(spec)
     plan.check_present({**dict.fromkeys(taken), **given} if explicit is not None else given)
     shape = call_shape(given)
     if shape is None or tuple(plan.batch_shape) != tuple(shape):
@@ -253,7 +258,8 @@ def _traced_vision_plan_for(grid_thw):
     entry = active.current()
     if entry is None or not isinstance(grid_thw, torch.Tensor):
         return None
-    for name, vp in (("image_grid_thw", entry.plan.image), ("video_grid_thw", entry.plan.video)):
+    for name, vp in (("image_grid_thw", entry.plan.image), ("video_grid_thw", entry.plan.video),
+                     ("video_frames_grid_thw", entry.plan.video_frames)):  # (the last: a family's per-frame grid)
         if vp is not None and entry.given.get(name) is grid_thw:
             return vp
     return None
@@ -312,6 +318,8 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)
         grid = vp.device_grid if device_grid else vp.grid_thw
+        if torch.compiler.is_compiling() and grid_thw is not None:
+            grid = grid_thw  # (a traced forward: the call's own grid, whose plan rewritten stock code finds by identity)
         return stock(self, hidden_states, *args, grid_thw=grid, **{**extra, **kwargs})
 
     # compile_vision's padded buckets hand the stock forward the host grid and every table: not for these towers.

@@ -39,6 +39,19 @@ def _planned(grid_thw, merge_sizes):
     return None
 
 
+def _traced_planned(grid_thw, merge_sizes):
+    """``_planned`` in a traced forward: the vision plan of the very grid and merge-size tensors the planned forward
+    was given (host values cannot be compared there)."""
+    entry = active.current()
+    if entry is None:
+        return None
+    for kind, vp in (("image", entry.plan.image), ("video", entry.plan.video)):
+        if vp is not None and vp.merge_sizes is not None and entry.given.get(f"{kind}_grid_thw") is grid_thw \
+                and entry.given.get(f"{kind}_merge_sizes") is merge_sizes:
+            return vp
+    return None
+
+
 def make_vision_forward_item_merges(stock):
     inner = make_vision_forward(stock)
     names = positional_names(stock)  # (pixel_values, grid_thw, merge_sizes)
@@ -53,7 +66,12 @@ def make_vision_forward_item_merges(stock):
         vp = rest.pop("syncfree_vision_plan", None)
         grid_thw, merge_sizes = given[names[1]], given[names[2]]
         if vp is None and torch.compiler.is_compiling():
-            return stock(self, *args, **kwargs)
+            vp = _traced_planned(grid_thw, merge_sizes)
+            if vp is None:
+                return stock(self, *args, **kwargs)
+            # (the call's own tensors: the rewritten stock code finds the plan's integers for them by identity)
+            return inner(self, given[names[0]], grid_thw=grid_thw, merge_sizes=merge_sizes, syncfree_vision_plan=vp,
+                         **rest)
         if vp is None and isinstance(grid_thw, torch.Tensor) and isinstance(merge_sizes, torch.Tensor):
             vp = _planned(grid_thw, merge_sizes)
             if vp is None:  # a tower called on its own: one read of both (none if already on the host)

@@ -42,18 +42,19 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
 
 
 QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
+ONE_GRAPH = dict(one_graph=True)  # (every family here traces whole: Layout.one_graph)
 
 FAMILIES: tuple[Family, ...] = (
-    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT),
-    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT),
-    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT),
-    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT),
+    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH),
     _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
-                                vision_needs=(), rope_needs=())),
+                                vision_needs=(), rope_needs=()), **ONE_GRAPH),
     _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
                                   vision_needs=WINDOW_NEEDS,
                                   rope_needs=("tokens_per_second * ",)),
-            windows=True, video_time_scale=True),
+            windows=True, video_time_scale=True, **ONE_GRAPH),
 )
 
 

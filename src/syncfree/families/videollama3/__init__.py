@@ -32,8 +32,8 @@ from ...rewrite.wrappers_merges import make_vision_forward_item_merges
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
 from ..shared import family_module, handled_by, vlm_targets
-from . import compression
-from .edits import KEPT_VIDEO_FEATURES
+from . import compression, item_sizes
+from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_videollama3_inputs", "compression_mask"]
@@ -51,15 +51,16 @@ def _videollama3() -> Family:
                           model_params=("image_merge_sizes", "video_merge_sizes", "video_compression_mask"),
                           model_edits=KEPT_VIDEO_FEATURES)
     targets += (
-        # Stock's per-item loop and split sizes, kept: on the host grid and merge sizes the wrappers hand them.
-        Target(f"{_P}VisionModel", "pixel_unshuffle", check_only=True,
-               needs=("grid_thw.prod(dim=1).tolist()", "zip(hidden_states_chunks, grid_thw, merge_sizes)")),
-        Target(f"{_P}Model", "get_image_features", check_only=True,
-               needs=("image_grid_thw.prod(dim=1) // (image_merge_sizes**2)", "split_sizes.tolist()")),
+        # Stock's per-item loop and split sizes: on the host grid and merge sizes the wrappers hand them (eager), on
+        # the plan's integers in a traced forward (which cannot take values out of a tensor).
+        Target(f"{_P}VisionModel", "pixel_unshuffle", edits=PIXEL_UNSHUFFLE),
+        Target(f"{_P}Model", "get_image_features", edits=ITEM_SPLIT,
+               needs=("image_grid_thw.prod(dim=1) // (image_merge_sizes**2)",)),
     )
     layout = Layout(family_module("video_llama_3"), mrope=False, vision_markers=False, token_types=False,
-                    tower_holds_projector=False, item_merge_sizes=True)
-    return Family("video_llama_3", targets, layout, helpers=compression)
+                    tower_holds_projector=False, item_merge_sizes=True, one_graph=True)
+    own = {name: getattr(module, name) for module in (compression, item_sizes) for name in module.__all__}
+    return Family("video_llama_3", targets, layout, helpers=own)
 
 
 FAMILIES: tuple[Family, ...] = (_videollama3(),)
