@@ -21,8 +21,8 @@ import syncfree
 from family_checks import standard_layouts
 from syncfree.census.run import discover, tiny_model_and_batch
 from syncfree.families import FAMILIES
-from syncfree.plan.errors import InputsNotTaken, StalePlan
 from syncfree.inputs import processor_batch
+from syncfree.plan.errors import InputsNotTaken, StalePlan
 from syncfree.plan.spec import ModelSpec, layout_of
 
 ONE_GRAPH = [f for f in discover() if f in FAMILIES and layout_of(f) is not None and layout_of(f).one_graph]

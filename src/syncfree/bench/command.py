@@ -46,8 +46,10 @@ def add_bench_args(bench: argparse.ArgumentParser, dtypes: dict) -> None:
     bench.add_argument("--vision-attention", default="split", choices=BACKENDS,
                        help="how the patched vision attention runs its segments: split (as stock), grouped, "
                             "block_diagonal, varlen (CUDA, bf16/fp16) or auto (default: split)")
-    bench.add_argument("--compile", action="store_true", help="also time compiled forwards: the vision tower (vision scope), the whole model (full, train: "
-                            "patched and prepared as one graph where the family traces whole, stock as Transformers does)")
+    bench.add_argument("--compile", action="store_true",
+                       help="also time compiled forwards: the vision tower (vision scope), the whole model (full, "
+                            "train: patched and prepared as one graph where the family traces whole, stock as "
+                            "Transformers does)")
     bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full", "train"),
                        help="vision tower alone, the full prefill, and/or a training step (forward with labels, "
                             "backward, optimizer step; syncs also by phase) (default: vision full)")

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from ..plan import active
 from ..plan.errors import InputsNotTaken
 from ..plan.spec import Layout
-from ..plan import active
 from ..rewrite.edits import BLOCK_KWARGS, FEATURE_SPLIT
 from ..rewrite.helpers import traced_vision_plan
 from ..rewrite.rewriter import Edit

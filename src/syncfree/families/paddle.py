@@ -12,8 +12,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * ``get_image_features`` calls the tower by keyword (``pixel_values=``), with pixels (1, patches, C, P, P);
 * the attention collects each segment's weights in its loop (``VISION_ATTENTION_WEIGHTS``);
 * no video: the image lines of the placeholder and scatter edits only;
-* its projector splits the features by patches per image (``grid_products``) and loops over the grid rows and its feature split spells the
-  merge through the config: both from the plan's rows where a traced forward cannot read them.
+* its projector splits the features by patches per image (``grid_products``) and loops over the grid rows, and its
+  feature split spells the merge through the config: all from the plan's rows where a traced forward cannot read them.
 """
 
 from __future__ import annotations
