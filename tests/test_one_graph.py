@@ -28,6 +28,7 @@ from syncfree.plan.spec import ModelSpec, layout_of
 ONE_GRAPH = [f for f in discover() if f in FAMILIES and layout_of(f) is not None and layout_of(f).one_graph]
 # The training step's equality is checked for these in the default run, for the rest in the slow step.
 _QUICK = {"qwen2_5_vl", "qwen3_vl", "glm4v"}
+_QUICK_LAYOUTS = {"qwen3_vl"}  # (images, videos, padding: the other families' layouts run in the slow step)
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +92,7 @@ _LAYOUTS = ("one image", "images of different sizes", "video", "image and videos
 _LAID_OUT = [f for f in ONE_GRAPH if f != "kimi_k25"]
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=[] if f in _QUICK else [pytest.mark.slow])
+@pytest.mark.parametrize("family", [pytest.param(f, marks=[] if f in _QUICK_LAYOUTS else [pytest.mark.slow])
                                     for f in _LAID_OUT])
 def test_every_standard_layout_compiles_as_one_graph_with_the_eager_logits(family):
     model, _ = _patched(family)
@@ -156,9 +157,8 @@ def test_a_batch_edited_after_prepare_is_refused_inside_the_graph():
 def test_without_a_plan_the_compiled_forward_is_stocks():
     stock, batch = tiny_model_and_batch("qwen2_5_vl")
     patched = syncfree.patch(copy.deepcopy(stock))
+    counter = CompileCounter()
     with torch.no_grad():
         expected = stock(**batch).logits
-        explained = torch._dynamo.explain(patched)(**batch)
-        assert explained.graph_break_count > 0  # stock's data-dependent reads break its graph, as they do stock's
-        torch._dynamo.reset()
-        assert torch.equal(torch.compile(patched, backend="eager")(**batch).logits, expected)
+        assert torch.equal(torch.compile(patched, backend=counter)(**batch).logits, expected)
+    assert counter.frame_count > 1  # stock's data-dependent reads break its graph, as they do stock's

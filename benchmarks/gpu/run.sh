@@ -4,11 +4,12 @@
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
 # bench-gpu-train.{json,csv,png}, bench-gpu-compiled.{json,csv,png}, vision_backends.json,
-# attention_crossover-cuda.{json,png} and log.txt.
+# bench-gpu-whole-compiled.{json,csv,png}, attention_crossover-cuda.{json,png} and log.txt.
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
-# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 90 + 140 + 30 + 80 + 80 + 40 = 480 s.
+# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 80 + 90 + 30 + 60 + 75 + 65 + 30 + 30
+# = 480 s.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,16 +31,16 @@ timeout 20 "$py" -c "import torch, transformers; print('torch', torch.__version_
 
 # 1. The emulated auditor against the real device, syncs by source line (all four families, tiny shapes).
 step "cross-check: emulated vs real CUDA"
-timeout 90 "$py" benchmarks/gpu/cross_check.py --timeout 75 --out "$out/cross_check.json" \
+timeout 80 "$py" benchmarks/gpu/cross_check.py --timeout 65 --out "$out/cross_check.json" \
   || echo "cross-check: exit $? (1 = lines differ or a pair failed; 124 = timeout)"
 
 # 2. The matrix, eager execution: every scenario, stock vs patched, bf16, with SDPA, then PyTorch's varlen
 #    flash kernel in the vision tower (flash-attn is not on the image), then eager attention; the deadline
 #    cuts from the end. Graph breaks are left to the CPU run (they do not depend on the device).
 step "bench: the matrix"
-timeout 110 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
+timeout 90 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
   --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa varlen eager --repeats 10 --budget 3 \
-  --deadline 75 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
+  --deadline 60 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
   || echo "bench-gpu: exit $? (1 = some scenario failed, see errors in the JSON; 124 = timeout)"
 
 # 2b. A training step (forward with labels, backward, optimizer step), stock vs patched: step time and
@@ -52,22 +53,30 @@ timeout 30 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models q
 
 # 3. torch.compile of the vision tower, where launch overhead matters most (many small images).
 step "bench: compiled vision tower"
-timeout 80 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+timeout 60 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
   --scenarios images-8x224 --scopes vision --compile --repeats 10 --budget 3 \
-  --deadline 40 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-compiled \
+  --deadline 25 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-compiled \
   || echo "bench-gpu-compiled: exit $? (1 = some scenario failed; 124 = timeout)"
+
+# 3b. The whole model compiled with CUDA graphs (mode="reduce-overhead"): stock as Transformers compiles it
+#     (fullgraph=False), patched and prepared as one graph; prefill and a training step, 2B shapes, 2 text layers.
+step "bench: whole model compiled, CUDA graphs"
+timeout 75 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+  --scenarios image-448 --scopes full train --compile --compile-mode reduce-overhead --repeats 10 --budget 3 \
+  --deadline 10 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-whole-compiled \
+  || echo "bench-gpu-whole-compiled: exit $? (1 = some cell failed; 124 = timeout)"
 
 # 4. The vision attention backends and the bucketed CUDA-graph tower (8B vision shape, bf16): stock, split,
 #    grouped, varlen, compile_vision; latency, GPU-busy fraction and kernel counts per cell.
 step "vision backends and bucketed CUDA graphs"
-timeout 80 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
-  --deadline 60 --out "$out/vision_backends.json" \
+timeout 65 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
+  --deadline 50 --out "$out/vision_backends.json" \
   || echo "vision-backends: exit $? (1 = some cell failed, see errors in the JSON; 124 = timeout)"
 
 # 5. The backends' crossover grid on the GPU (2B/8B vision attention, 1-64 segments, 1k-16k patches, bf16):
 #    split, grouped, block_diagonal, varlen; time and the allocator's peak memory per cell.
 step "attention backend crossover"
-timeout 40 "$py" benchmarks/attention_crossover.py --device cuda --dtype bfloat16 --repeats 5 --cell-budget 0.2 \
+timeout 30 "$py" benchmarks/attention_crossover.py --device cuda --dtype bfloat16 --repeats 5 --cell-budget 0.2 \
   --out-dir "$out" || echo "crossover: exit $? (124 = timeout)"
 # 6. Liger-Kernel's fused-loss forward alone, then with syncfree: equal loss, syncs and step time (records why it
 #    did not run where liger-kernel is missing or cannot patch the installed Transformers).

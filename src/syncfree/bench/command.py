@@ -50,6 +50,8 @@ def add_bench_args(bench: argparse.ArgumentParser, dtypes: dict) -> None:
                        help="also time compiled forwards: the vision tower (vision scope), the whole model (full, "
                             "train: patched and prepared as one graph where the family traces whole, stock as "
                             "Transformers does)")
+    bench.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default=None,
+                       help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs on a GPU)")
     bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full", "train"),
                        help="vision tower alone, the full prefill, and/or a training step (forward with labels, "
                             "backward, optimizer step; syncs also by phase) (default: vision full)")
@@ -83,6 +85,7 @@ def _config(args: argparse.Namespace, device: str, dtypes: dict):
     chosen = args.scenarios or [n for n, s in SCENARIOS.items() if omni or not s.audio]
     common = dict(scenarios=tuple(chosen), scopes=tuple(args.scopes), device=device,
                   compile=(False, True) if args.compile else (False,), repeats=_given(args, "repeats"),
+                  compile_mode=args.compile_mode,
                   budget_s=_given(args, "budget"), text_layers=_given(args, "text_layers"),
                   dtype=dtypes[_given(args, "dtype")], graph_breaks=not args.no_graph_breaks,
                   deadline_s=args.deadline, keep_going=args.keep_going, vision_attention=args.vision_attention)
@@ -110,6 +113,8 @@ def _check(cfg, out: str) -> None:
     for attn in cfg.attns:
         check_attn(attn, device=cfg.device, dtype=cfg.dtype)
     check_vision_attention(cfg.vision_attention, device=cfg.device, dtype=cfg.dtype)
+    if cfg.compile_mode is not None and True not in cfg.compile:
+        raise ValueError(f"--compile-mode {cfg.compile_mode} applies to compiled cells: add --compile")
     unknown = [s for s in cfg.scenarios if s not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")

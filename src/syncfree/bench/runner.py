@@ -48,6 +48,7 @@ class BenchConfig:
     scopes: tuple[str, ...] = ("vision", "full")
     attns: tuple[str, ...] = ("sdpa",)
     compile: tuple[bool, ...] = (False,)
+    compile_mode: str | None = None  # torch.compile's mode for the compiled cells ("reduce-overhead": CUDA graphs)
     device: str = "cpu"
     repeats: int = 5
     budget_s: float = 20.0  # timed seconds per variant before the repeats are cut
@@ -100,16 +101,16 @@ def time_calls(fn, device: str, repeats: int, budget_s: float, compiled: bool = 
     return out
 
 
-def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool):
+def _runner(model, batch: dict, scope: str, variant: str, device: str, compiled: bool, mode: str | None = None):
     """A zero-argument callable running one forward of ``variant`` from host tensors in ``batch``."""
     visual = vision_tower_of(model)
     forward = model
     if compiled and scope == "vision":
-        visual = torch.compile(visual, fullgraph=variant == "patched", dynamic=False)
+        visual = torch.compile(visual, fullgraph=variant == "patched", dynamic=False, mode=mode)
     elif compiled:
         # The whole model: stock as Transformers compiles it (fullgraph=False); patched, with prepared inputs, as one
         # graph where the family's forward traces whole (else as stock's, breaks and all).
-        forward = torch.compile(model, fullgraph=variant == "patched" and traces_whole(model), dynamic=False)
+        forward = torch.compile(model, fullgraph=variant == "patched" and traces_whole(model), dynamic=False, mode=mode)
 
     keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
 
@@ -249,7 +250,8 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
                 progress(f"[{next(counter)}/{counter.total}] {model_name} {scenario_name} {scope} {attn}"
                          f"{' compiled' if compiled else ''} {variant}")
             with torch.no_grad():
-                times = time_calls(_runner(model, batch, scope, variant, cfg.device, compiled), cfg.device,
+                times = time_calls(_runner(model, batch, scope, variant, cfg.device, compiled, cfg.compile_mode),
+                                   cfg.device,
                               cfg.repeats, cfg.budget_s, compiled)
                 record = {
                     "model": model_name, "scenario": scenario_name, "scope": scope, "attn": attn,
@@ -268,7 +270,8 @@ def _scenario(model, model_name: str, attn: str, scenario_name: str, cfg: BenchC
                     from .gpu_metrics import profile_forward
 
                     torch.cuda.reset_peak_memory_stats()
-                    record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda", compiled))
+                    record["gpu"] = profile_forward(_runner(model, batch, scope, variant, "cuda", compiled,
+                                                            cfg.compile_mode))
                     record["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
                 if cfg.graph_breaks and scope == "vision" and not compiled:
                     pending.append((record, small, variant))
