@@ -167,6 +167,7 @@ def test_the_indexers_decode_steps_do_not_sync_where_the_mask_stays_one_run(padd
     assert _pooled_syncs(report) == (0 if padding == "left" else 2 * 3 * layers)
 
 
+@pytest.mark.slow  # (the heaviest tiny model: about 30 s a layout on two cores)
 @pytest.mark.parametrize("layout", ["images", "videos"])
 def test_generate_and_backward_equal_stock(layout):
     stock, patched = _pair()
