@@ -34,7 +34,7 @@ from ..plan.vision import vision_plan
 from .attention import AttentionChoice
 from .buckets import run_bucketed
 from .call_args import call_device, call_shape, fits, given_args, positional_names, same_device, taken_inputs
-from .helpers import host_padding_mask
+from .helpers import host_padding_mask, traced_vision_plan
 from .host_read import read_to_host_syncs_once, send_plan_back
 from .vision_in_step import vision_in_step
 
@@ -252,19 +252,6 @@ def _vision_plan_for(grid_thw):
     return None
 
 
-def _traced_vision_plan_for(grid_thw):
-    """``_vision_plan_for`` in a traced forward, where host values cannot be compared: the vision plan of the very grid
-    tensor the planned forward was given (its images' or its videos'), or None."""
-    entry = active.current()
-    if entry is None or not isinstance(grid_thw, torch.Tensor):
-        return None
-    for name, vp in (("image_grid_thw", entry.plan.image), ("video_grid_thw", entry.plan.video),
-                     ("video_frames_grid_thw", entry.plan.video_frames)):  # (the last: a family's per-frame grid)
-        if vp is not None and entry.given.get(name) is grid_thw:
-            return vp
-    return None
-
-
 def make_vision_forward_device_grid(stock):
     """``make_vision_forward`` for a tower that indexes its grid with device tensors (GLM-4.1V's learned
     positions: ``image_shapes[seq_ids, 1]``): it is handed the plan's copy of the grid on the device."""
@@ -296,7 +283,7 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         args = args[1:] if args else args  # grid_thw is passed by keyword below
         kwargs.pop("grid_thw", None)
         if vp is None and torch.compiler.is_compiling():
-            vp = _traced_vision_plan_for(grid_thw)
+            vp = traced_vision_plan(grid_thw)
             if vp is None:
                 return stock(self, hidden_states, grid_thw, *args, **kwargs)
         if vp is None:
@@ -317,9 +304,9 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)
-        grid = vp.device_grid if device_grid else vp.grid_thw
-        if torch.compiler.is_compiling() and grid_thw is not None:
-            grid = grid_thw  # (a traced forward: the call's own grid, whose plan rewritten stock code finds by identity)
+        # (a traced forward keeps the call's own grid: rewritten stock code finds its plan by identity)
+        grid = grid_thw if torch.compiler.is_compiling() and grid_thw is not None else (
+            vp.device_grid if device_grid else vp.grid_thw)
         return stock(self, hidden_states, *args, grid_thw=grid, **{**extra, **kwargs})
 
     # compile_vision's padded buckets hand the stock forward the host grid and every table: not for these towers.

@@ -20,6 +20,7 @@ from ..plan.spec import ModelSpec
 from ..plan.tensors import same_host_values
 from ..plan.vision import vision_plan
 from .call_args import positional_names
+from .helpers import traced_vision_plan
 from .host_read import read_to_host_syncs_once
 from .wrappers import make_vision_forward
 
@@ -42,14 +43,10 @@ def _planned(grid_thw, merge_sizes):
 def _traced_planned(grid_thw, merge_sizes):
     """``_planned`` in a traced forward: the vision plan of the very grid and merge-size tensors the planned forward
     was given (host values cannot be compared there)."""
-    entry = active.current()
-    if entry is None:
+    vp = traced_vision_plan(grid_thw)
+    if vp is None or vp.merge_sizes is None or traced_vision_plan(merge_sizes, "merge_sizes") is not vp:
         return None
-    for kind, vp in (("image", entry.plan.image), ("video", entry.plan.video)):
-        if vp is not None and vp.merge_sizes is not None and entry.given.get(f"{kind}_grid_thw") is grid_thw \
-                and entry.given.get(f"{kind}_merge_sizes") is merge_sizes:
-            return vp
-    return None
+    return vp
 
 
 def make_vision_forward_item_merges(stock):

@@ -26,5 +26,5 @@ def item_split_sizes(split_sizes: torch.Tensor, grid_thw: torch.Tensor, merge_si
     item), from the plan's rows and merges in a traced forward."""
     vp = traced_vision_plan(grid_thw)
     if vp is None or not vp.merges or traced_vision_plan(merge_sizes, "merge_sizes") is not vp:
-        return split_sizes.tolist()
+        return split_sizes.tolist()  # (not the call's own pair: stock's expression)
     return [t * h * w // m**2 for (t, h, w), m in zip(vp.rows, vp.merges)]
