@@ -112,3 +112,11 @@ def test_the_layer_contracts_hold():
         pytest.skip("lint-imports is not on PATH")
     run = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_every_target_that_replaces_a_function_changes_it():
+    """A target that is neither check-only nor wrapped must carry edits: one with none would be "patched" with the stock
+    function itself (listed as replaced, not replaced)."""
+    empty = [f"{family.model_type}: {target.cls}.{target.attr}" for family in FAMILIES.values()
+             for target in family.targets if not target.check_only and target.wrap is None and not target.edits]
+    assert not empty, empty

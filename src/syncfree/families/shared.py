@@ -87,10 +87,12 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
                needs=base_vision_needs + vision_needs, module=vision_module),
         Target(model, "get_placeholder_mask", edits=placeholders + placeholder_edits),
         Target(generation, "generate", wrap=make_generate, inherited=True),
-        # (for a traced forward: families whose feature split reads the grid otherwise keep stock's)
-        Target(model, "get_image_features", edits=feature_split[:1], optional=True),
-        Target(model, "get_video_features", edits=feature_split[1:], optional=True),
-    )
+    ) + tuple(
+        # (for a traced forward: families whose feature split reads the grid otherwise keep stock's; a family whose
+        # get_video_features has no split of its own, Kimi-K2.5's, gives no video edits and gets no target there)
+        Target(model, attr, edits=edits, optional=True)
+        for attr, edits in (("get_image_features", feature_split[:1]), ("get_video_features", feature_split[1:]))
+        if edits)
     if rope_needs is None:
         return targets + (
             Target(model, "forward", edits=scatter + model_edits, wrap=make_model_forward,
