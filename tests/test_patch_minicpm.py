@@ -5,10 +5,13 @@ the processor's layouts (thumbnails and slices, videos), no syncs and no blockin
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
@@ -125,8 +128,9 @@ def test_generate_and_backward_equal_stock(family, layout):
 
 @pytest.mark.slow  # (an Inductor compile of the tower)
 def test_the_patched_tower_compiles_without_a_graph_break(family):
-    """Handed the plan, the tower's position ids, cumulative lengths and splits come from it: no break in "4x"; in
-    "16x" the window merger's tables (a context variable) break the graph, and the result is still stock's."""
+    """Handed the plan alone (``compile_vision``'s way), the tower's position ids, cumulative lengths and splits come
+    from it: no break in "4x"; in "16x" the window merger builds its tables from the host sizes (the whole forward
+    traced with its plan builds them from the plan's rows: the test below), and the result is still stock's."""
     _, patched = model_pair(family[1])
     u = family[2]
     batch = processor_batch(patched.config, [[Image(3 * u, 4 * u), Image(2 * u, u)]])
@@ -136,10 +140,46 @@ def test_the_patched_tower_compiles_without_a_graph_break(family):
                                              syncfree_vision_plan=plan.image)
     if family[0] == "minicpm_ocr":  # ("4x": no window merger)
         assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
-    else:  # (the window merger's tables travel in a context variable, which Dynamo does not trace: it breaks there)
+    else:  # (the window merger's tables: made from the host sizes, which a graph cannot read)
         assert explained.graph_break_count > 0
     with torch.no_grad():
         want = model_pair(family[1])[0].model.vision_tower(batch["pixel_values"], target_sizes=batch["target_sizes"])
         got = torch.compile(tower)(batch["pixel_values"], target_sizes=sizes, syncfree_vision_plan=plan.image)
     # (Inductor fuses differently from eager: close, not bit for bit.)
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
+
+
+@pytest.mark.slow  # (a Dynamo trace per layout)
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_whole_prepared_forward_compiles_as_one_graph_with_the_eager_logits(family, layout):
+    """The presets run the window merger inside the tower ("16x", ``insert_layer_id=0``), which the census models do
+    not reach: every crop size the tower, the window merger and the merger read is the plan's, so the whole prepared
+    forward traces as one graph (``fullgraph=True``), with the eager logits, slices and videos included."""
+    _, patched = model_pair(family[1])
+    model = traced_copy(patched)
+    batch = processor_batch(model.config, _layouts(family[2])[layout])
+    with torch.no_grad():
+        expected = model(**syncfree.prepare(batch, "cpu", model)).logits
+        got = torch.compile(model, fullgraph=True, backend="eager")(**syncfree.prepare(batch, "cpu", model)).logits
+    torch._dynamo.reset()
+    assert torch.equal(got, expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(side=st.integers(1, 4), crops=st.lists(st.tuples(st.integers(1, 5), st.integers(1, 5)), min_size=1, max_size=5))
+def test_window_order_built_from_the_rows_is_stocks_window_index(side, crops):
+    """What a traced forward builds for the window merger from the plan's rows (crops that whole windows tile) equals
+    the installed stock ``get_window_index`` on those sizes: the same patch order and window boundaries."""
+    from syncfree.families.minicpm.navit import window_order
+
+    folder = next((f for f in ("minicpmv4_6", "minicpmv4_7", "minicpm_ocr") if f in syncfree.families.FAMILIES), None)
+    if folder is None:
+        pytest.skip("no MiniCPM family is registered with this Transformers release")
+    modeling = importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
+    merger = next(c for n, c in vars(modeling).items() if n.endswith("ViTWindowAttentionMerger"))
+    stand_in = type("Merger", (), {"window_kernel_size": (side, side)})()
+    rows = [(h * side, w * side) for h, w in crops]
+    want_order, want_bounds, _ = merger.get_window_index(stand_in, torch.tensor(rows, dtype=torch.int32))
+    order, bounds = window_order(rows, side, "cpu")
+    assert torch.equal(order, want_order) and torch.equal(bounds, want_bounds.to(bounds.dtype))
+    assert bounds.dtype == want_bounds.dtype

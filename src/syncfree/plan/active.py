@@ -130,6 +130,16 @@ class Entry:
     # Token ids the forward derived from ``input_ids`` whose rotary positions are still the plan's (GLM-Image's, with its
     # source images' VQ codes written into the placeholders: its index reads only the image start and end ids).
     rope_ids: object = None
+    # In a traced forward: tensors a family's rewritten code derived from the call's control tensors, each with what the
+    # plan knows of its values (``(tensor, facts)``; found again by identity, as the call's own tensors are in ``given``).
+    derived: list = field(default_factory=list)
+
+    def facts_of(self, tensor):
+        """What a family's helper noted in ``derived`` about this very tensor, or None."""
+        for known, facts in self.derived:
+            if known is tensor:
+                return facts
+        return None
 
     def owns(self, input_ids) -> bool:
         """True when ``input_ids`` is the tensor this plan was matched to (so its counts apply)."""

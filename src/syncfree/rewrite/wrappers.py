@@ -353,8 +353,6 @@ def make_host_rope_index(stock):
 
     @functools.wraps(stock)
     def get_rope_index(self, *args, **kwargs):
-        if torch.compiler.is_compiling():
-            return stock(self, *args, **kwargs)
         given = given_args(names, args, kwargs)
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         # The plan's positions are made for the config's downsample mode (MiniCPM-V 4.7's index takes a per-call one):
@@ -366,6 +364,8 @@ def make_host_rope_index(stock):
         if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
                 and entry.plan.position_ids is not None:
             return entry.plan.position_ids, entry.plan.rope_deltas
+        if torch.compiler.is_compiling():  # (a traced forward without its plan's inputs: stock's graph)
+            return stock(self, *args, **kwargs)
         plan = _prepared_plan(given, names) if entry is None and planned else None
         if plan is not None:  # called on a prepared batch outside a forward
             return plan.position_ids, plan.rope_deltas

@@ -48,6 +48,9 @@ from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_ha
 from . import navit
 from .edits import (
     FEATURE_SCATTER_MASK,
+    FRAME_SIZES,
+    HALVED_SIZES,
+    MERGER_CROP_SIZE,
     NAVIT_CU_SEQLENS,
     NAVIT_MERGED_CU_SEQLENS,
     NAVIT_WINDOW_MERGER,
@@ -77,11 +80,15 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
                params=("pixel_values", "target_sizes", "use_vit_merger"),
                needs=("self.embeddings(pixel_values, target_sizes=target_sizes, **kwargs)",
                       "get_max_seqlen(cu_seqlens, self.config, kwargs=kwargs)", "**kwargs,")),
-        # Stock's code the wrapper relies on, kept: the position ids it takes from kwargs, and the merger's loop on
-        # the host sizes the forward hands it.
+        # Stock's code the wrapper relies on, kept: the position ids it takes from kwargs. The merger's loop runs on
+        # the host sizes the forward hands it (in a traced forward: on the plan's rows).
         Target(f"{p}VisionEmbeddings", "forward", check_only=True,
                needs=("get_vision_nearest_position_ids(target_sizes, self.num_patches_per_side, kwargs=kwargs)",)),
-        Target(f"{p}Merger", "forward", check_only=True, needs=("height, width = target_sizes[batch_idx]",)),
+        Target(f"{p}Merger", "forward", edits=MERGER_CROP_SIZE),
+        # The sizes get_image_features / get_video_features derive for the merger and the tower (only a traced forward
+        # needs their rows).
+        Target(f"{p}Model", "get_image_features", edits=HALVED_SIZES),
+        Target(f"{p}Model", "get_video_features", edits=FRAME_SIZES),
         # The in-tower window merger ("16x") and the segments after it.
         Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
         Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
@@ -96,7 +103,8 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,
-                    tower_holds_projector=False, target_sizes=True, host_rope_class=f"{p}Model" if host_rope else None)
+                    tower_holds_projector=False, target_sizes=True, host_rope_class=f"{p}Model" if host_rope else None,
+                    one_graph=True)
     return Family(model_type, targets, layout, helpers=navit)
 
 
@@ -219,6 +227,8 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
             assert isinstance(item, (Image, Video))
             kind = 1 if isinstance(item, Image) else 2
             token = config.image_token_id if kind == 1 else config.video_token_id
+            if token is None:
+                raise ValueError(f"this {config.model_type} config has no {'image' if kind == 1 else 'video'} token id")
             thumb, slices = _crops(item, patch, merge)
             frames = 1 if kind == 1 else item.frames
             if use_image_id and not (typed and kind == 2):  # (a per-sample index before each image; 4.6: and video)

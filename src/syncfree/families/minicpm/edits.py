@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...rewrite.rewriter import Edit
 
 __all__ = ["NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID", "FEATURE_SCATTER_MASK", "NAVIT_WINDOW_MERGER",
-           "NAVIT_MERGED_CU_SEQLENS"]
+           "NAVIT_MERGED_CU_SEQLENS", "HALVED_SIZES", "FRAME_SIZES", "MERGER_CROP_SIZE"]
 
 # MiniCPM-V's NaViT tower builds its segments' cumulative lengths from ``target_sizes`` and copies them to the device
 # (from the plan's host sizes the wrapper hands it: a blocking copy): the plan's, moved with it, instead.
@@ -50,14 +50,31 @@ NAVIT_WINDOW_MERGER = (
          hidden_states, _ = self.self_attn(hidden_states=hidden_states, cu_seqlens=window_cu_seqlens.to(device),
                                            max_seqlen=window_max_seqlens)""", """
          hidden_states, _ = self.self_attn(hidden_states=hidden_states, cu_seqlens=window_cu_seqlens.to(device),
-                                           max_seqlen=window_max_seqlens, **_syncfree.navit_window_kwargs(kwargs))"""),
+                                           max_seqlen=window_max_seqlens,
+                                           **_syncfree.navit_window_kwargs(kwargs, self, target_sizes))"""),
 )
 
+# The crops after a 2x2 merge (``target_sizes // 2``): the same tensor, noted with its rows in a traced forward.
+HALVED_SIZES = (Edit("stmt", "target_sizes = target_sizes // 2", "target_sizes = _syncfree.halved_sizes(target_sizes)"),)
+
 # The segments after the window merger (4x shorter, as many): the planned ones, with their own split sizes.
-NAVIT_MERGED_CU_SEQLENS = (
+NAVIT_MERGED_CU_SEQLENS = HALVED_SIZES + (
     Edit("stmt", """
          cu_seqlens = F.pad(torch.cumsum(target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(
              device), (1, 0))""", """
          cu_seqlens = _syncfree.navit_merged_cu_seqlens(kwargs, lambda: F.pad(torch.cumsum(
-             target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(device), (1, 0)))"""),
+             target_sizes[:, 0] * target_sizes[:, 1], dim=0, dtype=torch.int32).to(device), (1, 0)), target_sizes,
+             device)"""),
+)
+
+# get_video_features: every frame's crops (one repeat: the forward hands the first row of the packed pixels), noted
+# with their rows in a traced forward.
+FRAME_SIZES = (
+    Edit("stmt", "target_sizes = target_sizes_videos.repeat(num_frames, 1)",
+         "target_sizes = _syncfree.frame_sizes(target_sizes_videos, num_frames)"),
+)
+
+# The merger's per-crop loop slices the features by each crop's size: Python ints from the plan in a traced forward.
+MERGER_CROP_SIZE = (
+    Edit("stmt", "height, width = target_sizes[batch_idx]", "height, width = _syncfree.crop_size(target_sizes, batch_idx)"),
 )

@@ -27,7 +27,7 @@ from ...plan.vision import VisionPlan, vision_plan
 from ...rewrite.call_args import given_args, positional_names, same_device
 from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
-from .navit import MERGER, MergerTables
+from .navit import MERGER, MergerTables, traced_crops
 
 __all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
 
@@ -72,9 +72,17 @@ def make_vision_forward_target_sizes(stock):
         given = given_args(names, args, kwargs)
         pixels, sizes = given.get(names[0]), given.get(names[1])
         use_vit_merger = given.get(names[2], True)
-        if (vp is None and torch.compiler.is_compiling()) or not isinstance(pixels, torch.Tensor) \
-                or not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[0] == 0:
+        if not isinstance(pixels, torch.Tensor) or not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 \
+                or sizes.shape[0] == 0:
             return stock(self, *args, **kwargs)
+        in_traced_forward = vp is None and torch.compiler.is_compiling()
+        if in_traced_forward:
+            # A traced forward: the plan of these very sizes, which stock then reads only through the rewritten code
+            # (the plan's rows as Python ints: navit.traced_crops); none (stock's graph, breaks and all) without one.
+            traced = traced_crops(sizes)
+            if traced is None or traced[0] is None:
+                return stock(self, *args, **kwargs)
+            vp = traced[0]
         found = (vp, sizes) if vp is not None else _planned(sizes)
         if found is None:  # a tower called on its own: one read of the sizes (none if already on the host)
             host = read_to_host_syncs_once({"target_sizes": sizes})["target_sizes"]
@@ -89,7 +97,7 @@ def make_vision_forward_target_sizes(stock):
         key = ("navit_position_ids", self.embeddings.num_patches_per_side)
         position_ids = vp.tables_made.get(key)
         if position_ids is None:
-            rows = [(h, w) for _, h, w in vp.grid_thw.tolist()]  # (host tensor: no device involved)
+            rows = [(h, w) for _, h, w in vp.rows]
             position_ids = nearest_position_ids(rows, self.embeddings.num_patches_per_side, pixels.device)
             if not torch.compiler.is_compiling():
                 vp.tables_made[key] = position_ids
@@ -97,7 +105,9 @@ def make_vision_forward_target_sizes(stock):
                  "syncfree_seqlens": vp.seqlens_by_length()}
         if _flash(self.config):  # (stock reads the longest segment only for flash attention)
             extra["max_seqlen"] = vp.max_seqlen
-        if not _merger_runs(self, use_vit_merger):
+        if not _merger_runs(self, use_vit_merger) or in_traced_forward:
+            # (a traced forward: the merger's edits build its tables in the graph from the plan's rows, see
+            # navit.navit_window_index; the tower traced alone with its plan keeps the tables below)
             return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
         tables = vp.tables_made.get("navit_merger")
         if tables is None:
