@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION
+from ..rewrite.edits import VISION_ATTENTION, feature_split
 from ..rewrite.edits_variants import (
     AUDIO_CHUNK_GROUPS,
     AUDIO_CHUNK_TOKENS,
@@ -53,6 +53,8 @@ def _dots3_note() -> Family:
         Target(f"{_P}VisionModel", "forward", wrap=make_vision_forward, params=("pixel_values", "grid_thw"),
                needs=VISION_NEEDS),
         Target(f"{_P}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_ANY_TOKEN_ID),
+        Target(f"{_P}Model", "get_image_features",
+               edits=feature_split("self.vision_tower.spatial_merge_size", kinds=("image",))),
         Target(f"{_P}Model", "forward", edits=FEATURE_SCATTER_EMBEDDINGS, wrap=make_model_forward,
                params=_MODEL_PARAMS, needs=tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
         Target(f"{_P}AudioModel", "forward", edits=AUDIO_CHUNK_TOKENS),
@@ -60,7 +62,8 @@ def _dots3_note() -> Family:
         Target(f"{_P}ForConditionalGeneration", "_expand_inputs_for_generation", edits=AUDIO_CHUNK_GROUPS),
     )
     return Family("dots3_note", targets, Layout(family_module("dots3_note"), mrope=False, vision_markers=False,
-                                                token_types=False, audio_tokens=True, audio_chunks=True))
+                                                token_types=False, audio_tokens=True, audio_chunks=True,
+                                                one_graph=True))
 
 
 # Registered where Transformers ships dots3-note with its packed audio chunks (5.24; 5.17 has no such model).

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ..rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ..rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ..rewrite.targets import Family, Target
 from .preset import Preset
@@ -37,6 +37,7 @@ _TARGETS = vlm_targets(
     "MiniMaxM3VLVisionAttention", "MiniMaxM3VLVisionModel", "MiniMaxM3VLModel", "MiniMaxM3SparseForConditionalGeneration",
     rope_needs=None, attention_edits=VISION_ATTENTION_WEIGHTS, vision_params=("pixel_values", "grid_thw"),
     placeholder_edits=PLACEHOLDER_NUMEL,
+    feature_split=feature_split("self.multi_modal_projector.spatial_merge_size", kinds=("image",)),
     vision_needs=("merge_temporal=self.merge_temporal", "include_temporal=self.include_temporal"))
 # The plan's segments and ids stand for the tower's two flags as its __init__ sets them (a release that changes them
 # is refused, not planned wrongly).
@@ -54,7 +55,7 @@ def _written_for() -> bool:
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("minimax_m3_vl", _TARGETS,
            Layout(_MODELING, mrope=False, vision_markers=False, token_types=False,
-                  tower_holds_projector=False, clip_segments=True, temporal_position_ids=True)),
+                  tower_holds_projector=False, clip_segments=True, temporal_position_ids=True, one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2 (in the projector), a vision head of 12

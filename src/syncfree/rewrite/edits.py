@@ -13,7 +13,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER"
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT"]
+           "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split", "GRID_LIST"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -125,12 +125,18 @@ PLACEHOLDER_MASK = (
 # get_image_features / get_video_features split the tower's features per item by sizes read from the grid: a host
 # grid there (the patched forward's own) costs no sync, but a traced forward cannot take a value out of a tensor. The
 # plan's per-item counts instead, when the grid is the one it was built from (else stock's expression).
-FEATURE_SPLIT = (
-    Edit("expr", "(image_grid_thw.prod(-1) // self.visual.spatial_merge_size**2).tolist()",
-         "_syncfree.feature_split_sizes(image_grid_thw, self.visual.spatial_merge_size)"),
-    Edit("expr", "(video_grid_thw.prod(-1) // self.visual.spatial_merge_size**2).tolist()",
-         "_syncfree.feature_split_sizes(video_grid_thw, self.visual.spatial_merge_size)"),
-)
+def feature_split(merge: str, prod: str = "-1", kinds: tuple = ("image", "video")) -> tuple:
+    """The split edits for a forward that spells the merge size as ``merge`` (``self.visual.spatial_merge_size``) and
+    the product over the grid's columns as ``.prod(<prod>)``: one edit per kind, in the order given."""
+    return tuple(Edit("expr", f"({kind}_grid_thw.prod({prod}) // {merge}**2).tolist()",
+                      f"_syncfree.feature_split_sizes({kind}_grid_thw, {merge})") for kind in kinds)
+
+
+FEATURE_SPLIT = feature_split("self.visual.spatial_merge_size")
+
+# A tower that reads its grid's rows on the host (the patched forward hands it the host grid): the plan's rows in a
+# traced forward, where a graph cannot read them.
+GRID_LIST = (Edit("expr", "grid_thw.tolist()", "_syncfree.grid_list(grid_thw)"),)
 
 # *Model.forward puts the vision features into the placeholder rows with masked_scatter. Its forward
 # does not sync, but its backward takes the features' gradient with masked_select (a host read of the

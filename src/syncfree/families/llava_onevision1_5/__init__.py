@@ -51,7 +51,7 @@ def _written_for() -> bool:
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("llava_onevision1_5", _TARGETS,
-           Layout(_MODELING, mrope=False, token_types=False, segment_class_token=True)),
+           Layout(_MODELING, mrope=False, token_types=False, segment_class_token=True, one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, merge 2, no temporal patches, a class token per frame, axial

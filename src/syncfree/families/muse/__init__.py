@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ...plan.spec import Layout
+from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
@@ -56,7 +57,8 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
     targets = vlm_targets(
         f"{prefix}VisionAttention", f"{prefix}VisionModel", f"{prefix}Model", f"{prefix}ForConditionalGeneration",
         rope_needs=None, vision_params=("pixel_values", "grid_thw"), base_vision_needs=_TOWER_NEEDS,
-        vision_edits=BLOCK_KWARGS_BY_TYPE, **(audio_options if audio else {}))
+        vision_edits=BLOCK_KWARGS_BY_TYPE,
+        feature_split=feature_split("self.config.vision_config.merge_size", kinds=("image",)), **(audio_options if audio else {}))
     if audio:
         targets += (Target(f"{prefix}Model", "get_audio_placeholder_mask", edits=AUDIO_PLACEHOLDER_MASK),
                     Target(f"{prefix}Model", "get_audio_features", edits=AUDIO_VALID_TOKENS))
@@ -65,7 +67,7 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
                token_types=False, tower_merge=1, interp_align_corners_from=f"{prefix}VisionPatchEmbedder",
                tower_holds_projector=False, merge_attr="merge_size", table_side_attr="pos_emb_height",
                window_from_table=True, interp_swap_hw=True, interp_padding="zeros", pixel_shuffle=True,
-               audio_tokens=audio), helpers=audio_tokens)
+               audio_tokens=audio, one_graph=True), helpers=audio_tokens)
 
 
 # Registered where the installed forward hands its tower the caller's kwargs and takes encoder outputs (Transformers

@@ -22,7 +22,7 @@ What is its own, beside the Qwen-VL pieces it shares:
 from __future__ import annotations
 
 from ...plan.spec import Layout
-from ...rewrite.edits import PLACEHOLDER_MASK, VISION_ATTENTION_WEIGHTS
+from ...rewrite.edits import PLACEHOLDER_MASK, VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
@@ -63,8 +63,8 @@ _TARGETS = (
     Target(f"{_P}VisionEmbeddings", "forward", check_only=True,
            needs=("get_vision_interpolation_indices_and_weights(", "mode=self.interpolation_mode",
                   "spatial_merge_size=self.spatial_merge_size", "kwargs=kwargs")),
-    Target(f"{_P}Model", "get_image_features", check_only=True,
-           needs=("image_grid_thw.prod(dim=1) // self.vision_tower.config.spatial_merge_size**2",)),
+    Target(f"{_P}Model", "get_image_features",
+           edits=feature_split("self.vision_tower.config.spatial_merge_size", prod="dim=1", kinds=("image",))),
     Target(f"{_P}Model", "get_placeholder_mask", edits=PLACEHOLDER_MASK),
     Target(f"{_P}Model", "_merge_visual_features", edits=MERGE_VISUAL_FEATURES),
     Target(f"{_P}Model", "forward", wrap=make_model_forward, params=MODEL_PARAMS,
