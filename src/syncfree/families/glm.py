@@ -59,10 +59,11 @@ def video_frame_rows(video_grid_thw, hw, t):
 
 def video_frame_grid(video_grid_thw, frame_grid):
     """``frame_grid`` (the per-frame grid stock made from ``video_grid_thw``), made known to the traced forward's
-    tower wrapper as the grid of the plan's frames (by identity, as the call's own grids are)."""
+    tower wrapper as the grid of the plan's frames (by identity, as the call's own grids are: ``Entry.note``)."""
     entry, vp = active.current(), traced_vision_plan(video_grid_thw)
-    if vp is not None and entry.plan.video_frames is not None:
-        entry.given["video_frames_grid_thw"] = frame_grid
+    frames = entry.plan.video_frames if vp is not None else None
+    if frames is not None:
+        entry.note(frame_grid, frames, frames.rows)
     return frame_grid
 
 

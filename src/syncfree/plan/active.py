@@ -130,15 +130,21 @@ class Entry:
     # Token ids the forward derived from ``input_ids`` whose rotary positions are still the plan's (GLM-Image's, with its
     # source images' VQ codes written into the placeholders: its index reads only the image start and end ids).
     rope_ids: object = None
-    # In a traced forward: tensors a family's rewritten code derived from the call's control tensors, each with what the
-    # plan knows of its values (``(tensor, facts)``; found again by identity, as the call's own tensors are in ``given``).
+    # In a traced forward: tensors a family's rewritten code derived from the call's control tensors (a per-frame grid,
+    # halved crop sizes), each with what the plan knows of it: ``(tensor, vision plan or None, rows)``. Found again by
+    # identity, as the call's own tensors are in ``given`` (``note`` / ``known``).
     derived: list = field(default_factory=list)
 
-    def facts_of(self, tensor):
-        """What a family's helper noted in ``derived`` about this very tensor, or None."""
-        for known, facts in self.derived:
-            if known is tensor:
-                return facts
+    def note(self, tensor, vision_plan, rows: tuple) -> None:
+        """Make ``tensor`` known to this call: the vision plan it is the grid of (None where it is no plan's), and its
+        rows as Python ints (the same values as the tensor's)."""
+        self.derived.append((tensor, vision_plan, rows))
+
+    def known(self, tensor) -> tuple | None:
+        """``(vision plan or None, rows)`` of a tensor ``note`` made known, or None."""
+        for noted, vision_plan, rows in self.derived:
+            if noted is tensor:
+                return vision_plan, rows
         return None
 
     def owns(self, input_ids) -> bool:

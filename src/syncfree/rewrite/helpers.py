@@ -104,16 +104,17 @@ def token_count(input_ids, mask: torch.Tensor, token_id):
 
 
 def traced_vision_plan(tensor, field: str = "grid_thw"):
-    """In a traced forward with a plan, the vision plan (images', videos', or a family's per-frame one) whose forward
-    input ``<kind>_<field>`` is the very tensor ``tensor``; else None (eager: the tower and its callers are handed the
-    plan's host copies). (``video_frames_grid_thw``: the per-frame grid a family's own helper made known to the call.)"""
+    """In a traced forward with a plan, the vision plan (images' or videos') whose forward input ``<kind>_<field>`` is the
+    very tensor ``tensor``, or that a family's helper noted the tensor as the grid of (``Entry.note``: GLM's per-frame
+    grid); else None (eager: the tower and its callers are handed the plan's host copies)."""
     entry = active.current() if _compiling() else None
     if entry is None:
         return None
-    for kind, vp in (("image", entry.plan.image), ("video", entry.plan.video), ("video_frames", entry.plan.video_frames)):
+    for kind, vp in (("image", entry.plan.image), ("video", entry.plan.video)):
         if vp is not None and entry.given.get(f"{kind}_{field}") is tensor:
             return vp
-    return None
+    known = entry.known(tensor)
+    return None if known is None else known[0]
 
 
 def traced_grid_rows(grid_thw) -> tuple | None:

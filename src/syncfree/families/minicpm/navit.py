@@ -72,7 +72,7 @@ def traced_crops(sizes) -> tuple | None:
     for vp, name in ((entry.plan.image, "target_sizes"), (entry.plan.video, "target_sizes_videos")):
         if vp is not None and entry.given.get(name) is sizes:
             return vp, tuple((h, w) for _, h, w in vp.rows)
-    return entry.facts_of(sizes)
+    return entry.known(sizes)
 
 
 def halved_sizes(target_sizes):
@@ -80,7 +80,7 @@ def halved_sizes(target_sizes):
     halved = target_sizes // 2
     found = traced_crops(target_sizes)
     if found is not None:
-        active.current().derived.append((halved, (None, tuple((h // 2, w // 2) for h, w in found[1]))))
+        active.current().note(halved, None, tuple((h // 2, w // 2) for h, w in found[1]))
     return halved
 
 
@@ -91,7 +91,7 @@ def frame_sizes(target_sizes_videos, num_frames: int):
     found = traced_crops(target_sizes_videos)
     if found is not None:
         vp, rows = found
-        active.current().derived.append((repeated, (vp if num_frames == 1 else None, rows * num_frames)))
+        active.current().note(repeated, vp if num_frames == 1 else None, rows * num_frames)
     return repeated
 
 
