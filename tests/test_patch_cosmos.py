@@ -4,6 +4,9 @@ with prepare(), generate, gradients, backends."""
 
 from __future__ import annotations
 
+import io
+import pickle
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -97,8 +100,9 @@ def test_generate_and_backward_equal_stock():
 
 
 def test_the_towers_graph_breaks_are_only_its_per_grid_row_resampling():
-    """Whole-graph compile of this tower is out of reach: its antialiased resampling loops over
-    ``grid_thw.tolist()`` (a host read with the plan's host grid, but data-dependent for Dynamo)."""
+    """The tower compiled alone, handed its vision plan (``compile_vision``'s way), breaks only where its antialiased
+    resampling loops over ``grid_thw.tolist()`` (a host read with the plan's host grid, but data-dependent for Dynamo);
+    the whole forward traced with its plan reads the plan's rows there (tests/test_one_graph.py)."""
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(64, 96), Image(32, 64)]])
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image
@@ -106,3 +110,32 @@ def test_the_towers_graph_breaks_are_only_its_per_grid_row_resampling():
                                                             syncfree_vision_plan=plan)
     assert explained.graph_break_count > 0
     assert all("resize_positional_embeddings" in str(r.user_stack) for r in explained.break_reasons)
+
+
+def test_the_rewritten_resampling_stays_a_staticmethod_bound_patched_and_pickled():
+    """Stock's position resampling is a ``staticmethod`` (its grid read is rewritten for a traced forward): the patched
+    instance's attribute takes stock's arguments without an instance, gives stock's values, and survives pickling and
+    ``unpatch``."""
+    stock, patched = _pair()
+    cls = type(stock.model.visual.embeddings)
+    assert isinstance(cls.__dict__["resize_positional_embeddings"], staticmethod)  # (the class itself is untouched)
+    table = torch.randn(4, 4, 8)  # (height, width, hidden), a learned reference grid
+    grid = torch.tensor([[1, 4, 6], [2, 2, 2]])
+    want = stock.model.visual.embeddings.resize_positional_embeddings(table, grid, 2)
+    mine = patched.model.visual.embeddings
+    assert "resize_positional_embeddings" in mine.__dict__  # (patched on the instance)
+    assert torch.equal(mine.resize_positional_embeddings(table, grid, 2), want)
+    batch = build_inputs(stock.config, LAYOUTS["image and video"])
+    with torch.no_grad():
+        expected = patched(**batch).logits
+    buffer = io.BytesIO()
+    torch.save(patched, buffer)
+    buffer.seek(0)
+    for restored in (pickle.loads(pickle.dumps(patched)), torch.load(buffer, weights_only=False)):
+        assert syncfree.is_patched(restored)
+        assert "resize_positional_embeddings" in restored.model.visual.embeddings.__dict__
+        with torch.no_grad():
+            assert torch.equal(restored(**batch).logits, expected)
+        syncfree.unpatch(restored)
+        assert "resize_positional_embeddings" not in restored.model.visual.embeddings.__dict__
+        assert not syncfree.is_patched(restored)

@@ -303,7 +303,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     hold(marker, module_functions, _reduce_patched)
     patched = {}
     for module, cls, attr, replacement in bound:
-        module.__dict__[attr] = types.MethodType(replacement, module)
+        module.__dict__[attr] = _bound(replacement, module)
         module.__dict__[HOLD_ATTR] = marker
         patched[f"{cls.__name__}.{attr}"] = patched.get(f"{cls.__name__}.{attr}", 0) + 1
     for module in model.modules():
@@ -464,6 +464,28 @@ def is_patched(model: torch.nn.Module) -> bool:
     return False
 
 
+_instance_forms: dict = {}  # a staticmethod replacement -> the function an instance binds (it drops the instance)
+
+
+def _bound(replacement, obj) -> types.MethodType:
+    """``replacement`` as ``obj``'s own attribute: a method bound to it. A ``staticmethod`` (stock's was one) takes no
+    instance: its bound form drops it, and the registry knows that form as it knows the replacement (pickling,
+    ``unpatch``, ``is_patched``)."""
+    if isinstance(replacement, staticmethod):
+        form = _instance_forms.get(replacement)
+        if form is None:
+            inner = replacement.__func__
+
+            @functools.wraps(inner)
+            def form(_instance, *args, **kwargs):
+                return inner(*args, **kwargs)
+
+            _instance_forms[replacement] = form
+        _origin[form] = _origin[replacement]
+        replacement = form
+    return types.MethodType(replacement, obj)
+
+
 # ---- pickling ---------------------------------------------------------------------------------------
 def _reduce_patched(method):
     """How pickle stores a syncfree method: by name, rebuilt (checks included) on load; None for any other."""
@@ -477,7 +499,7 @@ def _rebind(obj, modeling: str, cls_name: str, attr: str):
         for _cls, target, _, replacement in _replacements(family):
             if target.cls == cls_name and target.attr == attr:
                 hold(obj, _module_replacements(), _reduce_patched)
-                return types.MethodType(replacement, obj)
+                return _bound(replacement, obj)
     else:  # the generic fix (the object is still being unpickled here: only its class is asked)
         cls = getattr(importlib.import_module(modeling), cls_name, None)
         if cls is not None and has_split(cls.__dict__.get("forward")):

@@ -6,7 +6,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * the tower (``Cosmos3EdgeVisionModel.forward(pixel_values, grid_thw)``) leaves the attention's ``cu_seqlens`` to
   its encoder's stock helper, and hands every other keyword on to the attention function: the wrapper passes only
   the segment sizes (``make_vision_forward_seqlens_only``), never rotary ids, which flash attention would read;
-* its position resampling loops over ``grid_thw.tolist()``: with the plan's host grid that is no read;
+* its position resampling (a ``staticmethod``) loops over ``grid_thw.tolist()``: with the plan's host grid that is no
+  read; in a traced forward the plan's rows (``GRID_LIST``);
 * the attention concatenates its per-segment calls in one statement (``VISION_ATTENTION_CAT``);
 * pixels are ``(patches, channels * patch * patch)``, one frame per temporal step (no temporal patch).
 """
@@ -14,7 +15,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 from __future__ import annotations
 
 from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION_CAT
+from ..rewrite.edits import GRID_LIST, VISION_ATTENTION_CAT, feature_split
 from ..rewrite.targets import Family, Target
 from ..rewrite.wrappers import make_vision_forward_seqlens_only
 from .preset import Preset
@@ -30,15 +31,16 @@ def _cosmos() -> Family:
         "Cosmos3EdgeForConditionalGeneration", rope_needs=("video_grid_thw[:, 0] = 1",),
         attention_edits=VISION_ATTENTION_CAT, vision_wrap=make_vision_forward_seqlens_only,
         vision_params=("pixel_values", "grid_thw"),
-        base_vision_needs=("self.encoder(hidden_states, grid_thw=grid_thw, **kwargs)",))
+        base_vision_needs=("self.encoder(hidden_states, grid_thw=grid_thw, **kwargs)",),
+        feature_split=feature_split("self.projector.spatial_merge_size", kinds=("image",)))
     # What the wrapper relies on beyond the tower's own code: the encoder takes the planned cu_seqlens from its
     # kwargs, and the position resampling reads the grid on the host (the wrapper hands it the host grid).
     targets += (Target("Cosmos3EdgeEncoder", "forward", check_only=True,
                        needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,")),
-                Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", check_only=True,
+                Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", edits=GRID_LIST,
                        needs=("for temporal, height, width in grid_thw.tolist():",)))
     return Family("cosmos3_edge", targets, Layout(family_module("cosmos3_edge"), frames_as_runs=True,
-                                                  tower_holds_projector=False))
+                                                  tower_holds_projector=False, one_graph=True))
 
 
 FAMILIES: tuple[Family, ...] = (_cosmos(),)

@@ -18,9 +18,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 from __future__ import annotations
 
 from ..plan.spec import Layout
-from ..rewrite.edits import FEATURE_SCATTER_FEATURES, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
-from ..rewrite.helpers import traced_grid_rows
-from ..rewrite.rewriter import Edit
+from ..rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
 from ..rewrite.targets import Family
 from .preset import Preset
 from .qwen_vl.inputs import build_inputs
@@ -28,26 +26,15 @@ from .shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
-# The tower reads its grid's rows on the host for its convolution (the patched forward hands it the host grid: no
-# sync); a traced forward cannot read them, and takes the plan's rows of that grid instead.
-_GRID_LIST = (Edit("expr", "grid_thw.tolist()", "_syncfree.grid_list(grid_thw)"),)
-
-
-def grid_list(grid_thw) -> list:
-    """``grid_thw.tolist()``, from the plan's rows of that very grid in a traced forward (the same values)."""
-    rows = traced_grid_rows(grid_thw)
-    return grid_thw.tolist() if rows is None else [list(row) for row in rows]
-
-
 FAMILIES: tuple[Family, ...] = (
     Family("lfm3_vl", vlm_targets("Lfm3VlVisionAttention", "Lfm3VlVisionModel", "Lfm3VlModel",
                                   "Lfm3VlForConditionalGeneration", rope_needs=None,
                                   attention_edits=VISION_ATTENTION_WEIGHTS_MASKED, scatter=FEATURE_SCATTER_FEATURES,
                                   vision_params=("pixel_values", "grid_thw"), vision_needs=("grid_thw.tolist()",),
-                                  vision_edits=_GRID_LIST,
+                                  vision_edits=GRID_LIST,
                                   feature_split=feature_split("self.vision_tower.spatial_merge_size", kinds=("image",))),
            Layout(family_module("lfm3_vl"), frames_as_runs=True, mrope=False, token_types=False,
-                  tower_holds_projector=False, one_graph=True), helpers={"grid_list": grid_list}),
+                  tower_holds_projector=False, one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2 (in the projector), a convolution

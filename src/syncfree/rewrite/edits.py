@@ -13,7 +13,7 @@ __all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER"
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
-           "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split"]
+           "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split", "GRID_LIST"]
 
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
@@ -133,6 +133,10 @@ def feature_split(merge: str, prod: str = "-1", kinds: tuple = ("image", "video"
 
 
 FEATURE_SPLIT = feature_split("self.visual.spatial_merge_size")
+
+# A tower that reads its grid's rows on the host (LFM3-VL's convolution, Cosmos3-Edge's position resampling): the
+# plan's rows in a traced forward, where a graph cannot read them.
+GRID_LIST = (Edit("expr", "grid_thw.tolist()", "_syncfree.grid_list(grid_thw)"),)
 
 # *Model.forward puts the vision features into the placeholder rows with masked_scatter. Its forward
 # does not sync, but its backward takes the features' gradient with masked_select (a host read of the

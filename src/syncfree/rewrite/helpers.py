@@ -32,7 +32,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "traced_vision_plan",
+           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list", "traced_vision_plan",
            "traced_grid_rows"]
 
 
@@ -138,6 +138,13 @@ def grid_rows(grid_thw: torch.Tensor):
     forward the plan's rows of that grid as Python ints (the same values)."""
     rows = traced_grid_rows(grid_thw)
     return grid_thw if rows is None else rows
+
+
+def grid_list(grid_thw: torch.Tensor) -> list:
+    """``grid_thw.tolist()`` (a tower that sizes work per item on the host: the patched forward hands it the host grid,
+    no sync), from the plan's rows of that grid in a traced forward (a value Dynamo could not take out of the tensor)."""
+    rows = traced_grid_rows(grid_thw)
+    return grid_thw.tolist() if rows is None else [list(row) for row in rows]
 
 
 def grid_products(grid_thw: torch.Tensor):

@@ -194,6 +194,10 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     ``helpers`` is what the new code calls ``_syncfree``. ``where`` names the function in errors.
     Raises ``RewriteError`` naming the stock code that was not found as expected.
     """
+    if isinstance(stock, staticmethod):  # (a class attribute: the function inside, wrapped alike)
+        return staticmethod(rewrite(stock.__func__, edits, helpers, where))
+    if isinstance(stock, classmethod):
+        raise RewriteError(f"{where} is a classmethod, which syncfree does not rewrite")
     chain = stock_chain(stock)
     plain = chain[-1]
     unknown = set(plain.__code__.co_freevars) - {"__class__"}
