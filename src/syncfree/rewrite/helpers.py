@@ -32,8 +32,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "token_count",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
-           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list", "traced_vision_plan",
-           "traced_grid_rows"]
+           "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
+           "traced_vision_plan", "traced_grid_rows"]
 
 
 def _compiling() -> bool:
