@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import syncfree
 from syncfree.audit import emulate_cuda
 from syncfree.inputs import batch_to, build_inputs, named_layout
-from syncfree.plan.batch import PLAN_INPUTS, PLAN_KEY
-from syncfree.plan.checksum import CHECKED, _checksum, _draw_weights, _host_checksum, assert_given_match
+from syncfree.plan.batch import PLAN_KEY, plan_inputs
+from syncfree.plan.checksum import _checksum, _draw_weights, _host_checksum, assert_given_match
 from syncfree.presets import build_model
 
 
@@ -33,7 +33,11 @@ def _linear_collision(t: torch.Tensor, a: int, b: int, c: int, d: int, delta: in
 
 
 def test_every_control_tensor_is_checked():
-    assert set(CHECKED) == set(PLAN_INPUTS)
+    """One checksum per control input the plan keeps, every registered family's declared inputs among them."""
+    model = build_model("qwen3-vl-tiny")
+    plan = syncfree.prepare(build_inputs(model.config, named_layout("mixed", side=64)), None, model)[PLAN_KEY]
+    assert tuple(plan.host) == plan_inputs()
+    assert plan.checksums.numel() == len(plan_inputs()) + plan.host["input_ids"].numel()
 
 
 @settings(max_examples=100, deadline=None)
@@ -57,11 +61,12 @@ def test_each_plan_draws_its_own_odd_weights():
     model = build_model("qwen3-vl-tiny")
     batch = build_inputs(model.config, named_layout("mixed", side=64), padding_side="left")
     first, second = (syncfree.prepare(batch, None, model)[PLAN_KEY].checksums for _ in range(2))
-    weights = first[len(CHECKED):], second[len(CHECKED):]
+    n = len(plan_inputs())
+    weights = first[n:], second[n:]
     assert weights[0].numel() == batch["input_ids"].numel()  # one per value of the largest control tensor
     assert all(bool((w % 2 != 0).all()) for w in weights)
     assert not torch.equal(*weights)
-    assert not torch.equal(first[:len(CHECKED)], second[:len(CHECKED)])
+    assert not torch.equal(first[:n], second[:n])
 
 
 @settings(max_examples=200, deadline=None)
@@ -113,5 +118,5 @@ def test_the_weights_cover_the_longest_tensor_floats_twice():
 
     host = {"input_ids": torch.zeros(2, 5, dtype=torch.long), "second_per_grid_ts": torch.ones(7)}
     table = host_checksums(host)
-    assert table.numel() == len(CHECKED) + 14
-    assert np.all(table[len(CHECKED):].numpy() % 2 != 0)
+    assert table.numel() == len(host) + 14
+    assert np.all(table[len(host):].numpy() % 2 != 0)

@@ -58,9 +58,7 @@ def test_the_shared_layers_name_no_family_that_has_its_own_helpers(group):
 def test_every_shared_helper_serves_more_than_one_family_group():
     """A helper of ``rewrite.helpers`` that the edits of one family group alone call is that group's own: it belongs
     in its folder (``Family.helpers``). Those not moved there yet are listed here."""
-    not_moved_yet = {"placeholder_count_by_id", "placeholder_numel_by_id",  # dots3-note
-                     "host_index_to",  # (ERNIE's edits; MiniCPM's wrapper too: shared, under a name for what it does)
-                     "token_count"}  # Ovis2.5 (registered where the installed Transformers has it)
+    not_moved_yet = {"host_index_to"}  # (ERNIE's edits; MiniCPM's wrapper too: shared, under a name for what it does)
     import transformers
     from packaging.version import Version
 

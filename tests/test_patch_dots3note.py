@@ -185,7 +185,7 @@ def test_the_planned_chunk_expansion_is_stocks(rows, k, drop):
     """The plan's expansion of the packed chunks for ``k`` copies of each row (host integers) is what stock's
     _expand_inputs_for_generation makes of them; where stock refuses the layout (a placeholder dropped), the plan
     makes none (the forward then runs stock's own selection)."""
-    from syncfree.plan.audio_chunks import expanded_chunk_lengths
+    from syncfree.families.dots3.plan import expanded_chunk_lengths
 
     config = model_pair(NAME)[0].config
     stride, audio = config.audio_config.samples_per_token, config.audio_token_id

@@ -25,7 +25,7 @@ from syncfree.audit import emulate_cuda
 from syncfree.families import FAMILIES, PRESETS, batch_to, processor_batch
 from syncfree.inputs import Image, Text, asr_layout, is_audio_only
 from syncfree.plan.active import StalePlan
-from syncfree.plan.batch import PLAN_INPUTS, PLAN_KEY
+from syncfree.plan.batch import PLAN_KEY, plan_inputs
 
 DEVICE = "cuda"
 TINY = {}
@@ -148,7 +148,7 @@ def _ids_collision(t: torch.Tensor) -> None:
 
 
 def _controls(batch: dict) -> list[str]:
-    return [n for n in PLAN_INPUTS if isinstance(batch.get(n), torch.Tensor)]
+    return [n for n in plan_inputs() if isinstance(batch.get(n), torch.Tensor)]
 
 
 def _ints(batch: dict) -> list[str]:

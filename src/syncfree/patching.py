@@ -262,7 +262,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     # Everything that can refuse is checked before anything changes: a refused patch leaves the model, the
     # classes and Transformers' modules exactly as they were.
     family = _family_of(model) if like is None else family_like(model, like, _refusal)
-    if family is not None and vision_every_step and family.layout.audio_encoder is not None:
+    if family is not None and vision_every_step and getattr(model.config, "vision_config", None) is None:
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} (an audio "
                          "model: it has no vision tower)")
     if family is not None and vision_every_step and not family.layout.tower_holds_projector:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 
 from .plan import active
-from .plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, draft_plan, finish_plan
+from .plan.batch import PLAN_KEY, Plan, draft_plan, finish_plan, plan_inputs
 from .plan.spec import ModelSpec
 from .plan.validate import check_batch, check_inputs
 
@@ -16,11 +16,11 @@ __all__ = ["prepare", "plan_of"]
 # Published Qwen3-VL checkpoints all use these; the forward checks them against the model.
 _QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.models.qwen3_vl.modeling_qwen3_vl")
 
-_CHECKED = PLAN_INPUTS + ("pixel_values", "pixel_values_videos", "input_features")
+_PIXELS = ("pixel_values", "pixel_values_videos", "input_features")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
-# looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device).
-_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid",
-              "images_per_sample")  # (GLM-Image's grid rows per sample: read with .tolist(), as the grids are)
+# looks at them, e.g. generate()'s bookkeeping, then reads host memory instead of the device). A family's own
+# such inputs: ``PlanHooks.host_only``.
+_HOST_ONLY = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")
 
 
 def _ids_from_types(spec: ModelSpec, batch: Mapping) -> ModelSpec:
@@ -76,16 +76,17 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     batch = dict(batch)
     plan: Plan | None = batch.pop(PLAN_KEY, None)
     if plan is None:
-        for name in _CHECKED:
+        checked = plan_inputs() + _PIXELS
+        for name in checked:
             value = batch.get(name)
             if isinstance(value, torch.Tensor) and value.device.type != "cpu":
                 raise ValueError(f"syncfree.prepare expects the processor's CPU tensors, but {name} is on "
                                  f"{value.device}; call prepare() before moving the batch (or just call the patched "
                                  "model: it reads the control tensors once)")
         spec = _spec(model, batch)
-        given = {k: batch.get(k) for k in _CHECKED}
+        given = {k: batch.get(k) for k in checked}
         check_inputs(spec, **given, ids_assumed=model is None)
-        draft = draft_plan(spec, **{k: batch.get(k) for k in PLAN_INPUTS})  # every piece made once
+        draft = draft_plan(spec, **{k: batch.get(k) for k in plan_inputs()})  # every piece made once
         check_batch(draft, **given)
         # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
         plan = finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope_class is not None)
@@ -97,9 +98,9 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
             plan.check_model(_spec(model, batch))
     if device is None:
         return {**batch, PLAN_KEY: plan}
-    moved = {}
+    moved, host_only = {}, _HOST_ONLY + plan.spec.hooks.host_only
     for name, value in batch.items():
-        if (isinstance(value, torch.Tensor) and name not in _HOST_ONLY and value.device.type == "cpu"
+        if (isinstance(value, torch.Tensor) and name not in host_only and value.device.type == "cpu"
                 and target.type != "cpu"):
             value = value.pin_memory().to(target, non_blocking=True)
         moved[name] = value

@@ -26,7 +26,7 @@ def tower_call(model, kind: str, pixels: torch.Tensor, grid: torch.Tensor, plan,
     if plan is not None:
         vp = plan.video_frames if kind == "video" and plan.video_frames is not None else getattr(plan, kind)
         return pixels, vp.grid_thw, {"syncfree_vision_plan": vp}
-    if layout is not None and layout.target_grids:
+    if layout is not None and layout.plan.tower_grid is not None:  # (the tower sees the sources: stock's own split)
         model_class = getattr(importlib.import_module(layout.modeling), layout.host_rope_class)
         return pixels, model_class.get_image_grids_for_generation(None, images_per_sample, grid), {}
     if kind == "video" and layout is not None and layout.video_frames_as_images:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 
-from ..rewrite.audio_chunks import make_ignore_bidirectional_mask_sdpa
+from ..rewrite.host_mask import make_ignore_bidirectional_mask_sdpa
 from ..rewrite.edits import (
     FEATURE_SCATTER,
     FEATURE_SPLIT,

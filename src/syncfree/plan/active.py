@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batch import PLAN_INPUTS, Plan
+from .batch import Plan, plan_inputs
 from .errors import StalePlan, stale
 from .tensors import same_host_values
 
@@ -59,7 +59,7 @@ def register(plan: Plan, kwargs: dict) -> None:
     if not isinstance(anchor, torch.Tensor):
         return
     tensors = {}
-    for name in PLAN_INPUTS:
+    for name in plan_inputs():
         value = kwargs.get(name)
         tensors[name] = (weakref.ref(value), _version_of(value)) if isinstance(value, torch.Tensor) else None
     key = id(anchor)

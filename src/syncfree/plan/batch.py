@@ -23,43 +23,27 @@ import numpy as np
 import torch
 
 from .audio import AudioPlan
-from .audio_chunks import expanded_chunk_lengths
-from .audio_mask import masked_audio_plan
 from .checksum import host_checksums
 from .errors import StalePlan, stale
+from .hooks import plan_inputs
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
 from .omni import omni_fields, omni_rope
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
 from .spec import ModelSpec
-from .target_grids import expanded_inputs, source_grids, target_grid_rope
 from .tensors import DeviceFields, host_array, move
 from .token_types import Runs, placeholder_runs, span_types, token_types
 from .vision import VisionPlan, vision_plan
 
-__all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "PLAN_INPUTS", "PLAN_KEY",
-           "placeholder_runs", "token_types", "kept_sizes", "span_types"]
+__all__ = ["Plan", "Draft", "Runs", "build_plan", "draft_plan", "finish_plan", "plan_inputs", "PLAN_KEY",
+           "placeholder_runs", "token_types", "kept_sizes", "span_types", "expanded_inputs", "rows_repeated"]
 
 # Where a plan travels in a batch (``prepare(batch)`` without a device, ``planning_collator``) and in a call.
 PLAN_KEY = "syncfree_plan"
 
 
-# (``moe_mm_token_type_ids``: ERNIE-4.5-VL's MoE routes each token to text or vision experts by it; the plan keeps a
-# host copy so the MoE blocks know how many tokens each kind has without asking the device.)
-PLAN_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-               "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
-               "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
-               "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask",
-               "images_per_sample", "chunk_sample_lengths")
-# (``input_features_mask``: Qwen3-ASR's real mel frames per clip, which lay out its audio encoder's windows and valid
-# frames: ``plan.audio_mask``.)
-# (``chunk_sample_lengths``: dots3-note's samples per packed audio chunk, which give the frames each chunk keeps.)
-# (``input_values_mask``: Muse Spark's real audio samples per clip, which give the audio tokens each clip keeps.)
-# (``image_merge_sizes`` / ``video_merge_sizes``: VideoLLaMA3's merge size per image or video, which its tower reads
-# per item; ``video_compression_mask``: the video features it keeps. Host copies, so neither the tower's loop nor the
-# selection of the kept features reads the device. ``target_sizes`` / ``target_sizes_videos``: MiniCPM-V's (h, w) per
-# crop, its grids (``Layout.target_sizes``): host copies for the tower's cumulative lengths and the merger's loop.
-# ``images_per_sample``: GLM-Image's grid rows per sample, its sources and then its targets: ``Layout.target_grids``.)
+# The control inputs a plan is built from: ``hooks.plan_inputs()``, the shared ones and those the registered families
+# declare (``PlanHooks.inputs``).
 
 
 @dataclass
@@ -99,8 +83,8 @@ class Plan(DeviceFields):
     stock_rope: bool = False
     # Where the tower sees each video frame as its own (1, h, w) grid row (GLM-4.1V): the plan for those rows.
     video_frames: VisionPlan | None = None
-    # GLM-Image (``Layout.target_grids``): what its index leaves on the model for the decode steps, (B, 3, steps) and
-    # the prompt's length; ``image`` plans the source grids, the ones its tower sees.
+    # A family's own index (``PlanHooks.positions``) that leaves positions on the model for the decode steps, (B, 3,
+    # steps), and the prompt's length (GLM-Image's); ``image`` then plans the grids its tower sees.
     decode_position_ids: torch.Tensor | None = None
     prefill_len: int | None = None
 
@@ -134,9 +118,9 @@ class Plan(DeviceFields):
 
     def given_inputs(self) -> dict:
         """The control inputs the plan was built from, by name (its host copies; None where the batch had none).
-        MiniCPM-V's grid rows, which the plan makes from its target sizes, are not among them."""
-        derived = ("image_grid_thw", "video_grid_thw") if self.spec.target_sizes else ()
-        return {name: self.host.get(name) for name in PLAN_INPUTS if name not in derived}
+        Grid rows the plan makes from a family's other inputs (``PlanHooks.grids``) are not among them."""
+        derived = ("image_grid_thw", "video_grid_thw") if self.spec.hooks.grids is not None else ()
+        return {name: self.host.get(name) for name in plan_inputs() if name not in derived}
 
     def check_present(self, given: dict) -> None:
         """Raise ``StalePlan`` naming the first control input that the plan was built from and ``given`` holds as
@@ -156,8 +140,9 @@ class Plan(DeviceFields):
         tensor removed or added).
 
         Compares the host inputs the plan keeps with the batch's (host tensors: no sync)."""
-        self.check_present({**dict.fromkeys(PLAN_INPUTS), **batch})  # (the whole batch: what it lacks, it lacks)
-        for name in PLAN_INPUTS:
+        names = plan_inputs()
+        self.check_present({**dict.fromkeys(names), **batch})  # (the whole batch: what it lacks, it lacks)
+        for name in names:
             value, kept = batch.get(name), self.host.get(name)
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
                 continue
@@ -176,43 +161,14 @@ class Plan(DeviceFields):
             return self
         if rows % own:
             raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
-        k, host = rows // own, self.host
-        if self.spec.target_grids:  # (GLM-Image: generate() repeats its grids row by row too)
-            return build_plan(self.spec, **expanded_inputs(host, k)).to(self.device)
+        k = rows // own
         if self.spec.rope_class is not None:
             # An Omni thinker's generate() repeats every batch tensor row by row (GenerationMixin's default):
             # the plan describes what the forward will then be given.
-            return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video, **{
-                n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()
-                if n != "position_ids"}).to(self.device)
-        tokens = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
-                  for n in ("input_ids", "mm_token_type_ids", "attention_mask", "moe_mm_token_type_ids")}
-        # (generate() repeats the compression mask value by value, as every other tensor of its inputs.)
-        tokens["video_compression_mask"] = (host["video_compression_mask"].repeat_interleave(k, dim=0)
-                                            if host.get("video_compression_mask") is not None else None)
-        if host.get("input_values_mask") is not None:  # (Muse Spark: one row per clip, repeated as the batch rows)
-            tokens["input_values_mask"] = host["input_values_mask"].repeat_interleave(k, dim=0)
-        if host.get("input_features_mask") is not None:  # (Qwen3-ASR: the same, one clip per row)
-            tokens["input_features_mask"] = host["input_features_mask"].repeat_interleave(k, dim=0)
-        if host.get("chunk_sample_lengths") is not None and host.get("input_ids") is not None:
-            # (dots3-note: each row's audio chunks repeated, row after row, as its generate() repeats them)
-            tokens["chunk_sample_lengths"] = expanded_chunk_lengths(
-                host["chunk_sample_lengths"], host["input_ids"], self.spec.audio_token_id, self.spec.samples_per_token, k)
-        grids = {}
-        for name, per_row in (("image_grid_thw", self.images_per_row), ("video_grid_thw", self.videos_per_row),
-                              ("second_per_grid_ts", self.videos_per_row), ("image_merge_sizes", self.images_per_row),
-                              ("video_merge_sizes", self.videos_per_row), ("target_sizes", self.images_per_row),
-                              ("target_sizes_videos", self.videos_per_row)):
-            grid = host.get(name)
-            if grid is None:
-                grids[name] = None
-                continue
-            if not per_row:
-                raise ValueError(f"a syncfree plan whose {name} items do not end at row ends cannot describe an "
-                                 "expanded batch")
-            chunks = torch.split(torch.as_tensor(grid), list(per_row))
-            grids[name] = torch.cat([c for c in chunks for _ in range(k)])
-        return build_plan(self.spec, **tokens, **grids).to(self.device)
+            return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video,
+                              **rows_repeated(self.host, k)).to(self.device)
+        expand = self.spec.hooks.expand or expanded_inputs
+        return build_plan(self.spec, **expand(self, k)).to(self.device)
 
     def check_model(self, spec: ModelSpec) -> None:
         if spec != self.spec:
@@ -222,6 +178,38 @@ class Plan(DeviceFields):
                 f"this syncfree plan was built for other model values: {', '.join(differ)}; pass the model "
                 "(or its config) to syncfree.prepare()"
             )
+
+
+def rows_repeated(host: dict, k: int) -> dict:
+    """The plan's inputs with every tensor repeated row by row, ``k`` times: GenerationMixin's default expansion, for a
+    family that keeps it whatever its tensors describe (given positions are left out: generate() makes its own)."""
+    return {n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()
+            if n != "position_ids"}
+
+
+def expanded_inputs(plan: Plan, k: int) -> dict:
+    """The inputs of ``plan``'s batch as generate() expands them ``k`` times: per-row inputs repeated row by row, per-item
+    inputs (grids) repeated with each row's items; the family's declared ones (``PlanHooks.per_row`` / ``per_item``)
+    likewise."""
+    host, hooks = plan.host, plan.spec.hooks
+    inputs = {n: host[n].repeat_interleave(k, dim=0) if host.get(n) is not None else None
+              for n in ("input_ids", "mm_token_type_ids", "attention_mask", *hooks.per_row)}
+    per_item = (("image_grid_thw", "image"), ("video_grid_thw", "video"), ("second_per_grid_ts", "video"),
+                *hooks.per_item)
+    if hooks.grids is not None:  # (grid rows made from the family's own inputs, which are expanded instead)
+        per_item = tuple((n, kind) for n, kind in per_item if n not in ("image_grid_thw", "video_grid_thw"))
+    counts = {"image": plan.images_per_row, "video": plan.videos_per_row}
+    for name, kind in per_item:
+        grid = host.get(name)
+        if grid is None:
+            inputs[name] = None
+            continue
+        if not counts[kind]:
+            raise ValueError(f"a syncfree plan whose {name} items do not end at row ends cannot describe an "
+                             "expanded batch")
+        chunks = torch.split(torch.as_tensor(grid), list(counts[kind]))
+        inputs[name] = torch.cat([c for c in chunks for _ in range(k)])
+    return inputs
 
 
 def _host(value):
@@ -275,27 +263,18 @@ class Draft:
         return None
 
 
-def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, attention_mask=None, image_grid_thw=None,
-               video_grid_thw=None, second_per_grid_ts=None, feature_attention_mask=None, video_second_per_grid=None,
-               position_ids=None, moe_mm_token_type_ids=None, image_merge_sizes=None, video_merge_sizes=None,
-               video_compression_mask=None, input_values_mask=None, target_sizes=None,
-               target_sizes_videos=None, input_features_mask=None,
-               images_per_sample=None, chunk_sample_lengths=None) -> Draft:
-    """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids)."""
-    host = {"input_ids": _host(input_ids), "mm_token_type_ids": _host(mm_token_type_ids),
-            "attention_mask": _host(attention_mask), "image_grid_thw": _host(image_grid_thw),
-            "video_grid_thw": _host(video_grid_thw), "second_per_grid_ts": _host(second_per_grid_ts),
-            "feature_attention_mask": _host(feature_attention_mask), "video_second_per_grid": _host(video_second_per_grid),
-            # Given positions (packed batches): kept to answer Transformers' "is this batch packed?" on the host.
-            "position_ids": _host(position_ids), "moe_mm_token_type_ids": _host(moe_mm_token_type_ids),
-            "image_merge_sizes": _host(image_merge_sizes), "video_merge_sizes": _host(video_merge_sizes),
-            "video_compression_mask": _host(video_compression_mask), "target_sizes": _host(target_sizes),
-            "target_sizes_videos": _host(target_sizes_videos),
-            "input_values_mask": _host(input_values_mask), "input_features_mask": _host(input_features_mask),
-            "images_per_sample": _host(images_per_sample),
-            "chunk_sample_lengths": _host(chunk_sample_lengths)}
-    if spec.target_sizes:  # (MiniCPM-V: each (h, w) crop is the grid row (1, h, w))
-        image_grid_thw, video_grid_thw = (_navit_grid(host[name], name) for name in ("target_sizes", "target_sizes_videos"))
+def draft_plan(spec: ModelSpec, **inputs) -> Draft:
+    """Host copies, token types, runs and vision plans (checks only what stock also needs: the grids). ``inputs``: the
+    control inputs by name (``plan_inputs()``; a missing one is None)."""
+    names = plan_inputs()
+    unknown = [name for name in inputs if name not in names]
+    if unknown:
+        raise TypeError(f"draft_plan() got an unexpected keyword argument {unknown[0]!r}")
+    # (Given positions, of packed batches, are kept to answer Transformers' "is this batch packed?" on the host.)
+    host = {name: _host(inputs.get(name)) for name in names}
+    image_grid_thw, video_grid_thw = host["image_grid_thw"], host["video_grid_thw"]
+    if spec.hooks.grids is not None:  # (grid rows made from the family's own inputs)
+        image_grid_thw, video_grid_thw = spec.hooks.grids(host)
         host["image_grid_thw"], host["video_grid_thw"] = image_grid_thw, video_grid_thw
     types = token_types(spec, host["input_ids"], host["mm_token_type_ids"])
     if types is None:
@@ -304,11 +283,11 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     # Only a 2D padding mask is planned for; 4D masks and per-layer dicts are the text model's business.
     mask = given_mask if isinstance(given_mask, torch.Tensor) and given_mask.shape == types.shape else None
     tower_grid = host["image_grid_thw"]
-    if spec.target_grids:  # (GLM-Image: the tower's grids are the sources)
-        image_grid_thw = tower_grid = source_grids(spec, host, int(np.count_nonzero(types == 1)))
+    if spec.hooks.tower_grid is not None:  # (the grids the tower sees are not all the given ones)
+        image_grid_thw = tower_grid = spec.hooks.tower_grid(spec, host, int(np.count_nonzero(types == 1)))
     # (Per-item merge sizes, VideoLLaMA3's: passed only where given, so other families' calls stay as they were.)
-    merges = {kind: {"merge_sizes": host[f"{kind}_merge_sizes"]} if host[f"{kind}_merge_sizes"] is not None else {}
-              for kind in ("image", "video")}
+    merges = {kind: {"merge_sizes": host.get(f"{kind}_merge_sizes")} if host.get(f"{kind}_merge_sizes") is not None
+              else {} for kind in ("image", "video")}
     image = (vision_plan(tower_grid, spec, "image_grid_thw", **merges["image"])
              if image_grid_thw is not None else None)
     video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge, **merges["video"])
@@ -322,17 +301,8 @@ def draft_plan(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, atten
     return Draft(spec, host, types, mask, placeholder_runs(types), image, video, frames)
 
 
-def _navit_grid(sizes, name: str):
-    """NaViT ``(N, 2)`` crop sizes as ``(N, 3)`` grid rows ``(1, h, w)`` (host tensors; None stays None)."""
-    if sizes is None:
-        return None
-    if not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[1] != 2:
-        raise ValueError(f"{name} must have shape (N, 2), got {tuple(getattr(sizes, 'shape', ()))}")
-    return torch.nn.functional.pad(sizes, (1, 0), value=1)
-
-
 def build_plan(spec: ModelSpec, *, use_audio_in_video: bool = False, **inputs) -> Plan:
-    """Build the plan on the host from host tensors (``PLAN_INPUTS``). Checks only what stock also needs (the
+    """Build the plan on the host from host tensors (``plan_inputs()``). Checks only what stock also needs (the
     grids); ``syncfree.prepare`` validates the rest on the draft before finishing it."""
     return finish_plan(draft_plan(spec, **inputs), use_audio_in_video)
 
@@ -344,8 +314,8 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
         found = omni_rope(spec, host, mask, bool(use_audio_in_video))
         position_ids, rope_deltas = found if found else (None, None)
         extra = omni_fields(spec, host, bool(use_audio_in_video))
-    elif spec.target_grids:  # GLM-Image: stock's own index on the host, with its decode positions
-        extra = target_grid_rope(spec, host)
+    elif spec.hooks.positions is not None:  # the family's own index on the host (and what it leaves for decoding)
+        extra = spec.hooks.positions(spec, host)
         position_ids, rope_deltas = extra.pop("position_ids"), extra.pop("rope_deltas")
         extra.update(items_per_row(spec, draft.runs, draft.video))
     else:
@@ -355,8 +325,8 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
                      stock_rope=stock_rope)
         if spec.audio_token_id is not None and host["input_ids"] is not None:  # (Muse Spark's audio placeholders)
             extra["n_audio_tokens"] = int((host["input_ids"] == spec.audio_token_id).sum())
-        if spec.audio_encoder is not None and host["input_features_mask"] is not None:  # (Qwen3-ASR's encoder)
-            extra["audio"] = masked_audio_plan(host["input_features_mask"], spec.vision_module, *spec.audio_encoder)
+    if spec.hooks.fields is not None:  # (what the family adds: its audio encoder's plan)
+        extra.update(spec.hooks.fields(spec, host))
     return Plan(
         spec=spec, batch_shape=tuple(types.shape), image=draft.image, video=draft.video,
         n_image_tokens=draft.stock_count(1), n_video_tokens=draft.stock_count(2), video_frames=draft.video_frames,
@@ -378,8 +348,7 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
                 return (*stock_rope_index(spec.vision_module, spec.host_rope_class, spec.config, input_ids=ids,
                                           mm_token_type_ids=mm_types, image_grid_thw=host["image_grid_thw"],
                                           video_grid_thw=host["video_grid_thw"], attention_mask=mask,
-                                          target_sizes=host["target_sizes"],
-                                          target_sizes_videos=host["target_sizes_videos"]), False)
+                                          **{n: host[n] for n in spec.hooks.inputs}), False)
             # Stock's own index raises the same on the device (MiniCPM-V 4.7's: a grid iterator run dry or absent).
             except (RuntimeError, ValueError, StopIteration, TypeError, IndexError):
                 return None, None, True

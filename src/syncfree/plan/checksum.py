@@ -30,14 +30,10 @@ import torch
 from .errors import StalePlan, stale
 from .tensors import host_array
 
-__all__ = ["CHECKED", "host_checksums", "assert_given_match"]
+__all__ = ["host_checksums", "assert_given_match"]
 
-# Every control tensor a plan is built from (``batch.PLAN_INPUTS``; ``tests/test_checksum.py`` keeps the two the same).
-CHECKED = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
-           "second_per_grid_ts", "feature_attention_mask", "video_second_per_grid", "position_ids",
-           "moe_mm_token_type_ids", "image_merge_sizes", "video_merge_sizes", "video_compression_mask",
-           "input_values_mask", "target_sizes", "target_sizes_videos", "input_features_mask",
-           "images_per_sample", "chunk_sample_lengths")
+# The table has one checksum per control tensor the plan keeps (``Plan.host``, in its order: ``hooks.plan_inputs()``
+# when the plan was made), then the weights.
 
 
 def _checkable(t) -> bool:
@@ -86,9 +82,9 @@ def _draw_weights(n: int) -> np.ndarray:
 
 
 def host_checksums(host: dict) -> torch.Tensor:
-    """The plan's checksum table, from its host copies: one keyed checksum per name in ``CHECKED`` (0 where the plan
+    """The plan's checksum table, from its host copies: one keyed checksum per entry of ``host`` (0 where the plan
     has no such tensor), then the plan's own random weights."""
-    kept = [t if _checkable(t) else None for t in (host.get(name) for name in CHECKED)]
+    kept = [t if _checkable(t) else None for t in host.values()]
     weights = _draw_weights(max([_length(t) for t in kept if t is not None], default=0))
     sums = np.array([_host_checksum(t, weights) if t is not None else 0 for t in kept], dtype=np.int64)
     return torch.from_numpy(np.concatenate([sums, weights]))
@@ -101,9 +97,9 @@ def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
     compiled graph cannot: there the checksum is computed in the graph for them too); tensors whose shape already
     differs from the plan's raise ``ValueError`` at once (shapes and dtypes are known on the host)."""
     table = plan.checksums
-    weights = table[len(CHECKED):]
+    weights = table[len(plan.host):]
     groups: dict[tuple, list[tuple[int, str, torch.Tensor]]] = {}
-    for i, name in enumerate(CHECKED):
+    for i, name in enumerate(plan.host):
         value, kept = given.get(name), plan.host.get(name)
         if not (_checkable(value) and _checkable(kept)) or (value.device.type == "cpu" and not host_too):
             continue
@@ -123,7 +119,7 @@ def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
 
 
 def _checksums_equal(group: list, table: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
-    """For each (index in ``CHECKED``, name, tensor) of ``group`` (tensors of one length on one device), whether its
+    """For each (index in the plan's host inputs, name, tensor) of ``group`` (tensors of one length on one device), whether its
     checksum is the plan's: 0-d booleans on the device. Tensors of one length (input ids, their token types and
     the padding mask) are summed together: one multiply and one sum for them all (each op a kernel launch)."""
     if len(group) == 1:

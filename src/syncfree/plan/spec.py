@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .hooks import PlanHooks, register_inputs
 from .rope_stock import host_rope_key, rope_config_key
 
 __all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
@@ -87,10 +88,6 @@ class Layout:
     pixel_shuffle: bool = False
     # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces (Muse Spark).
     audio_tokens: bool = False
-    # NaViT packing (MiniCPM-V): no grid_thw; each crop is a ``(h, w)`` row of ``target_sizes`` /
-    # ``target_sizes_videos`` (one per video frame crop), which the plan takes as the grid row ``(1, h, w)``. Tokens
-    # per crop are ``h * w // 4`` (``downsample_mode="4x"``) or ``// 16``: the plan's merge is 2 or 4 on a side.
-    target_sizes: bool = False
     # Kimi-K2.5's tower: its config's ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size``; after its encoder
     # it averages each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
     # t), and it adds a frame embedding per patch: the plan's split sizes ignore t, and it makes the frame index and
@@ -99,21 +96,12 @@ class Layout:
     # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
     # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
     interp_mode: str = "bilinear"
-    # An audio-only model (Qwen3-ASR): no vision tower and no image token; the class of its audio encoder, whose
-    # windows and valid frames the plan lays out from the processor's host ``input_features_mask``
-    # (``plan.audio_mask``). The config's ``audio_config`` gives the encoder's ``n_window`` / ``n_window_infer``.
-    audio_encoder: str | None = None
-    # GLM-Image: ``image_grid_thw`` holds each sample's source grids, then the grids of the images it generates (1 in
-    # image-to-image, 2 in text-to-image), split by ``images_per_sample``; the tower sees the sources only. Its own
-    # rotary index (run as stock on the host: ``host_rope_class``) also leaves each row's decode positions on the model.
-    target_grids: bool = False
-    # Audio packed in chunks of whole clips (dots3-note's ``chunk_sample_lengths``, ``audio_config.samples_per_token``
-    # samples per placeholder), with the placeholders of ``audio_tokens``: the plan keeps the chunks' lengths.
-    audio_chunks: bool = False
     # The whole prepared forward traces as one graph (``torch.compile(fullgraph=True)``): the wrappers hand a traced
     # call the plan (``rewrite.wrappers.traced_entry``). Only where that was shown (tests/test_one_graph.py); elsewhere a
     # traced call runs stock's code, breaks and all.
     one_graph: bool = False
+    # What the family adds to the shared plan (its inputs, grids, positions, fields): ``hooks.PlanHooks``.
+    plan: PlanHooks = PlanHooks()
 
 
 # model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
@@ -123,6 +111,7 @@ _LAYOUTS: dict[str, Layout] = {}
 
 def register_layout(model_type: str, layout: Layout) -> None:
     _LAYOUTS[model_type] = layout
+    register_inputs(layout.plan)
 
 
 def supported_model_types() -> tuple[str, ...]:
@@ -170,13 +159,10 @@ class ModelSpec:
     interp_swap_hw: bool = False  # (Layout.interp_swap_hw)
     interp_padding: str = "border"  # (Layout.interp_padding)
     pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (Layout.pixel_shuffle), else 0
-    target_sizes: bool = False  # (Layout.target_sizes: grids come as (h, w) target_sizes rows)
     temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
     interp_mode: str = "bilinear"  # (Layout.interp_mode)
-    # (Layout.audio_encoder: that class, and its config's n_window and n_window_infer), else None
-    audio_encoder: tuple[str, int, int] | None = None
-    target_grids: bool = False  # (Layout.target_grids)
-    samples_per_token: int | None = None  # (Layout.audio_chunks: the audio config's samples per placeholder)
+    hooks: PlanHooks = PlanHooks()  # (Layout.plan: what the family adds to the plan)
+    values: tuple = ()  # the config values the family's hooks read, as sorted (name, value) pairs (PlanHooks.values)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -185,15 +171,14 @@ class ModelSpec:
         layout = _LAYOUTS.get(model_type)
         if layout is None:
             raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
-        if layout.audio_encoder is not None:  # audio only: no vision values, no image or video placeholders
-            ac = config.audio_config
+        family = dict(hooks=layout.plan, values=tuple(sorted(layout.plan.values(config).items()))
+                      if layout.plan.values is not None else ())
+        if getattr(config, "vision_config", None) is None:  # audio only: no vision values, no image or video tokens
             return cls(model_type, 1, None, -1, -1, layout.modeling, mrope=False, audio_token_id=config.audio_token_id,
-                       audio_encoder=(layout.audio_encoder, ac.n_window, ac.n_window_infer))
+                       **family)
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
         omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
-        if layout.audio_chunks:
-            omni["samples_per_token"] = config.audio_config.samples_per_token
         if layout.audio:
             ac = config.audio_config
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
@@ -216,8 +201,12 @@ class ModelSpec:
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
             temporal_pooling=_pool_kernel(vc, layout), interp_mode=layout.interp_mode,
-            target_sizes=layout.target_sizes, target_grids=layout.target_grids, **_tower_options(vc, layout), **omni,
+            **_tower_options(vc, layout), **omni, **family,
         )
+
+    def value(self, name: str):
+        """A config value the family's hooks declared (``PlanHooks.values``)."""
+        return dict(self.values)[name]
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
         """The keyword arguments of ``rope_index`` for this model family."""
@@ -279,8 +268,8 @@ def _spatial_merge(config, layout: Layout) -> int:
     """The merge on a side the plan's split sizes divide by (per item: 1; NaViT: the downsample mode's)."""
     if layout.item_merge_sizes:
         return 1
-    if layout.target_sizes:  # (MiniCPM-V: the processor's ``image_token_divisor``, 4 or 16)
-        return 2 if config.downsample_mode == "4x" else 4
+    if layout.plan.merge is not None:  # (the family's own: no merge size in its vision config)
+        return layout.plan.merge(config)
     if layout.temporal_pooling:  # (Kimi-K2.5: its merge_kernel_size)
         return _merge_size(config.vision_config, layout)
     return getattr(config.vision_config, layout.merge_attr)

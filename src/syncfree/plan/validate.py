@@ -101,9 +101,8 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                              f"describes {sum(vp.split_sizes)} video features")
         if tokens != features:  # stock's words (get_placeholder_mask), then what it means
             words = (f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, features: "
-                     f"{features}" if not spec.target_grids else  # (GLM-Image's: its features are VQ codes)
-                     f"Number of image placeholder tokens ({tokens}) does not match number of image tokens from VQVAE "
-                     f"({features})")
+                     f"{features}" if spec.hooks.feature_words is None else  # (the family's stock says it otherwise)
+                     spec.hooks.feature_words(name, tokens, features))
             raise ValueError(f"{words} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
         runs = draft.runs.lengths_of(kind)
@@ -119,10 +118,11 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                     if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (HunYuan-VL's)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
                              f"needs one run per {unit} of {expected} tokens ({rule})")
-        # (NaViT pixels, MiniCPM-V's: one (1, C, p, patches * p) strip, its grids named target_sizes)
-        patches = pixels.shape[-1] // spec.patch_size if spec.target_sizes and pixels is not None else \
+        # (Grids from the family's own inputs, MiniCPM-V's NaViT crops: pixels in one (1, C, p, patches * p) strip)
+        grid_inputs = spec.hooks.grid_inputs
+        patches = pixels.shape[-1] // spec.patch_size if grid_inputs and pixels is not None else \
             getattr(pixels, "shape", (0,))[0]
-        grids = ("target_sizes" if kind == 1 else "target_sizes_videos") if spec.target_sizes else f"{name}_grid_thw"
+        grids = grid_inputs[kind - 1] if grid_inputs else f"{name}_grid_thw"
         if pixels is not None and patches != vp.num_patches:
             raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {patches} "
                              f"patches but {grids} describes {vp.num_patches}")

@@ -1,5 +1,5 @@
 """How a wrapper reads the call it intercepts: argument names, the batch shape and device, and whether a
-plan fits it. Shared by every wrapper (``wrappers``, ``wrappers_audio``); reads nothing from the device."""
+plan fits it. Shared by every wrapper (``wrappers``; a family's own in its folder); reads nothing from the device."""
 
 from __future__ import annotations
 

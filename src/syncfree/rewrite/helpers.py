@@ -22,14 +22,12 @@ from ..plan import active
 
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
-from .audio_chunks import audio_chunk_groups, chunk_attention_mask, chunk_valid_tokens  # noqa: F401  (dots3-note)
 from .host_index import host_index_to  # noqa: F401
 from .host_mask import host_padding_mask
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
 
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
-           "segment_lengths", "placeholder_count", "placeholder_numel", "placeholder_count_by_id", "placeholder_numel_by_id",
-           "token_count",
+           "segment_lengths", "placeholder_count", "placeholder_numel",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
@@ -65,42 +63,6 @@ def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids
     if entry is not None and entry.owns(input_ids) and mask.dtype == torch.bool and mask.shape == inputs_embeds.shape:
         return _placeholders(entry.plan, kind) * inputs_embeds.shape[-1]
     return inputs_embeds[mask].numel()
-
-
-def _kind_of_token(token_id) -> str | None:
-    """The kind whose planned token id ``token_id`` is, for a ``get_placeholder_mask`` that serves every kind through
-    one ``token_id`` (dots3-note's); None where no plan is active, or no kind or two kinds have that id."""
-    entry = active.current()
-    if entry is None:
-        return None
-    spec = entry.plan.spec
-    kinds = [kind for kind, planned in (("image", spec.image_token_id), ("video", spec.video_token_id),
-                                        ("audio", spec.audio_token_id)) if planned is not None and planned == token_id]
-    return kinds[0] if len(kinds) == 1 else None
-
-
-def placeholder_count_by_id(input_ids, mask: torch.Tensor, token_id):
-    """``special_mask.sum()`` as ``placeholder_count``, the kind being the one whose planned token id that is."""
-    kind = _kind_of_token(token_id)
-    return mask.sum() if kind is None else placeholder_count(input_ids, mask, kind)
-
-
-def placeholder_numel_by_id(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids, token_id):
-    """``inputs_embeds[special_mask].numel()`` as ``placeholder_numel``, the kind found by its token id."""
-    kind = _kind_of_token(token_id)
-    return inputs_embeds[mask].numel() if kind is None else placeholder_numel(inputs_embeds, mask, input_ids, kind)
-
-
-def token_count(input_ids, mask: torch.Tensor, token_id):
-    """``mask.sum()`` for ``mask = input_ids == token_id`` (a count stock checks, Ovis2.5's boundary tokens): the
-    count of ``token_id`` in the plan's host copy of these input_ids, a host int, when the active plan was built from
-    them (the device's own sum otherwise)."""
-    entry = None if _compiling() else active.current()
-    host = entry.plan.host.get("input_ids") if entry is not None and entry.owns(input_ids) else None
-    if not isinstance(host, torch.Tensor) or tuple(host.shape) != tuple(input_ids.shape) \
-            or not isinstance(token_id, int) or mask.shape != input_ids.shape:
-        return mask.sum()
-    return int((host == token_id).sum())  # (a host tensor: no device involved)
 
 
 def traced_vision_plan(tensor, field: str = "grid_thw"):

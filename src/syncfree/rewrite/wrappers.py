@@ -25,7 +25,7 @@ import functools
 import torch
 
 from ..plan import active
-from ..plan.batch import PLAN_INPUTS, PLAN_KEY, Plan, build_plan
+from ..plan.batch import PLAN_KEY, Plan, build_plan, plan_inputs
 from ..plan.checksum import assert_given_match
 from ..plan.rope import rope_index
 from ..plan.spec import ModelSpec, layout_of
@@ -66,7 +66,7 @@ def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
                          "call syncfree.prepare() on the batch you pass")
     # More rows than planned: each row repeated (generate()'s expansion), which the checks below then prove.
     plan = plan.expanded(shape[0])
-    for name in PLAN_INPUTS:  # host tensors: comparing them costs no sync
+    for name in plan_inputs():  # host tensors: comparing them costs no sync
         value, kept = given.get(name), plan.host.get(name)
         if isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and value.device.type == "cpu" \
                 and not same_host_values(value, kept):
@@ -100,7 +100,7 @@ def traced_entry(model, given: dict, explicit: Plan | None, taken) -> active.Ent
                          "call syncfree.prepare() on the batch you pass")
     assert_given_match(plan, given, host_too=True)
     entry = active.Entry(plan, input_ids, given.get("attention_mask"))
-    entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
+    entry.given = {n: given.get(n) for n in plan_inputs() if n in given}
     return entry
 
 
@@ -121,7 +121,7 @@ def resolve(model, given: dict, explicit: Plan | None, taken=()) -> active.Entry
     plan) that was built from it is refused."""
     entry = _resolve(model, given, explicit, taken)
     if entry is not None:
-        entry.given = {n: given.get(n) for n in PLAN_INPUTS if n in given}
+        entry.given = {n: given.get(n) for n in plan_inputs() if n in given}
     return entry
 
 
@@ -161,7 +161,7 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
     # (A text-only micro-batch on the device with a padding mask: stock's mask code reads that mask
     # twice (the SDPA skip check; Qwen3.5's recurrent-layer check); one read here answers both.)
     # No prepare(): read the small control tensors once (one wait), plan on the host, send the plan back.
-    wanted = {n: given.get(n) for n in PLAN_INPUTS}
+    wanted = {n: given.get(n) for n in plan_inputs()}
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
@@ -172,15 +172,16 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
 
 
 def _with_host_grids(names, args, kwargs, plan: Plan):
-    """The call's arguments with the grids (and per-item merge sizes, VideoLLaMA3's; MiniCPM-V's target sizes) replaced
-    by the plan's host copies (the same values)."""
+    """The call's arguments with the grids (and per-item merge sizes, VideoLLaMA3's; a family's own grid inputs and
+    host-only inputs, ``PlanHooks``) replaced by the plan's host copies (the same values)."""
     args = list(args)
     hosts = [(name, getattr(vp, field, None)) for name, vp, field in (
         ("image_grid_thw", plan.image, "grid_thw"), ("video_grid_thw", plan.video, "grid_thw"),
         ("image_merge_sizes", plan.image, "merge_sizes"), ("video_merge_sizes", plan.video, "merge_sizes"))]
-    if plan.spec.target_grids:  # (GLM-Image: the forward's grids hold each sample's targets too; the tower's do not)
+    if plan.spec.hooks.tower_grid is not None:  # (the forward's grids are not all the tower's: hand it the given ones)
         hosts[0] = ("image_grid_thw", plan.host.get("image_grid_thw"))
-    hosts += [(name, plan.host.get(name)) for name in ("target_sizes", "target_sizes_videos", "images_per_sample")]
+    hooks = plan.spec.hooks  # (the family's own grids and host-only inputs, as host copies)
+    hosts += [(name, plan.host.get(name)) for name in (*(hooks.grid_inputs or ()), *hooks.host_only)]
     for name, host in hosts:
         if host is None:
             continue
@@ -194,7 +195,7 @@ def _with_host_grids(names, args, kwargs, plan: Plan):
 
 def make_model_forward(stock):
     names = positional_names(stock)
-    taken = taken_inputs(stock, PLAN_INPUTS)
+    taken = taken_inputs(stock, plan_inputs())
 
     @functools.wraps(stock)
     def forward(self, *args, **kwargs):
@@ -221,7 +222,7 @@ def make_generate(stock):
     @functools.wraps(stock)
     def generate(self, *args, **kwargs):
         explicit = kwargs.pop(PLAN_KEY, None)
-        given = {n: kwargs[n] for n in PLAN_INPUTS + _VISION_INPUTS + _FLAGS + ("mm_encoder_outputs", "inputs_embeds")
+        given = {n: kwargs[n] for n in plan_inputs() + _VISION_INPUTS + _FLAGS + ("mm_encoder_outputs", "inputs_embeds")
                  if n in kwargs}
         inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
         given["input_ids"] = inputs
@@ -230,7 +231,7 @@ def make_generate(stock):
         # The multimodal *Model (or, where a release has none, e.g. Omni thinkers before 5.2x, this model itself).
         inner = getattr(self, "model", None)
         entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit,
-                        taken=PLAN_INPUTS)
+                        taken=plan_inputs())
         if entry is None:
             return stock(self, *args, **kwargs)
         entry.in_generate = True
@@ -342,7 +343,7 @@ def _prepared_plan(given: dict, names) -> Plan | None:
     if registration is None or registration.plan.position_ids is None or registration.plan.stock_rope:
         return None
     try:
-        active.check_unchanged(registration, {n: given.get(n) for n in names if n in PLAN_INPUTS})
+        active.check_unchanged(registration, {n: given.get(n) for n in names if n in plan_inputs()})
     except active.StalePlan:
         return None
     return registration.plan

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
@@ -34,6 +35,11 @@ __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", 
 _P = "Ernie4_5_VLMoe"
 
 
+# Its MoE routes each token to text or vision experts by ``moe_mm_token_type_ids``: a host copy, so the MoE blocks know
+# how many tokens each kind has without asking the device.
+PLAN = PlanHooks(inputs=("moe_mm_token_type_ids",), per_row=("moe_mm_token_type_ids",))
+
+
 def _ernie() -> Family:
     targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionTransformerPretrainedModel", f"{_P}Model",
                           f"{_P}ForConditionalGeneration",
@@ -46,7 +52,7 @@ def _ernie() -> Family:
         Target(f"{_P}Model", "get_video_features", check_only=True,
                needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
     )
-    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False)
+    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False, plan=PLAN)
     return Family("ernie4_5_vl_moe", targets, layout, helpers=modality_moe)
 
 

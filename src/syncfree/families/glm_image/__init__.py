@@ -7,7 +7,7 @@ What is its own (survey 19 §4):
 * ``image_grid_thw`` holds each sample's source grids and then the grids of the images to generate (one in
   image-to-image, a large one and a small preview in text-to-image), split by ``images_per_sample``; the target sizes
   are also written in the prompt as text (``grid_bos h w grid_eos``), which ends with the image start id. The plan
-  keeps host copies of both and plans the tower for the sources only (``Layout.target_grids``, ``plan/target_grids``);
+  keeps host copies of both and plans the tower for the sources only (``plan.PLAN``);
   the forward and generate() get the host copies, so stock's ``images_per_sample.tolist()``, ``sum(images_per_sample)``
   and per-image ``image_grid_thw[i].tolist()`` read host memory;
 * the tower's embeddings index the grid with device tensors (``image_shapes[seq_ids, 1]``), as GLM-4.1V's do: it is
@@ -20,7 +20,8 @@ What is its own (survey 19 §4):
 
 Registered only where Transformers ships this code (5.24): 5.17's forward finds the sources by counting end markers.
 
-The family's own code is in this folder: its stock line edits (``edits``) and its rotary index wrapper (``wrappers``).
+The family's own code is in this folder: its stock line edits (``edits``), its part of the plan (``plan``) and its
+rotary index wrapper (``wrappers``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
 from ..shared import family_module, handled_by, installed_source_has, registered_only
 from . import image_ids
+from .plan import PLAN
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
 from .wrappers import make_decode_cache_rope_index
 
@@ -82,7 +84,7 @@ def installed_code_supported() -> bool:
 
 
 FAMILIES: tuple[Family, ...] = () if not installed_code_supported() else (
-    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, host_rope_class=_MODEL, target_grids=True),
+    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, host_rope_class=_MODEL, plan=PLAN),
            helpers=image_ids),
 )
 

@@ -2,7 +2,7 @@
 model (GLM-Image: ``self._cached_decode_position_ids``, ``(B, 3, steps)``, which ``compute_3d_position_ids`` slices at
 every decode step, and ``self._prefill_len``).
 
-From the plan (stock's index run on the host copies, ``plan.target_grids``): its positions and deltas, and the same two
+From the plan (stock's index run on the host copies, ``glm_image.plan``): its positions and deltas, and the same two
 attributes set as stock sets them, the decode positions a device tensor moved with the plan. Without a plan: one read of
 the index's inputs, stock's index on the host (the same numbers), its results and decode positions sent back. A batch
 only stock's own index answers as stock does (``plan.stock_rope``): stock, on the device.

@@ -46,6 +46,7 @@ from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video
 from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
 from . import navit
+from .plan import PLAN
 from .edits import (
     FEATURE_SCATTER_MASK,
     FRAME_SIZES,
@@ -103,7 +104,7 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,
-                    tower_holds_projector=False, target_sizes=True, host_rope_class=f"{p}Model" if host_rope else None,
+                    tower_holds_projector=False, plan=PLAN, host_rope_class=f"{p}Model" if host_rope else None,
                     one_graph=True)
     return Family(model_type, targets, layout, helpers=navit)
 

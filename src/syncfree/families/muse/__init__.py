@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
@@ -52,6 +53,10 @@ _TOWER_NEEDS = ("get_vision_cu_seqlens(grid_thw, kwargs=kwargs)", "get_vision_wi
                 "self.pixel_shuffle(hidden_states, grid_thw, **kwargs)")
 
 
+# Spark's real audio samples per clip (one clip per batch row), which give the audio tokens each clip keeps.
+PLAN = PlanHooks(inputs=("input_values_mask",), per_row=("input_values_mask",))
+
+
 def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
     audio_options = dict(model_params=("input_values", "input_values_mask"), model_edits=AUDIO_SCATTER_EMBEDS)
     targets = vlm_targets(
@@ -67,7 +72,7 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
                token_types=False, tower_merge=1, interp_align_corners_from=f"{prefix}VisionPatchEmbedder",
                tower_holds_projector=False, merge_attr="merge_size", table_side_attr="pos_emb_height",
                window_from_table=True, interp_swap_hw=True, interp_padding="zeros", pixel_shuffle=True,
-               audio_tokens=audio, one_graph=True), helpers=audio_tokens)
+               audio_tokens=audio, one_graph=True, plan=PLAN if audio else PlanHooks()), helpers=audio_tokens)
 
 
 # Registered where the installed forward hands its tower the caller's kwargs and takes encoder outputs (Transformers

@@ -7,6 +7,7 @@ deepstack) or Qwen2.5-VL's (windows); the rope index is stock's own, run on the 
 
 from __future__ import annotations
 
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.edits import (
     AUDIO_ATTENTION,
@@ -19,13 +20,13 @@ from ...rewrite.edits import (
 )
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
-from ...rewrite.wrappers_audio import make_audio_forward, make_omni_rope_index
 from ..preset import Preset
 from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
 from . import audio_features
 from .audio_features import AUDIO_FEATURES
 from .inputs import build_omni_inputs, is_omni, omni_forward_kwargs
 from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
+from .wrappers import make_audio_forward, make_omni_rope_index
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -34,6 +35,11 @@ _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds",
                  "use_audio_in_video", "video_second_per_grid")
 _ROPE_PARAMS = ("input_ids", "image_grid_thw", "video_grid_thw", "attention_mask", "use_audio_in_video",
                 "audio_seqlens", "second_per_grids")
+
+
+# The audio clips' frames (``feature_attention_mask``) and a video's seconds per temporal patch, by the Omni processors'
+# names. (generate() repeats every tensor row by row: the plan's own expansion for an Omni thinker.)
+PLAN = PlanHooks(inputs=("feature_attention_mask", "video_second_per_grid"))
 
 
 def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: bool) -> Family:
@@ -64,7 +70,7 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     if deepstack:
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     layout = Layout(family_module(folder), learned_positions=deepstack, windows=not deepstack, audio=True,
-                    rope_class=f"{prefix}PreTrainedModelForConditionalGeneration")
+                    rope_class=f"{prefix}PreTrainedModelForConditionalGeneration", plan=PLAN)
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 

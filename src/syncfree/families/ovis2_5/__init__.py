@@ -16,7 +16,7 @@ What is its own, beside the Qwen-VL pieces it shares:
 * ``_merge_visual_features`` scatters each kind's features into its placeholders (by the plan's positions) and
   replaces the boundary tokens around each image or video by the learned indicator embeddings, after checking that
   there are as many of each as images or videos: that count is the plan's, of the boundary id in its host copy of
-  ``input_ids`` (``rewrite.helpers.token_count``), so the check, its message and its error stay stock's.
+  ``input_ids`` (``boundaries.token_count``), so the check, its message and its error stay stock's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..preset import Preset
 from ..shared import MODEL_PARAMS, family_module, handled_by, installed_source_has, registered_only
+from . import boundaries
 from .inputs import boundary_ids, build_ovis_inputs
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -77,7 +78,7 @@ FAMILIES: tuple[Family, ...] = () if not installed_source_has(_MODELING, "def _m
     Family("ovis2_5", _TARGETS,
            Layout(_MODELING, learned_positions=True, windows=True, mrope=False, token_types=False,
                   interp_align_corners_from=f"{_P}VisionEmbeddings", table_side_from_image_size=True,
-                  tower_holds_projector=False, interp_mode="bicubic")),
+                  tower_holds_projector=False, interp_mode="bicubic"), helpers=boundaries),
 )
 
 # A tiny model with the real layout rules: patch 16, merge 2, temporal patch 1, 112-pixel windows (3x3 merged patches:

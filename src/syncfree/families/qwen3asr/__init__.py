@@ -6,7 +6,7 @@ What syncs in stock, and what syncfree does instead:
 * the encoder's attention windows (``get_audio_cu_seqlens``: ``.max().item()``, a Python loop over device lengths,
   an upload), its valid output frames (``valid_mask.flatten().nonzero()``) and, in every encoder layer, the window
   sizes (``lengths.tolist()``): all follow from the processor's ``input_features_mask``, of which the plan keeps a
-  host copy (``plan.audio_mask``, by stock's own code on that copy). The encoder wrapper hands stock the planned
+  host copy (``plan``, by stock's own code on that copy). The encoder wrapper hands stock the planned
   ``cu_seqlens`` and ``max_seqlen`` (stock pops both from its kwargs; the latter carries the window sizes to
   ``AUDIO_ATTENTION``) and the valid frames' positions (``ASR_VALID_FRAMES``: ``index_select`` with them takes the
   same rows);
@@ -22,13 +22,14 @@ from ...plan.spec import Layout
 from ...rewrite.edits import AUDIO_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward
-from ...rewrite.wrappers_audio import make_masked_audio_forward
 from ..omni.inputs import Audio
 from ..preset import Preset
 from ..qwen_vl.inputs import Text, pack_rows
 from ..shared import family_module, handled_by, installed_source_has
 from . import valid_frames
 from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
+from .plan import PLAN
+from .wrappers import make_masked_audio_forward
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_asr_inputs", "asr_layout", "ASR_LAYOUT_NAMES", "MARKERS", "audio_tokens", "is_audio_only"]
@@ -52,7 +53,7 @@ _TARGETS = (
 # input_features_mask and pops its windows from its kwargs).
 FAMILIES: tuple[Family, ...] = (
     Family("qwen3_asr", _TARGETS, Layout(_MODULE, mrope=False, vision_markers=False, token_types=False,
-                                         audio_tokens=True, audio_encoder="Qwen3ASREncoder"),
+                                         audio_tokens=True, plan=PLAN),
            helpers=valid_frames),
 ) if installed_source_has(_MODULE, "def get_audio_cu_seqlens(", "input_features_mask: torch.Tensor,",
                           "valid_indices = valid_mask.flatten().nonzero().squeeze(-1)") else ()

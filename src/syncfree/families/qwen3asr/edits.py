@@ -1,7 +1,7 @@
 """Qwen3-ASR's audio encoder and placeholders: the stock lines rewritten (``ASR_*``); the helper the valid-frame
 select calls instead (``planned_valid_indices``) is the family's own, in ``valid_frames.py`` (its ``Family.helpers``).
 
-The encoder wrapper (``wrappers_audio.make_masked_audio_forward``) hands the stock forward the plan's windows
+The encoder wrapper (``wrappers.make_masked_audio_forward``) hands the stock forward the plan's windows
 (``cu_seqlens``, which stock's ``get_audio_cu_seqlens`` pops; ``max_seqlen``, which ``get_max_seqlen`` pops, carrying
 the window sizes to the split in every layer as ``AUDIO_ATTENTION`` reads them) and the positions of the valid output
 frames. The placeholder count and the scatter are ``placeholder_count`` / ``placeholder_numel`` /
@@ -15,7 +15,7 @@ from ...rewrite.rewriter import Edit
 __all__ = ["ASR_VALID_FRAMES", "ASR_PLACEHOLDER_MASK", "ASR_SCATTER"]
 
 # The valid output frames of the padded chunks, a nonzero (a read of the count): the plan's positions instead, made
-# by the same line on the host copy of input_features_mask (``plan.audio_mask``). ``index_select`` with them then
+# by the same line on the host copy of input_features_mask (``plan``). ``index_select`` with them then
 # takes the very rows stock's takes.
 ASR_VALID_FRAMES = (
     Edit("stmt", "valid_indices = valid_mask.flatten().nonzero().squeeze(-1)",

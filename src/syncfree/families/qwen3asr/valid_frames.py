@@ -1,5 +1,5 @@
 """Qwen3-ASR's own rewrite helper (its ``Family.helpers``): the positions of its audio encoder's valid output frames,
-which its encoder wrapper (``rewrite.wrappers_audio.make_masked_audio_forward``) took from the plan.
+which its encoder wrapper (``wrappers.make_masked_audio_forward``) took from the plan.
 """
 
 from __future__ import annotations

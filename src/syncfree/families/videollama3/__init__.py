@@ -28,17 +28,25 @@ import torch
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
-from ...rewrite.wrappers_merges import make_vision_forward_item_merges
+from ...plan.hooks import PlanHooks
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
 from ..shared import family_module, handled_by, vlm_targets
 from . import compression, item_sizes
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
+from .wrappers import make_vision_forward_item_merges
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_videollama3_inputs", "compression_mask"]
 
 _P = "VideoLlama3"
+
+
+# Its merge size per image and per video (the tower reads them per item) and the video features it keeps: host copies,
+# so neither the tower's loop nor the selection of the kept features reads the device.
+PLAN = PlanHooks(inputs=("image_merge_sizes", "video_merge_sizes", "video_compression_mask"),
+                 per_item=(("image_merge_sizes", "image"), ("video_merge_sizes", "video")),
+                 per_row=("video_compression_mask",))
 
 
 def _videollama3() -> Family:
@@ -58,7 +66,7 @@ def _videollama3() -> Family:
                needs=("image_grid_thw.prod(dim=1) // (image_merge_sizes**2)",)),
     )
     layout = Layout(family_module("video_llama_3"), mrope=False, vision_markers=False, token_types=False,
-                    tower_holds_projector=False, item_merge_sizes=True, one_graph=True)
+                    tower_holds_projector=False, item_merge_sizes=True, one_graph=True, plan=PLAN)
     own = {name: getattr(module, name) for module in (compression, item_sizes) for name in module.__all__}
     return Family("video_llama_3", targets, layout, helpers=own)
 

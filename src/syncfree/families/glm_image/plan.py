@@ -1,4 +1,4 @@
-"""GLM-Image's part of a plan (``Layout.target_grids``): its grids hold the images it generates, not only those it sees.
+"""GLM-Image's part of a plan (its ``PlanHooks``): its grids hold the images it generates, not only those it sees.
 
 Its processor lists, per sample, the source images' grids and then the grids of the images to generate (one in
 image-to-image, a large and a small preview in text-to-image), and says how many rows each sample has in
@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from .rope_stock import stock_on_host
+from ...plan.batch import rows_repeated
+from ...plan.hooks import PlanHooks
+from ...plan.rope_stock import stock_on_host
 
-__all__ = ["source_grids", "target_grid_rope", "expanded_inputs"]
+__all__ = ["PLAN"]
 
 _ROPE_INPUTS = ("input_ids", "image_grid_thw", "images_per_sample", "attention_mask")
 
@@ -46,8 +48,18 @@ def target_grid_rope(spec, host: dict) -> dict:
                 prefill_len=model._prefill_len)
 
 
-def expanded_inputs(host: dict, k: int) -> dict:
+def expanded_inputs(plan, k: int) -> dict:
     """The plan's inputs as generate() expands them for beams: every tensor repeated row by row (GenerationMixin's
     default, which GLM-Image keeps: its grids and ``images_per_sample`` too, whatever they then describe)."""
-    return {n: v.repeat_interleave(k, dim=0) if isinstance(v, torch.Tensor) else v for n, v in host.items()
-            if n != "position_ids"}
+    return rows_repeated(plan.host, k)
+
+
+def vq_words(name: str, tokens: int, features: int) -> str:
+    """Stock's words where the image placeholders and the codes disagree (its features are VQ codes)."""
+    return f"Number of image placeholder tokens ({tokens}) does not match number of image tokens from VQVAE ({features})"
+
+
+# ``images_per_sample``: the grid rows per sample, its sources and then its targets; read on the host with
+# ``.tolist()``, as the grids are.
+PLAN = PlanHooks(inputs=("images_per_sample",), host_only=("images_per_sample",), tower_grid=source_grids,
+                 positions=target_grid_rope, expand=expanded_inputs, feature_words=vq_words)

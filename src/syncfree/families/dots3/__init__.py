@@ -24,20 +24,17 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION, feature_split
-from ..rewrite.edits_variants import (
-    AUDIO_CHUNK_GROUPS,
-    AUDIO_CHUNK_TOKENS,
-    FEATURE_SCATTER_EMBEDDINGS,
-    PLACEHOLDER_BY_ANY_TOKEN_ID,
-)
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
-from .muse import Waveform
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import MODEL_NEEDS, VISION_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from ...plan.spec import Layout
+from ...rewrite.edits import VISION_ATTENTION, feature_split
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
+from ..muse import Waveform
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..shared import MODEL_NEEDS, VISION_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from . import audio_chunks, placeholders
+from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBEDDINGS, PLACEHOLDER_BY_ANY_TOKEN_ID
+from .plan import PLAN
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_dots3_inputs", "Waveform"]
@@ -62,8 +59,8 @@ def _dots3_note() -> Family:
         Target(f"{_P}ForConditionalGeneration", "_expand_inputs_for_generation", edits=AUDIO_CHUNK_GROUPS),
     )
     return Family("dots3_note", targets, Layout(family_module("dots3_note"), mrope=False, vision_markers=False,
-                                                token_types=False, audio_tokens=True, audio_chunks=True,
-                                                one_graph=True))
+                                                token_types=False, audio_tokens=True, plan=PLAN, one_graph=True),
+                  helpers={name: getattr(m, name) for m in (audio_chunks, placeholders) for name in m.__all__})
 
 
 # Registered where Transformers ships dots3-note with its packed audio chunks (5.24; 5.17 has no such model).

@@ -15,14 +15,14 @@ import functools
 
 import torch
 
-from ..plan import active
-from ..plan.spec import ModelSpec
-from ..plan.tensors import same_host_values
-from ..plan.vision import vision_plan
-from .call_args import positional_names
-from .helpers import traced_vision_plan
-from .host_read import read_to_host_syncs_once
-from .wrappers import make_vision_forward
+from ...plan import active
+from ...plan.spec import ModelSpec
+from ...plan.tensors import same_host_values
+from ...plan.vision import vision_plan
+from ...rewrite.call_args import positional_names
+from ...rewrite.helpers import traced_vision_plan
+from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.wrappers import make_vision_forward
 
 __all__ = ["make_vision_forward_item_merges"]
 

@@ -1,12 +1,9 @@
-"""Wrappers for the Omni thinkers' own pieces (Qwen3-Omni-MoE, Qwen2.5-Omni): the audio encoder and the rope index.
+"""The Omni thinkers' wrappers (Qwen3-Omni-MoE, Qwen2.5-Omni): the audio encoder and the rope index.
 
 * ``make_audio_forward``: the audio encoder. Hands the stock forward the plan's chunking, valid
   frames and attention windows (stock pops them from its kwargs); the window sizes ride along in
   ``max_seqlen`` (``syncfree.plan.audio.SegmentedMax``) to the split in every encoder layer, so the device is
   never asked for them.
-* ``make_masked_audio_forward``: an audio encoder that takes the processor's ``input_features_mask`` (Qwen3-ASR).
-  Hands the stock forward the plan's windows and valid frames (``syncfree.plan.audio_mask``): stock pops the
-  windows from its kwargs, the rewritten select the valid frames.
 * ``make_omni_rope_index``: the 3D rotary index, from the plan (made by stock's own index on the
   host); without a plan, one read of the control tensors, then stock's index on the host.
 """
@@ -17,14 +14,13 @@ import functools
 
 import torch
 
-from ..plan import active
-from ..plan.audio import audio_plan_from_lengths
-from ..plan.audio_mask import MaskedAudioPlan, masked_audio_plan
-from ..plan.tensors import same_host_values
-from .call_args import fits, given_args, positional_names, same_device
-from .host_read import read_to_host_syncs_once
+from ...plan import active
+from ...plan.audio import audio_plan_from_lengths
+from ...plan.tensors import same_host_values
+from ...rewrite.call_args import fits, given_args, positional_names, same_device
+from ...rewrite.host_read import read_to_host_syncs_once
 
-__all__ = ["make_audio_forward", "make_omni_rope_index", "make_masked_audio_forward"]
+__all__ = ["make_audio_forward", "make_omni_rope_index"]
 
 
 def _audio_plan_for(feature_lens):
@@ -53,40 +49,6 @@ def make_audio_forward(stock):
         # The chunking, valid frames and windows, planned; the layers' splits find their sizes in max_seqlen.
         extra = audio.encoder_kwargs(input_features)
         return stock(self, input_features, feature_lens, **extra, **kwargs)
-
-    return forward
-
-
-def _masked_audio_plan_for(input_features_mask):
-    """The active plan's audio plan when ``input_features_mask`` is the mask it was made from (that very tensor, given
-    to the forward, or a host tensor of its values)."""
-    entry = active.current()
-    audio = entry.plan.audio if entry is not None else None
-    if not isinstance(audio, MaskedAudioPlan) or not isinstance(input_features_mask, torch.Tensor):
-        return None
-    kept = entry.plan.host.get("input_features_mask")
-    if entry.given.get("input_features_mask") is input_features_mask or same_host_values(input_features_mask, kept):
-        return audio
-    return None
-
-
-def make_masked_audio_forward(stock):
-    @functools.wraps(stock)
-    def forward(self, input_features=None, input_features_mask=None, **kwargs):
-        audio = kwargs.pop("syncfree_audio_plan", None)  # a plan handed in (a compiled encoder's callers, tests)
-        if ((audio is None and torch.compiler.is_compiling()) or input_features is None
-                or not isinstance(input_features_mask, torch.Tensor) or "cu_seqlens" in kwargs or "max_seqlen" in kwargs):
-            return stock(self, input_features, input_features_mask, **kwargs)
-        audio = audio or _masked_audio_plan_for(input_features_mask)
-        if audio is None:  # no plan: one read of the mask (none if it is on the host already)
-            host = read_to_host_syncs_once({"mask": input_features_mask})["mask"]
-            audio = masked_audio_plan(host, type(self).__module__, type(self).__name__, self.n_window,
-                                      self.n_window_infer)
-            if audio is None:  # a batch stock refuses: its own error
-                return stock(self, input_features, input_features_mask, **kwargs)
-        if not same_device(audio.device, input_features.device):
-            audio = audio.to(input_features.device)
-        return stock(self, input_features, input_features_mask, **audio.encoder_kwargs(), **kwargs)
 
     return forward
 

@@ -1,4 +1,4 @@
-"""dots3-note's packed audio chunks, on the host: how its ``generate()`` groups them by sample.
+"""dots3-note's part of a plan (its ``PlanHooks``): its packed audio chunks, and how its ``generate()`` groups them.
 
 Its feature extractor cuts each clip into chunks (of at most ``chunk_length`` seconds) and packs the chunks of the
 whole batch along one axis, with ``chunk_sample_lengths`` (samples per chunk); a chunk of ``n`` samples yields
@@ -12,7 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["chunk_groups", "expanded_chunk_lengths"]
+from ...plan.batch import expanded_inputs
+from ...plan.hooks import PlanHooks
+
+__all__ = ["chunk_groups", "expanded_chunk_lengths", "PLAN"]
 
 
 def chunk_groups(chunk_sample_lengths: torch.Tensor, placeholders_per_row: torch.Tensor,
@@ -36,3 +39,23 @@ def expanded_chunk_lengths(chunk_sample_lengths: torch.Tensor, input_ids: torch.
         return None
     groups = torch.arange(chunks).split(offsets.diff().tolist())
     return chunk_sample_lengths.index_select(0, torch.cat([g.repeat(k) for g in groups]))
+
+
+def expanded_with_chunks(plan, k: int) -> dict:
+    """The shared expansion, and each row's chunks repeated ``k`` times, row after row, as its generate() repeats them
+    (``PlanHooks.expand``)."""
+    inputs, host = expanded_inputs(plan, k), plan.host
+    if host["chunk_sample_lengths"] is not None and host["input_ids"] is not None:
+        inputs["chunk_sample_lengths"] = expanded_chunk_lengths(host["chunk_sample_lengths"], host["input_ids"],
+                                                                plan.spec.audio_token_id,
+                                                                plan.spec.value("samples_per_token"), k)
+    return inputs
+
+
+def samples_per_token(config) -> dict:
+    """The audio samples per placeholder (``PlanHooks.values``)."""
+    return {"samples_per_token": config.audio_config.samples_per_token}
+
+
+# ``chunk_sample_lengths``: the samples of each packed audio chunk, which give the frames each chunk keeps.
+PLAN = PlanHooks(inputs=("chunk_sample_lengths",), expand=expanded_with_chunks, values=samples_per_token)

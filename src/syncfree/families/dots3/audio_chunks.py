@@ -9,17 +9,13 @@ always while ``torch.compile`` traces).
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-
 import torch
 
-from ..plan import active
-from ..plan.audio_chunks import chunk_groups
+from ...plan import active
+from ...rewrite.host_mask import knowing_host_mask
+from .plan import chunk_groups
 
-__all__ = ["chunk_attention_mask", "chunk_valid_tokens", "audio_chunk_groups", "known_host_mask",
-           "make_ignore_bidirectional_mask_sdpa"]
+__all__ = ["chunk_attention_mask", "chunk_valid_tokens", "audio_chunk_groups"]
 
 
 def _planned(name: str, given) -> tuple[active.Entry, torch.Tensor] | None:
@@ -43,54 +39,16 @@ def _host_chunk_mask(padding_mask: torch.Tensor, chunk_sample_lengths, samples_p
     return torch.arange(padding_mask.shape[1])[None, :] < token_lengths[:, None]
 
 
-_known = threading.local()
-
-
-def known_host_mask(mask) -> torch.Tensor | None:
-    """The host copy of ``mask`` (that very tensor) that a running ``chunk_attention_mask`` knows, or None."""
-    for device_mask, host in reversed(getattr(_known, "masks", None) or ()):
-        if device_mask is mask:
-            return host
-    return None
-
-
-@contextlib.contextmanager
-def _knowing(device_mask: torch.Tensor, host: torch.Tensor):
-    masks = _known.__dict__.setdefault("masks", [])
-    masks.append((device_mask, host))
-    try:
-        yield
-    finally:
-        masks.pop()
-
-
 def chunk_attention_mask(create, config, hidden_states: torch.Tensor, padding_mask: torch.Tensor, chunk_sample_lengths,
                          samples_per_token: int):
     """``create(config, hidden_states, padding_mask)`` (``create_bidirectional_mask`` of the chunks' frame mask), with
-    that mask's host copy known to the SDPA shortcut check (``make_ignore_bidirectional_mask_sdpa``), which then asks
+    that mask's host copy known to the SDPA shortcut check (``rewrite.host_mask.make_ignore_bidirectional_mask_sdpa``), which then asks
     "is nothing padded?" of the host copy, not the device."""
     host = _host_chunk_mask(padding_mask, chunk_sample_lengths, samples_per_token)
     if host is None:
         return create(config, hidden_states, padding_mask)
-    with _knowing(padding_mask, host):
+    with knowing_host_mask(padding_mask, host):
         return create(config, hidden_states, padding_mask)
-
-
-def make_ignore_bidirectional_mask_sdpa(stock):
-    """Transformers' SDPA shortcut check of a bidirectional mask (``padding_mask.all()``: a read of the device),
-    answered from a host copy ``chunk_attention_mask`` knows for that very mask; stock's own check otherwise."""
-    is_tracing = stock.__globals__.get("is_tracing")
-
-    @functools.wraps(stock)
-    def _ignore_bidirectional_mask_sdpa(padding_mask, *args, **kwargs):
-        if (isinstance(padding_mask, torch.Tensor) and padding_mask.device.type != "cpu"
-                and not torch.compiler.is_compiling() and not (is_tracing is not None and is_tracing(padding_mask))):
-            host = known_host_mask(padding_mask)
-            if host is not None and host.shape == padding_mask.shape:
-                padding_mask = host
-        return stock(padding_mask, *args, **kwargs)
-
-    return _ignore_bidirectional_mask_sdpa
 
 
 def chunk_valid_tokens(hidden_states: torch.Tensor, padding_mask: torch.Tensor, chunk_sample_lengths,

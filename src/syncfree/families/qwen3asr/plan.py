@@ -1,4 +1,4 @@
-"""The audio side of a plan for an encoder that takes the processor's ``input_features_mask`` (Qwen3-ASR).
+"""Qwen3-ASR's part of a plan (its ``PlanHooks``): its audio encoder's, from the processor's ``input_features_mask``.
 
 Stock reads the device three ways per encoder call to lay the mel frames out: the attention windows
 (``get_audio_cu_seqlens``: ``.max().item()``, a Python loop over device lengths, then an upload), the valid
@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .audio import SegmentedMax
-from .tensors import DeviceFields
+from ...plan.audio import SegmentedMax
+from ...plan.hooks import PlanHooks
+from ...plan.tensors import DeviceFields
 
-__all__ = ["MaskedAudioPlan", "masked_audio_plan"]
+__all__ = ["MaskedAudioPlan", "masked_audio_plan", "PLAN"]
+
+_ENCODER = "Qwen3ASREncoder"
 
 
 @dataclass
@@ -69,3 +72,22 @@ def masked_audio_plan(mask: torch.Tensor, module_name: str, encoder: str, n_wind
                            max_seqlen=SegmentedMax(max(seqlens, default=0), seqlens), cu_seqlens=cu_seqlens,
                            valid_shape=tuple(valid_mask.shape), valid_indices=valid_indices,
                            n_outputs=int(valid_indices.numel()))
+
+
+def encoder_windows(config) -> dict:
+    """The audio config's window values the encoder's plan is made with (``PlanHooks.values``)."""
+    return {"n_window": config.audio_config.n_window, "n_window_infer": config.audio_config.n_window_infer}
+
+
+def encoder_plan(spec, host: dict) -> dict:
+    """The Plan's ``audio`` field: the encoder's windows and valid frames from the host mask (``PlanHooks.fields``)."""
+    mask = host["input_features_mask"]
+    if mask is None:
+        return {}
+    return {"audio": masked_audio_plan(mask, spec.vision_module, _ENCODER, spec.value("n_window"),
+                                       spec.value("n_window_infer"))}
+
+
+# ``input_features_mask``: each clip's real mel frames, one row per clip (one clip per batch row).
+PLAN = PlanHooks(inputs=("input_features_mask",), per_row=("input_features_mask",), fields=encoder_plan,
+                 values=encoder_windows)

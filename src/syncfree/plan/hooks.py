@@ -1,0 +1,80 @@
+"""What a family adds to the shared plan: its ``PlanHooks``, declared in the family's folder and called by the plan.
+
+The plan in this package is the Qwen-VL one: token types, placeholder runs, vision plans from ``*_grid_thw`` rows,
+a 3D rotary index. A family whose batch carries more control inputs, whose grids come another way, or whose
+positions are its own says so in its ``PlanHooks`` (``Layout.plan``) instead of adding a flag to the shared layout:
+the plan calls what the family declares and knows nothing else of it.
+
+Hooks are module-level functions: a plan is pickled with its spec (``DataLoader`` workers), and the spec holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["PlanHooks", "SHARED_INPUTS", "register_inputs", "plan_inputs"]
+
+# The control inputs every Qwen-VL-style plan reads (host copies, checksums, staleness checks).
+SHARED_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
+                 "second_per_grid_ts", "position_ids")
+
+
+@dataclass(frozen=True)
+class PlanHooks:
+    """A family's part of the plan. Every field is optional; the defaults are the Qwen-VL plan's behaviour."""
+
+    # Control inputs beyond ``SHARED_INPUTS`` that the plan keeps host copies of, checks and hands the forward.
+    inputs: tuple[str, ...] = ()
+    # How generate() expands them for beams: one row per batch row (repeated as the rows), or one row per image or
+    # video item, as ``(input, "image" | "video")`` (repeated with the items of each batch row).
+    per_row: tuple[str, ...] = ()
+    per_item: tuple[tuple[str, str], ...] = ()
+    # Those ``prepare`` leaves on the host when it moves the batch (read there, as the grids are).
+    host_only: tuple[str, ...] = ()
+    # Grid rows that come as other inputs (the image's, the video's), with ``grids(host) -> (image_grid_thw,
+    # video_grid_thw)`` making ``(t, h, w)`` rows of them; the forward is handed the plan's host copies of them.
+    grid_inputs: tuple[str, str] | None = None
+    grids: Callable | None = None
+    # The tokens' spatial merge on a side where the vision config names none: ``merge(config) -> int``.
+    merge: Callable | None = None
+    # ``tower_grid(spec, host, image_tokens)``: the image grids the tower sees, where they are not all the given ones.
+    tower_grid: Callable | None = None
+    # ``positions(spec, host) -> dict``: the family's own rotary positions as Plan fields (``position_ids``,
+    # ``rope_deltas`` and what else its index leaves), instead of the Qwen-VL index.
+    positions: Callable | None = None
+    # ``fields(spec, host) -> dict``: Plan fields the family adds (its audio encoder's plan).
+    fields: Callable | None = None
+    # ``expand(plan, k) -> dict``: the inputs of a batch generate() expanded ``k`` times, where the shared rule
+    # (``batch.expanded_inputs``) does not give them.
+    expand: Callable | None = None
+    # ``values(config) -> dict``: the config values the family's hooks depend on (kept in ``ModelSpec.values``,
+    # checked against the model like the rest of the spec).
+    values: Callable | None = None
+    # ``feature_words(kind, tokens, features) -> str``: stock's words where placeholders and features disagree, where
+    # the family's stock says it otherwise.
+    feature_words: Callable | None = None
+
+    def __post_init__(self):
+        declared = set(self.inputs)
+        for name in (*self.per_row, *(n for n, _ in self.per_item), *self.host_only, *(self.grid_inputs or ())):
+            if name not in declared:
+                raise ValueError(f"PlanHooks: {name!r} is not among the declared inputs {self.inputs}")
+        if (self.grid_inputs is None) != (self.grids is None):
+            raise ValueError("PlanHooks: grid_inputs and grids come together")
+
+
+# The declared inputs of every registered family, in registration order (after ``SHARED_INPUTS``).
+_FAMILY_INPUTS: dict[str, None] = {}
+
+
+def register_inputs(hooks: PlanHooks) -> None:
+    """Add a family's declared inputs to those every plan keeps (called when its layout is registered)."""
+    for name in hooks.inputs:
+        if name not in SHARED_INPUTS:
+            _FAMILY_INPUTS.setdefault(name)
+
+
+def plan_inputs() -> tuple[str, ...]:
+    """Every control input a plan is built from: the shared ones, then those the registered families declare."""
+    return SHARED_INPUTS + tuple(_FAMILY_INPUTS)
