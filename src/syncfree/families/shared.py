@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 
-from ..rewrite.host_mask import make_ignore_bidirectional_mask_sdpa
 from ..rewrite.edits import (
     FEATURE_SCATTER,
     FEATURE_SPLIT,
@@ -19,6 +18,7 @@ from ..rewrite.edits import (
     STATIC_LENGTH_TENSOR,
     VISION_ATTENTION,
 )
+from ..rewrite.host_mask import make_ignore_bidirectional_mask_sdpa
 from ..rewrite.targets import Target
 from ..rewrite.wrappers import (
     make_generate,

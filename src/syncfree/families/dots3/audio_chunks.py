@@ -42,8 +42,8 @@ def _host_chunk_mask(padding_mask: torch.Tensor, chunk_sample_lengths, samples_p
 def chunk_attention_mask(create, config, hidden_states: torch.Tensor, padding_mask: torch.Tensor, chunk_sample_lengths,
                          samples_per_token: int):
     """``create(config, hidden_states, padding_mask)`` (``create_bidirectional_mask`` of the chunks' frame mask), with
-    that mask's host copy known to the SDPA shortcut check (``rewrite.host_mask.make_ignore_bidirectional_mask_sdpa``), which then asks
-    "is nothing padded?" of the host copy, not the device."""
+    that mask's host copy known to the SDPA shortcut check (``rewrite.host_mask.make_ignore_bidirectional_mask_sdpa``),
+    which then asks "is nothing padded?" of the host copy, not the device."""
     host = _host_chunk_mask(padding_mask, chunk_sample_lengths, samples_per_token)
     if host is None:
         return create(config, hidden_states, padding_mask)

@@ -37,8 +37,8 @@ from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
 from ..shared import family_module, handled_by, installed_source_has, registered_only
 from . import image_ids
-from .plan import PLAN
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
+from .plan import PLAN
 from .wrappers import make_decode_cache_rope_index
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",

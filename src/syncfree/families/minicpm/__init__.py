@@ -46,7 +46,6 @@ from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video
 from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
 from . import navit
-from .plan import PLAN
 from .edits import (
     FEATURE_SCATTER_MASK,
     FRAME_SIZES,
@@ -57,6 +56,7 @@ from .edits import (
     NAVIT_WINDOW_MERGER,
     PLACEHOLDER_BY_TOKEN_ID,
 )
+from .plan import PLAN
 from .wrappers import make_vision_forward_target_sizes
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import torch
 
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
-from ...plan.hooks import PlanHooks
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
 from ..shared import family_module, handled_by, vlm_targets
