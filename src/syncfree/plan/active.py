@@ -127,7 +127,7 @@ class Entry:
     attention_mask: object = None
     in_generate: bool = False
     given: dict = field(default_factory=dict)  # the control tensors of the call, by name
-    # Token ids the forward derived from ``input_ids`` whose rotary positions are still the plan's (GLM-Image's, with its
+    # Token ids the forward derived from ``input_ids`` whose rotary positions are still the plan's (an image generator's, with its
     # source images' VQ codes written into the placeholders: its index reads only the image start and end ids).
     rope_ids: object = None
     # In a traced forward: tensors a family's rewritten code derived from the call's control tensors (a per-frame grid,

@@ -81,10 +81,10 @@ class Plan(DeviceFields):
     # The batch's placeholder runs do not match its grids (or a row is all padding): the forward runs stock's
     # own get_rope_index, which fails or places positions its own way (reading the device: only for such batches).
     stock_rope: bool = False
-    # Where the tower sees each video frame as its own (1, h, w) grid row (GLM-4.1V): the plan for those rows.
+    # Where the tower sees each video frame as its own (1, h, w) grid row: the plan for those rows.
     video_frames: VisionPlan | None = None
     # A family's own index (``PlanHooks.positions``) that leaves positions on the model for the decode steps, (B, 3,
-    # steps), and the prompt's length (GLM-Image's); ``image`` then plans the grids its tower sees.
+    # steps), and the prompt's length; ``image`` then plans the grids its tower sees.
     decode_position_ids: torch.Tensor | None = None
     prefill_len: int | None = None
 
@@ -285,7 +285,7 @@ def draft_plan(spec: ModelSpec, **inputs) -> Draft:
     tower_grid = host["image_grid_thw"]
     if spec.hooks.tower_grid is not None:  # (the grids the tower sees are not all the given ones)
         image_grid_thw = tower_grid = spec.hooks.tower_grid(spec, host, int(np.count_nonzero(types == 1)))
-    # (Per-item merge sizes, VideoLLaMA3's: passed only where given, so other families' calls stay as they were.)
+    # (Per-item merge sizes: passed only where given, so other families' calls stay as they were.)
     merges = {kind: {"merge_sizes": host.get(f"{kind}_merge_sizes")} if host.get(f"{kind}_merge_sizes") is not None
               else {} for kind in ("image", "video")}
     image = (vision_plan(tower_grid, spec, "image_grid_thw", **merges["image"])
@@ -323,7 +323,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
         extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
                      else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host),
                      stock_rope=stock_rope)
-        if spec.audio_token_id is not None and host["input_ids"] is not None:  # (Muse Spark's audio placeholders)
+        if spec.audio_token_id is not None and host["input_ids"] is not None:  # (audio placeholders without an Omni audio plan)
             extra["n_audio_tokens"] = int((host["input_ids"] == spec.audio_token_id).sum())
     if spec.hooks.fields is not None:  # (what the family adds: its audio encoder's plan)
         extra.update(spec.hooks.fields(spec, host))
@@ -340,16 +340,16 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     none is computed; (None, None, True) where only stock's own index gives stock's answer (runs that do not
     match their grids, a row with no kept token: stock fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
-    # (A host index of the family's own places positions even where the plan's runs carry no meaning: MiniCPM-V 4.7.)
+    # (A host index of the family's own places positions even where the plan's runs carry no meaning.)
     if ((spec.mrope or spec.host_rope_class is not None) and ids is not None and mm_types is not None
             and ids.shape == mm_types.shape and has_vision and (given_mask is None or mask is not None)):
-        if spec.host_rope_class is not None:  # the family's own index (HunYuan-VL's), as stock, on the host
+        if spec.host_rope_class is not None:  # the family's own index, as stock, on the host
             try:
                 return (*stock_rope_index(spec.vision_module, spec.host_rope_class, spec.config, input_ids=ids,
                                           mm_token_type_ids=mm_types, image_grid_thw=host["image_grid_thw"],
                                           video_grid_thw=host["video_grid_thw"], attention_mask=mask,
                                           **{n: host[n] for n in spec.hooks.inputs}), False)
-            # Stock's own index raises the same on the device (MiniCPM-V 4.7's: a grid iterator run dry or absent).
+            # Stock's own index raises the same on the device (e.g. a grid iterator run dry or absent).
             except (RuntimeError, ValueError, StopIteration, TypeError, IndexError):
                 return None, None, True
         try:

@@ -24,7 +24,7 @@ class MaskShapeError(ValueError, IndexError):
 
 
 class InputsNotTaken(ValueError):
-    """A kind of batch a family's model cannot take at all (GLM-4.1V: images and videos together), raised where
+    """A kind of batch a family's model cannot take at all (e.g. images and videos together), raised where
     syncfree builds processor-style inputs, so a benchmark or census lists it as not applicable."""
 
 

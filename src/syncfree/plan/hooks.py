@@ -48,6 +48,9 @@ class PlanHooks:
     # ``expand(plan, k) -> dict``: the inputs of a batch generate() expanded ``k`` times, where the shared rule
     # (``batch.expanded_inputs``) does not give them.
     expand: Callable | None = None
+    # The config attributes the family's own host rotary index reads (``Layout.host_rope_class``), beyond the image
+    # token, ``mrope_section`` and the merge size: kept in the spec's ``rope_key``.
+    rope_config: tuple[str, ...] = ()
     # ``values(config) -> dict``: the config values the family's hooks depend on (kept in ``ModelSpec.values``,
     # checked against the model like the rest of the spec).
     values: Callable | None = None

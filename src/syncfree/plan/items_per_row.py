@@ -37,7 +37,7 @@ def items_per_row_by_count(runs: Runs, image: VisionPlan | None, video: VisionPl
 
 
 def kept_sizes(host: dict, video: VisionPlan) -> list[int]:
-    """The features each video keeps: its split size, less those ``video_compression_mask`` drops (VideoLLaMA3)."""
+    """The features each video keeps: its split size, less those ``video_compression_mask`` drops."""
     mask = host.get("video_compression_mask")
     if not isinstance(mask, torch.Tensor) or mask.shape != (sum(video.split_sizes),):
         return list(video.split_sizes)

@@ -115,7 +115,7 @@ def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw
             processor gives it, or a list of Python numbers); None counts 1 second per video. Expected >= 0.
         truncate_seconds: older Transformers (5.17 does, 5.24 does not): ``int(seconds)`` before scaling
             (a 0.5 s grid gets step 0). False: scale the seconds as they are, truncate the product.
-        video_temporal_merge: frames per video token (ERNIE-4.5-VL: 2; its run holds t // 2 frames). Nothing
+        video_temporal_merge: frames per video token (2: a video's run holds t // 2 frames). Nothing
             here depends on it: a run's frame is its offset over the frame's area, whatever t is.
 
     Returns (position_ids of shape (3, B, S) with dtype input_ids.dtype on input_ids.device,

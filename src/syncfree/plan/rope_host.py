@@ -70,7 +70,7 @@ def runs_of(values: np.ndarray, row_starts: np.ndarray) -> tuple[np.ndarray, np.
 
 def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames: bool, steps, temporal_merge: int):
     """Each run's (t, h, w) and video time step (1 elsewhere): grids taken in order across the batch. A whole-video
-    run covers t // ``temporal_merge`` frames (ERNIE-4.5-VL merges them in pairs after its tower)."""
+    run covers t // ``temporal_merge`` frames (a family that merges them after its tower)."""
     h = np.full(kinds.shape[0], merge, dtype=np.int64)  # text: a harmless merge x merge grid (one merged patch)
     w = h.copy()
     step = None

@@ -30,23 +30,16 @@ def rope_config_key(config) -> tuple:
     return tuple(values)
 
 
-# What MiniCPM-V 4.7's canvas index reads from the config beyond the rest: the markers, and the mode that sets its merge.
-_CANVAS_FIELDS = ("video_token_id", "image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id",
-                  "downsample_mode")
-
-
-def host_rope_key(config) -> tuple:
-    """What a family's own index run by ``stock_rope_index`` reads from the config (HunYuan-VL's: the number of
-    rotary axes, from ``mrope_section``, and the merge size)."""
+def host_rope_key(config, own: tuple[str, ...] = ()) -> tuple:
+    """What a family's own index run by ``stock_rope_index`` reads from the config: the image token, the number of
+    rotary axes (from ``mrope_section``) and the merge size, and the config attributes the family names (``own``:
+    ``PlanHooks.rope_config``, e.g. its marker ids)."""
     rope = getattr(config.text_config, "rope_parameters", None) or {}
     section = rope.get("mrope_section")
-    # (GLM-Image's index finds each image by its start and end ids.)
-    markers = tuple((name, getattr(config, name)) for name in ("image_start_token_id", "image_end_token_id")
-                    if isinstance(getattr(config, name, None), int))
     return (("image_token_id", getattr(config, "image_token_id", None)),
             ("text_config.mrope_section", tuple(section) if section is not None else None),
             ("vision_config.spatial_merge_size", getattr(config.vision_config, "spatial_merge_size", None)),
-            *((name, getattr(config, name, None)) for name in _CANVAS_FIELDS)) + markers
+            *((name, getattr(config, name, None)) for name in own))
 
 
 class _HostSelf:
@@ -55,7 +48,7 @@ class _HostSelf:
     def __init__(self, cls: type, config) -> None:
         self._cls = cls
         self.config = config
-        # (MiniCPM-V 4.7's vision config names none: its index takes the merge from the downsample mode)
+        # (None where the vision config names none: such an index takes its merge from elsewhere in the config)
         self.spatial_merge_size = getattr(config.vision_config, "spatial_merge_size", None)
 
     def __getattr__(self, name: str):
@@ -81,7 +74,7 @@ def stock_rope_on_host(modeling: str, cls_name: str, config, input_ids: torch.Te
 
 def stock_rope_index(modeling: str, cls_name: str, config, **inputs):
     """A family's own ``get_rope_index`` exactly as stock computes it, from host tensors (no device involved): the
-    inputs its signature names, by name (HunYuan-VL's: input_ids, mm_token_type_ids, image_grid_thw,
+    inputs its signature names, by name (e.g. input_ids, mm_token_type_ids, image_grid_thw,
     attention_mask)."""
     cls = getattr(importlib.import_module(modeling), cls_name)
     taken = inspect.signature(inspect.unwrap(inspect.getattr_static(cls, "get_rope_index"))).parameters
@@ -92,7 +85,7 @@ def stock_rope_index(modeling: str, cls_name: str, config, **inputs):
 
 def stock_on_host(modeling: str, cls_name: str, config, method: str, **inputs):
     """A method of the family's own class (``method``) exactly as stock computes it, from host tensors, and the stand-in
-    it ran on: what the method left on ``self`` (GLM-Image's index: its decode positions) can be read there."""
+    it ran on: what the method left on ``self`` (an index that keeps decode positions) can be read there."""
     host = _HostSelf(getattr(importlib.import_module(modeling), cls_name), config)
     return getattr(host, method)(**inputs), host
 

@@ -28,45 +28,45 @@ class Layout:
     # Omni thinkers: an audio encoder, and a rope index the plan runs as stock on the host (defined on this class).
     audio: bool = False
     rope_class: str | None = None
-    # 3D rotary positions (M-RoPE) from a get_rope_index; False: the text model numbers tokens 0..S-1 itself
-    # (EXAONE-4.5), so the plan computes no positions and placeholder runs carry no meaning.
+    # 3D rotary positions (M-RoPE) from a get_rope_index; False: the text model numbers tokens 0..S-1 itself, so
+    # the plan computes no positions and placeholder runs carry no meaning.
     mrope: bool = True
     # The processor's markers around each image or video (the config's ids); False where the chat template
-    # writes them and the config names none (EXAONE-4.5).
+    # writes them and the config names none.
     vision_markers: bool = True
     # The processor returns (and the forward takes) mm_token_type_ids.
     token_types: bool = True
     # Video frames are written with the image placeholder and typed 2 only by mm_token_type_ids; stock counts
-    # "video" placeholders as image tokens, and the tower sees each frame as its own (1, h, w) grid row (GLM-4.1V).
+    # "video" placeholders as image tokens, and the tower sees each frame as its own (1, h, w) grid row.
     video_frames_as_images: bool = False
-    # The module holding the vision tower, where it is not the family's own (GLM-4.6V runs GLM-4.1V's tower).
+    # The module holding the vision tower, where it is not the family's own (a family that runs another's tower).
     vision_modeling: str | None = None
-    # A tower that merges patches only after its encoder (PaddleOCR-VL: its helpers take merge 1, its learned table
-    # is image_size // patch_size on a side).
+    # A tower that merges patches only after its encoder (its helpers take this merge, 1; its learned table is
+    # image_size // patch_size on a side).
     tower_merge: int | None = None
     # The class whose ``self.interpolation_align_corners = ...`` says how the learned table is resampled (it
     # changed between releases); None: align_corners=True, as Qwen3-VL's helpers take it.
     interp_align_corners_from: str | None = None
     table_side_from_image_size: bool = False
     pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
-    # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows
-    # (Cosmos3-Edge, PaddleOCR-VL): vision_every_step's one-unit tower pass would not reach that projector.
+    # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows:
+    # vision_every_step's one-unit tower pass would not reach that projector.
     tower_holds_projector: bool = True
-    # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (ERNIE-4.5-VL's
-    # resampler): a video's placeholders and its temporal positions count t // that size frames.
+    # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (a resampler): a
+    # video's placeholders and its temporal positions count t // that size frames.
     video_temporal_merge: bool = False
-    # Each image and video comes with its own spatial merge size, a forward input (VideoLLaMA3's image_merge_sizes /
-    # video_merge_sizes: images 1, videos 2) instead of a config value: the plan keeps them on the host per item.
+    # Each image and video comes with its own spatial merge size, a forward input (``image_merge_sizes`` /
+    # ``video_merge_sizes``) instead of a config value: the plan keeps them on the host per item.
     item_merge_sizes: bool = False
     # A rotary index of the family's own that the plan runs as stock on the host (``rope_stock.stock_rope_index``):
-    # the class defining it (HunYuan-VL's ``HunYuanVLModel``). Unlike ``rope_class``, a Qwen-VL-style batch (no audio).
+    # the class defining it. Unlike ``rope_class``, a Qwen-VL-style batch (no audio).
     host_rope_class: str | None = None
-    # Placeholders beyond the merged patches: tokens the merger appends to each merged row (HunYuan-VL's newline
-    # column: 1) and to each image (its begin and end embeddings: 2).
+    # Placeholders beyond the merged patches: tokens the merger appends to each merged row (a newline column: 1) and
+    # to each image (begin and end embeddings: 2).
     row_extra_tokens: int = 0
     item_extra_tokens: int = 0
     # The tower attends over each image or video as one segment (stock's ``merge_temporal=True``), not frame by frame;
-    # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``): MiniMax-M3-VL's.
+    # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``).
     clip_segments: bool = False
     temporal_position_ids: bool = False
     # The tower prepends a class token to each attention segment (each frame) before its blocks and drops them before
@@ -77,24 +77,23 @@ class Layout:
     # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
     # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
     video_spans: bool = False
-    # Muse Glimmer / Spark: the vision config names its merge ``merge_size`` and its learned table's side
-    # ``pos_emb_height`` (the tower's windows are that many patches on a side); the tower reads the table at (w, h) with
-    # zero padding and pixel-shuffles by its merge after its encoder (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``).
+    # The vision config's names for its merge (``merge_attr``) and its learned table's side (``table_side_attr``);
+    # windows as many patches on a side as the table (``window_from_table``); a table read at (w, h) with its own
+    # padding, and a pixel shuffle by the merge after the encoder (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``).
     merge_attr: str = "spatial_merge_size"
     table_side_attr: str | None = None
     window_from_table: bool = False
     interp_swap_hw: bool = False
     interp_padding: str = "border"
     pixel_shuffle: bool = False
-    # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces (Muse Spark).
+    # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces.
     audio_tokens: bool = False
-    # Kimi-K2.5's tower: its config's ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size``; after its encoder
-    # it averages each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
+    # A tower with a ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size`` that, after its encoder, averages
+    # each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
     # t), and it adds a frame embedding per patch: the plan's split sizes ignore t, and it makes the frame index and
     # the pooling's destination and weight (``TableSpec.pool``).
     temporal_pooling: bool = False
-    # The learned table's resampling mode (stock's ``mode=``: Kimi-K2.5 "bicubic"), and the config attribute holding
-    # its side where it is neither num_position_embeddings**0.5 nor image_size // patch_size (Kimi: pos_emb_height).
+    # The learned table's resampling mode (stock's ``mode=``, e.g. "bicubic").
     interp_mode: str = "bilinear"
     # The whole prepared forward traces as one graph (``torch.compile(fullgraph=True)``): the wrappers hand a traced
     # call the plan (``rewrite.wrappers.traced_entry``). Only where that was shown (tests/test_one_graph.py); elsewhere a
@@ -184,7 +183,8 @@ class ModelSpec:
             omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
                         rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
         if layout.host_rope_class is not None:
-            omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config), config=config)
+            omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config, layout.plan.rope_config),
+                        config=config)
         return cls(
             model_type, _spatial_merge(config, layout), _table_side(vc, layout),
             config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
@@ -225,13 +225,13 @@ class ModelSpec:
         module = type(visual).__module__
         model_type = module.rsplit(".", 1)[-1].removeprefix("modeling_")
         layout = _LAYOUTS.get(model_type)
-        # (A tower that merges after its encoder, PaddleOCR-VL's, keeps its table on a nested module: its layout says.)
+        # (A tower that merges after its encoder keeps its table on a nested module: its layout says.)
         nested = layout is not None and layout.tower_merge is not None
-        # (A table the layout sizes, not the tower: on a nested module, PaddleOCR-VL's; in the embeddings, Ovis2.5's.)
+        # (A table the layout sizes, not the tower: on a nested module, or in the embeddings.)
         own_table = layout is not None and layout.learned_positions and (
             nested or layout.table_side_from_image_size or layout.table_side_attr is not None)
         per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
-        if layout is not None and layout.pixel_shuffle:  # (Muse: the layout names the config values, as above)
+        if layout is not None and layout.pixel_shuffle:  # (the layout names the config values, as above)
             return cls(model_type, getattr(vc, layout.merge_attr), _table_side(vc, layout), -1, -1, module,
                        window_size=_window_size(vc, layout), patch_size=vc.patch_size, tower_merge=layout.tower_merge,
                        align_corners=_align_corners(module, layout), **_tower_options(vc, layout))
@@ -257,7 +257,7 @@ def _window_size(vc, layout: Layout) -> int | None:
 
 
 def _tower_options(vc, layout: Layout) -> dict:
-    """The ModelSpec values of a tower that reads its table at (w, h) or pixel-shuffles (Muse); none elsewhere."""
+    """The ModelSpec values of a tower that reads its table at (w, h) or pixel-shuffles; none elsewhere."""
     if not (layout.interp_swap_hw or layout.pixel_shuffle or layout.interp_padding != "border"):
         return {}
     return dict(interp_swap_hw=layout.interp_swap_hw, interp_padding=layout.interp_padding,
@@ -265,30 +265,30 @@ def _tower_options(vc, layout: Layout) -> dict:
 
 
 def _spatial_merge(config, layout: Layout) -> int:
-    """The merge on a side the plan's split sizes divide by (per item: 1; NaViT: the downsample mode's)."""
+    """The merge on a side the plan's split sizes divide by (per item: 1; the family's own where its hooks say)."""
     if layout.item_merge_sizes:
         return 1
     if layout.plan.merge is not None:  # (the family's own: no merge size in its vision config)
         return layout.plan.merge(config)
-    if layout.temporal_pooling:  # (Kimi-K2.5: its merge_kernel_size)
+    if layout.temporal_pooling:  # (its merge_kernel_size)
         return _merge_size(config.vision_config, layout)
     return getattr(config.vision_config, layout.merge_attr)
 
 
 def _pool_kernel(vc, layout: Layout) -> tuple[int, int] | None:
-    """Kimi-K2.5's merge kernel (h, w), where the tower pools frames after its encoder (``Layout.temporal_pooling``)."""
+    """The merge kernel (h, w), where the tower pools frames after its encoder (``Layout.temporal_pooling``)."""
     return tuple(vc.merge_kernel_size) if layout.temporal_pooling else None
 
 
 def vision_merge_size(vc) -> int:
     """A vision config's spatial merge (image sides are multiples of patch x this): ``spatial_merge_size``, or the
-    first side of Kimi-K2.5's ``merge_kernel_size`` where the config names no other."""
+    first side of a ``merge_kernel_size`` where the config names no other."""
     merge = getattr(vc, "spatial_merge_size", None)
     return merge if merge is not None else vc.merge_kernel_size[0]
 
 
 def _merge_size(vc, layout: Layout | None) -> int:
-    """The tokens' spatial merge: ``spatial_merge_size``, or Kimi-K2.5's square ``merge_kernel_size``."""
+    """The tokens' spatial merge: ``spatial_merge_size``, or a square ``merge_kernel_size``."""
     if layout is None or not layout.temporal_pooling:
         return vc.spatial_merge_size
     kh, kw = vc.merge_kernel_size

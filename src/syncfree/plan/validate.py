@@ -67,7 +67,7 @@ def check_inputs(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, att
                  feature_attention_mask=None, input_features=None, ids_assumed: bool = False, **_) -> None:
     """What can be checked before planning: the tokens' shapes and placeholder ids, and the audio features."""
     _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
-    if spec.audio_window is not None:  # (an Omni thinker's audio encoder; Muse Spark's clips need no check here)
+    if spec.audio_window is not None:  # (an Omni thinker's audio encoder; other audio needs no check here)
         _check_audio(spec, input_ids, feature_attention_mask, input_features)
 
 
@@ -115,10 +115,10 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
             # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.
             # Without 3D positions, stock places features in token order whatever the runs.)
             rule = (f"t*(h/m)*(w/m + {spec.row_extra_tokens}) + {spec.item_extra_tokens}, m = {spec.spatial_merge_size}"
-                    if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (HunYuan-VL's)
+                    if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (with extra tokens)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
                              f"needs one run per {unit} of {expected} tokens ({rule})")
-        # (Grids from the family's own inputs, MiniCPM-V's NaViT crops: pixels in one (1, C, p, patches * p) strip)
+        # (Grids from the family's own inputs, NaViT crops: pixels in one (1, C, p, patches * p) strip)
         grid_inputs = spec.hooks.grid_inputs
         patches = pixels.shape[-1] // spec.patch_size if grid_inputs and pixels is not None else \
             getattr(pixels, "shape", (0,))[0]

@@ -49,7 +49,7 @@ class VisionPlan(DeviceFields):
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
     device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
-    # Per-item merge sizes (``Layout.item_merge_sizes``, VideoLLaMA3): (N,) int64 on the host (``items`` holds them too).
+    # Per-item merge sizes (``Layout.item_merge_sizes``): (N,) int64 on the host (``items`` holds them too).
     merge_sizes: torch.Tensor | None = None
     merges: tuple[int, ...] = ()  # the same merge sizes as Python ints
     # Tokens the tower prepends to each attention segment before its blocks (``Layout.segment_class_token``: 1), which
@@ -68,7 +68,8 @@ class VisionPlan(DeviceFields):
         return dataclasses.replace(super().to(device), tables_made={})
 
     def tables(self) -> dict:
-        """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (MiniMax-M3-VL);
+        """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (with
+        ``Layout.temporal_position_ids``);
         Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table;
         Qwen2.5-VL's ``window_index`` (merged patches,): made on the plan's device from ``device_grid`` (no sync,
         nothing big uploaded), once."""
@@ -102,7 +103,7 @@ class VisionPlan(DeviceFields):
         return seqlens
 
     def seqlen_kwargs(self) -> dict:
-        """Keyword arguments for a tower whose only stock helper is the attention's ``cu_seqlens`` (Cosmos3-Edge:
+        """Keyword arguments for a tower whose only stock helper is the attention's ``cu_seqlens`` (e.g.
         no rotary ids, its own position resampling): the per-patch tables are not made at all."""
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_seqlens": self.seqlens_by_length()}
@@ -116,9 +117,9 @@ class VisionPlan(DeviceFields):
         if self.has_windows:
             kwargs.update(window_index=tables["window_index"], cu_window_seqlens=self.cu_window_seqlens,
                           max_window_seqlen=self.max_window_seqlen)
-        if "pixel_shuffle_index" in tables:  # (Muse)
+        if "pixel_shuffle_index" in tables:  # (a tower that pixel-shuffles after its encoder)
             kwargs["pixel_shuffle_index"] = tables["pixel_shuffle_index"]
-        if "frame_index" in tables:  # Kimi-K2.5: the merged-token count is the split sizes' sum (a host integer)
+        if "frame_index" in tables:  # temporal pooling: the merged-token count is the split sizes' sum (a host integer)
             kwargs.update(frame_index=tables["frame_index"], temporal_merge_index=(
                 tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
@@ -135,14 +136,14 @@ def _cumulative(sizes) -> torch.Tensor:
 def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw", temporal_merge: int = 1,
                 merge_sizes: torch.Tensor | None = None) -> VisionPlan:
     """Build a VisionPlan on the host: integers per image, frame and window (the per-patch tables come later,
-    on the device, from the grid rows). ``temporal_merge``: frames merged into one token after the tower (ERNIE-4.5-VL's
+    on the device, from the grid rows). ``temporal_merge``: frames merged into one token after the tower (a resampler's
     videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does.
-    ``merge_sizes``: a host (N,) tensor of each row's own merge size (``spec.item_merge_sizes``: VideoLLaMA3)."""
+    ``merge_sizes``: a host (N,) tensor of each row's own merge size (``spec.item_merge_sizes``)."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
     if spec.item_merge_sizes and merge_sizes is not None:
         return _item_merge_plan(grid, rows, merge_sizes, spec, name)
     merge = spec.spatial_merge_size
-    # (The tower's own merge for its tables: 1 where it merges only after its encoder, PaddleOCR-VL's.)
+    # (The tower's own merge for its tables: 1 where it merges only after its encoder.)
     table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
                            spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids,
                            swap_hw=spec.interp_swap_hw, padding=spec.interp_padding, shuffle=spec.pixel_shuffle,
@@ -154,10 +155,10 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
                      max_window_seqlen=max(windows), windows=window_columns(rows, table_spec))
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
-    if spec.row_extra_tokens or spec.item_extra_tokens:  # (HunYuan-VL's merger: a newline per row, begin and end)
+    if spec.row_extra_tokens or spec.item_extra_tokens:  # (a merger that adds a newline per row, begin and end)
         split_sizes = tuple(t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
                             for t, h, w in rows)
-    if spec.temporal_pooling is not None:  # a clip's frames averaged onto one frame's tokens (Kimi-K2.5)
+    if spec.temporal_pooling is not None:  # a clip's frames averaged onto one frame's tokens
         split_sizes = tuple(h * w // merge**2 for t, h, w in rows)
     if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
         seqlens = tuple(t * h * w for t, h, w in rows)

@@ -43,22 +43,22 @@ class TableSpec(NamedTuple):
     side: int | None  # learned position table side (Qwen3-VL), else None
     window: int | None  # window size in pixels (Qwen2.5-VL), else None
     patch: int
-    align_corners: bool = True  # how the learned table is resampled (False: PaddleOCR-VL)
-    # Each grid row has its own merge size, handed with the grid (VideoLLaMA3: images 1, videos 2); ``merge`` is then 1
+    align_corners: bool = True  # how the learned table is resampled (stock's align_corners)
+    # Each grid row has its own merge size, handed with the grid (e.g. images 1, videos 2); ``merge`` is then 1
     # and the tables take the rows' merges (``merges=``).
     item_merges: bool = False
     # Rotary ids with a leading frame column, (t, row, col) per patch: stock's ``include_temporal=True``
-    # (MiniMax-M3-VL's tower rotates the temporal axis too); False: (row, col), repeated for each frame.
+    # (a tower that rotates the temporal axis too); False: (row, col), repeated for each frame.
     temporal: bool = False
-    # Muse Glimmer / Spark: the learned table is read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``) with
+    # A learned table read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``) with
     # out-of-range taps weighted zero (``padding="zeros"``); ``shuffle``: the tower's pixel-shuffle factor after its
     # encoder (``get_vision_pixel_shuffle_index``), 0 where there is none.
     swap_hw: bool = False
     padding: str = "border"
     shuffle: int = 0
-    # How the learned table is resampled: stock's interpolation mode ("bicubic": Kimi-K2.5's 16 taps).
+    # How the learned table is resampled: stock's interpolation mode ("bicubic": 16 taps).
     mode: str = "bilinear"
-    # Kimi-K2.5's tower: each patch's index into its frame-embedding table (``get_vision_frame_index``) and the
+    # A tower that pools a clip's frames: each patch's index into its frame-embedding table (``get_vision_frame_index``) and the
     # temporal pooling after its encoder (``get_vision_temporal_merge_index``) by this (height, width) kernel.
     pool: tuple[int, int] | None = None
 
@@ -94,7 +94,7 @@ ITEM = ("count",  # t * h * w: the item's patches
         "frames", "height", "width",  # t, h, w
         "frame",  # h * w: patches per frame
         "merge",  # its merge size (spec.merge, or the item's own with spec.item_merges)
-        "pool_start", "pool_w")  # Kimi-K2.5's pooling: where its merged tokens start, and w // kernel width
+        "pool_start", "pool_w")  # temporal pooling: where its merged tokens start, and w // kernel width
 # Then three decodings of a patch's place in its frame into (row, col), each six rows (``_decode``): by the merge
 # blocks, by the merge blocks of the transposed frame (a table read at (w, h)), and by the pixel shuffle's blocks.
 DECODINGS = ("merge", "transposed", "shuffle")
@@ -201,7 +201,7 @@ def device_tables(items: torch.Tensor, total: int, spec: TableSpec, windows: tor
 
 
 def _pooling(per: torch.Tensor, local: torch.Tensor, kernel: tuple[int, int]) -> dict:
-    """Kimi-K2.5's frame index (0 for a one-frame clip, else frame + 1) and its temporal pooling's destination
+    """A pooling tower's frame index (0 for a one-frame clip, else frame + 1) and its temporal pooling's destination
     (merged token * kernel + place in the kernel, frames of a clip onto the same token) and weight (1 / frames),
     stock's arithmetic on each patch's raster (row, col). The merged-token count is the plan's host integer."""
     kh, kw = kernel
@@ -239,7 +239,7 @@ def merge_kwargs(merges: torch.Tensor | None) -> dict:
 def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
     """The same tables from the installed stock helpers, on the host (the fallback, and the reference)."""
     module = _module(spec.module)
-    # (A tower without rotary ids, Cosmos3-Edge's, imports no such helper; its plan never hands the ids over.)
+    # (A tower without rotary ids imports no such helper; its plan never hands the ids over.)
     position_ids = (getattr(module, "get_vision_position_ids", None)
                     or _module("transformers.vision_utils").get_vision_position_ids)
     merge = merges if spec.item_merges else spec.merge

@@ -134,7 +134,7 @@ def _varlen(qkv, cu_seqlens, longest: int, scaling) -> list[torch.Tensor]:
     from torch.nn.attention.varlen import varlen_attn
 
     q, k, v = (t.squeeze(0).transpose(0, 1) for t in qkv)  # (1, heads, n, d) -> (n, heads, d)
-    if k.shape[1] != q.shape[1]:  # grouped-query attention (EXAONE-4.5's tower): each key/value head serves a group
+    if k.shape[1] != q.shape[1]:  # grouped-query attention in a tower: each key/value head serves a group
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu = cu_seqlens.to(torch.int32)

@@ -95,9 +95,9 @@ def _static_kwargs(plan: VisionPlan, backend: str, exact: VisionPlan) -> dict:
 def _slice(out, real: int, merged: int):
     """The tower's output for the real patches only (padding rows are last, after un-windowing)."""
     hidden = out.last_hidden_state
-    # (A tower that keeps a batch dim of 1 around its packed patches, MiniMax-M3-VL's: the patches are dim 1.)
+    # (A tower that keeps a batch dim of 1 around its packed patches: the patches are dim 1.)
     out.last_hidden_state = hidden[:, :real] if hidden.dim() == 3 and hidden.shape[0] == 1 else hidden[:real]
-    if out.pooler_output is not None:  # (none from a tower whose merger sits outside it: Ovis2.5's)
+    if out.pooler_output is not None:  # (none from a tower whose merger sits outside it)
         out.pooler_output = out.pooler_output[:merged]
     if getattr(out, "deepstack_features", None) is not None:
         out.deepstack_features = [f[:merged] for f in out.deepstack_features]

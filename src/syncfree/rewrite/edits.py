@@ -41,7 +41,7 @@ VISION_ATTENTION = (
              max_seqlen=max_seqlen)"""),
 )
 
-# The same split where the per-segment calls are concatenated in one statement (Cosmos3-Edge's SigLIP-style
+# The same split where the per-segment calls are concatenated in one statement (a SigLIP-style
 # attention, whose scale and dropout attributes are named ``scale`` and ``dropout``).
 VISION_ATTENTION_CAT = VISION_ATTENTION[:2] + (
     Edit("stmt", """
@@ -59,7 +59,7 @@ VISION_ATTENTION_CAT = VISION_ATTENTION[:2] + (
 )
 
 # The same split where the per-segment calls are a loop that also collects each segment's attention weights
-# (PaddleOCR-VL's SigLIP-style attention, which returns them for output_attentions).
+# (a SigLIP-style attention which returns them for output_attentions).
 VISION_ATTENTION_WEIGHTS = VISION_ATTENTION[:2] + (
     Edit("stmt", """
          for q, k, v in zip(*splits):
@@ -77,7 +77,7 @@ VISION_ATTENTION_WEIGHTS = VISION_ATTENTION[:2] + (
              max_seqlen=max_seqlen)"""),
 )
 
-# The same loop passing the attention's own mask argument and no dropout (LFM3-VL's tower attention). Other backends
+# The same loop passing the attention's own mask argument and no dropout (a tower attention that takes one). Other backends
 # hand each call their own mask; stock's split keeps the caller's.
 VISION_ATTENTION_WEIGHTS_MASKED = VISION_ATTENTION[:2] + (
     Edit("stmt", """
@@ -95,9 +95,9 @@ VISION_ATTENTION_WEIGHTS_MASKED = VISION_ATTENTION[:2] + (
              max_seqlen=max_seqlen)"""),
 )
 
-# A tower that calls its blocks without its own **kwargs (GLM-OCR): the plan's segment sizes and the chosen
-# attention backend, which the wrapper hands the tower in kwargs, are passed on to the blocks (whose attention
-# takes them, as in every other family); nothing else of the caller's kwargs is.
+# A tower that calls its blocks without its own **kwargs: the plan's segment sizes and the chosen attention backend,
+# which the wrapper hands the tower in kwargs, are passed on to the blocks (whose attention takes them, as in every
+# other family); nothing else of the caller's kwargs is.
 BLOCK_KWARGS = (
     Edit("stmt", """
          hidden_states = blk(hidden_states, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
@@ -134,7 +134,7 @@ def feature_split(merge: str, prod: str = "-1", kinds: tuple = ("image", "video"
 
 FEATURE_SPLIT = feature_split("self.visual.spatial_merge_size")
 
-# A tower that reads its grid's rows on the host (LFM3-VL's convolution, Cosmos3-Edge's position resampling): the
+# A tower that reads its grid's rows on the host (a convolution sized by it, a position table resampled to it): the
 # plan's rows in a traced forward, where a graph cannot read them.
 GRID_LIST = (Edit("expr", "grid_thw.tolist()", "_syncfree.grid_list(grid_thw)"),)
 
@@ -148,7 +148,7 @@ FEATURE_SCATTER = (
          '_syncfree.scatter_features(inputs_embeds, video_mask, video_embeds, input_ids, "video")'),
 )
 
-# The same scatter where the forward names the features ``image_features`` / ``video_features`` (LFM3-VL).
+# The same scatter where the forward names the features ``image_features`` / ``video_features``.
 FEATURE_SCATTER_FEATURES = (
     Edit("expr", "inputs_embeds.masked_scatter(image_mask, image_features)",
          '_syncfree.scatter_features(inputs_embeds, image_mask, image_features, input_ids, "image")'),

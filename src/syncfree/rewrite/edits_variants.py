@@ -1,7 +1,6 @@
-"""The stock lines syncfree rewrites in the families issue 19 added (HunYuan-VL, MiniMax-M3-VL, dots3-note, ...): the
-core edits (``edits.py``) as each family spells them, and the text models' data-dependent selections. Checked
-against the installed Transformers like every edit. A family's edits that call helpers of its own live in
-its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
+"""Variants of the stock lines syncfree rewrites: the core edits (``edits.py``) as later families spell them, and the
+text models' data-dependent selections. Checked against the installed Transformers like every edit. A family's edits
+that call helpers of its own live in its folder with them (``syncfree.families.<family>``, its ``Family.helpers``).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from .rewriter import Edit
 
 __all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL"]
 
-# The same split where each segment's call passes only the scale (HunYuan-VL's and HY-V4-VL's tower attention): its
+# The same split where each segment's call passes only the scale (a tower attention whose block passes no mask): its
 # block hands the attention ``attention_mask=None``, which reaches the call in ``kwargs``; a backend's own mask
 # (block_diagonal) replaces it there.
 VISION_ATTENTION_SCALING = VISION_ATTENTION[:2] + (
@@ -28,7 +27,7 @@ VISION_ATTENTION_SCALING = VISION_ATTENTION[:2] + (
 )
 
 # get_placeholder_mask checking the count by boolean select, ``inputs_embeds[mask].numel() == features.numel()``
-# (MiniMax-M3-VL; HunYuan-VL takes the image line; survey 19 §A): a read of the count every call. The plan's host
+# (some take the image line only): a read of the count every call. The plan's host
 # count times the width instead (the same number, so the same check, message and exception).
 PLACEHOLDER_NUMEL = (
     Edit("expr", "inputs_embeds[special_image_mask].numel()",

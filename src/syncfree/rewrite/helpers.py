@@ -67,7 +67,7 @@ def placeholder_numel(inputs_embeds: torch.Tensor, mask: torch.Tensor, input_ids
 
 def traced_vision_plan(tensor, field: str = "grid_thw"):
     """In a traced forward with a plan, the vision plan (images' or videos') whose forward input ``<kind>_<field>`` is the
-    very tensor ``tensor``, or that a family's helper noted the tensor as the grid of (``Entry.note``: GLM's per-frame
+    very tensor ``tensor``, or that a family's helper noted the tensor as the grid of (``Entry.note``: e.g. a per-frame
     grid); else None (eager: the tower and its callers are handed the plan's host copies)."""
     entry = active.current() if _compiling() else None
     if entry is None:

@@ -9,7 +9,7 @@
 * ``make_generate``: ``generate()`` of the ``*ForConditionalGeneration`` class, so the plan of a
   prepared batch reaches the prefill forward through ``generate``'s own copies of the inputs.
 * ``make_get_rope_index``: the 3D rotary index, from the plan or computed without a sync.
-* ``make_host_rope_index``: a family's own rotary index (HunYuan-VL's), from the plan (made by stock's own index
+* ``make_host_rope_index``: a family's own rotary index (``Layout.host_rope_class``), from the plan (made by stock's own index
   on the host); without a plan, one read of its inputs, then stock's index on the host.
 * ``make_ignore_causal_mask_sdpa``: Transformers' SDPA mask shortcut check, answered from the
   plan's host copy of the padding mask instead of reading the device.
@@ -42,7 +42,7 @@ __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_dev
            "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
            "make_ignore_causal_mask_sdpa"]
 
-# (and the Omni thinkers' audio, Muse Spark's waveforms)
+# (and audio: the Omni thinkers' features, raw waveforms)
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
 _FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video with its audio are laid out
 
@@ -172,7 +172,7 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
 
 
 def _with_host_grids(names, args, kwargs, plan: Plan):
-    """The call's arguments with the grids (and per-item merge sizes, VideoLLaMA3's; a family's own grid inputs and
+    """The call's arguments with the grids (and per-item merge sizes; a family's own grid inputs and
     host-only inputs, ``PlanHooks``) replaced by the plan's host copies (the same values)."""
     args = list(args)
     hosts = [(name, getattr(vp, field, None)) for name, vp, field in (
@@ -254,14 +254,14 @@ def _vision_plan_for(grid_thw):
 
 
 def make_vision_forward_device_grid(stock):
-    """``make_vision_forward`` for a tower that indexes its grid with device tensors (GLM-4.1V's learned
-    positions: ``image_shapes[seq_ids, 1]``): it is handed the plan's copy of the grid on the device."""
+    """``make_vision_forward`` for a tower that indexes its grid with device tensors (learned positions:
+    ``image_shapes[seq_ids, 1]``): it is handed the plan's copy of the grid on the device."""
     return make_vision_forward(stock, device_grid=True)
 
 
 def make_vision_forward_seqlens_only(stock):
-    """``make_vision_forward`` for a tower whose only stock helper is the attention's ``cu_seqlens`` (Cosmos3-Edge):
-    it is handed those, not the rotary ids (which would travel on, through its layers' ``**kwargs``, into the
+    """``make_vision_forward`` for a tower whose only stock helper is the attention's ``cu_seqlens`` (its positions
+    are its own code): it is handed those, not the rotary ids (which would travel on, through its layers' ``**kwargs``, into the
     attention function, where flash attention reads ``position_ids``)."""
     return make_vision_forward(stock, seqlens_only=True)
 
@@ -356,7 +356,7 @@ def make_host_rope_index(stock):
     def get_rope_index(self, *args, **kwargs):
         given = given_args(names, args, kwargs)
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
-        # The plan's positions are made for the config's downsample mode (MiniCPM-V 4.7's index takes a per-call one):
+        # The plan's positions are made for the config's downsample mode (a family's index that takes a per-call one):
         # for another, no plan answers.
         planned = given.get("downsample_mode") in (None, getattr(self.config, "downsample_mode", None))
         entry = active.current() if planned else None

@@ -60,6 +60,7 @@ def vq_words(name: str, tokens: int, features: int) -> str:
 
 
 # ``images_per_sample``: the grid rows per sample, its sources and then its targets; read on the host with
-# ``.tolist()``, as the grids are.
+# ``.tolist()``, as the grids are. Its index finds each image by its start and end ids (``rope_config``).
 PLAN = PlanHooks(inputs=("images_per_sample",), host_only=("images_per_sample",), tower_grid=source_grids,
+                 rope_config=("image_start_token_id", "image_end_token_id"),
                  positions=target_grid_rope, expand=expanded_inputs, feature_words=vq_words)

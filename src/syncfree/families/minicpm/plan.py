@@ -36,5 +36,9 @@ def crop_merge(config) -> int:
     return 2 if config.downsample_mode == "4x" else 4
 
 
+# What MiniCPM-V 4.7's canvas index reads from the config beyond the rest: the markers, and the mode that sets its merge.
+_CANVAS_FIELDS = ("video_token_id", "image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id",
+                  "downsample_mode")
+
 PLAN = PlanHooks(inputs=_SIZES, per_item=((_SIZES[0], "image"), (_SIZES[1], "video")), grid_inputs=_SIZES,
-                 grids=crop_grids, merge=crop_merge)
+                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS)
