@@ -15,6 +15,7 @@ import pytest
 import syncfree
 from syncfree.families import FAMILIES, GROUPS, MODEL_CLASSES, MODULE_TARGETS, PRESETS, VISION_CLASSES
 from syncfree.plan.spec import supported_model_types
+from syncfree.rewrite.roles import TOWER, does, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(syncfree.__file__).parent
@@ -95,6 +96,12 @@ def test_every_wrapper_a_target_holds_is_a_module_level_factory():
     odd = sorted({repr(t.wrap) for t in targets if t.wrap is not None
                   and not (callable(t.wrap) and t.wrap.__name__.startswith("make_") and "<" not in t.wrap.__qualname__)})
     assert not odd, f"targets hold wrappers that are not module-level wrapper factories: {odd}"
+    # (each says what it does, and a tower's says so: ``patch`` finds a tower by its role, never by its name)
+    unsaid = sorted({t.wrap.__name__ for t in targets if t.wrap is not None and not does(t.wrap)})
+    assert not unsaid, f"wrapper factories that do not say what they do (rewrite.roles.wrapper): {unsaid}"
+    towers = {t.wrap.__name__ for t in targets if t.wrap is not None and role_of(t.wrap) == TOWER}
+    assert {t.wrap.__name__ for t in targets if t.attr == "forward" and t.wrap is not None
+            and t.wrap.__name__.startswith("make_vision_forward")} <= towers
 
 
 def test_the_layer_contracts_hold():

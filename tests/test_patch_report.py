@@ -11,7 +11,7 @@ import syncfree
 from family_checks import registration_lifted
 from syncfree.families import FAMILIES, MODULE_TARGETS
 from syncfree.patch_registry import target_class
-from syncfree.patch_report import WRAPPER_ROLES, describe_patch
+from syncfree.patch_report import describe_patch
 from syncfree.presets import build_model
 
 # A family given the generic fix only: MiniCPM-V 4.7 with its registration lifted (every family with the split whose tiny
@@ -44,7 +44,7 @@ def test_a_fully_supported_model_lists_each_target_with_its_edits_and_wrapper(na
                                                                for m, n in MODULE_TARGETS}
     text = "\n".join(said.lines())
     assert all(f.where in text for f in said.functions)
-    assert all(WRAPPER_ROLES[f.wrapper] in text for f in said.functions if f.wrapper)
+    assert all(f.does and f.does in text for f in said.functions if f.wrapper)
 
 
 def test_verbose_prints_the_description(capsys):

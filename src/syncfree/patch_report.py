@@ -10,33 +10,9 @@ import torch
 
 from . import patch_registry as registry
 from .rewrite.generic import GENERIC_NOTE
+from .rewrite.roles import does
 
-__all__ = ["PatchedFunction", "PatchDescription", "describe_patch", "WRAPPER_ROLES"]
-
-# What each wrapper does, in a line, by the wrapper factory's name (``Target.wrap.__name__``).
-WRAPPER_ROLES = {
-    "make_model_forward": "finds the batch's plan (prepare()'s, else one read of the control tensors) and runs stock "
-                          "with it, grids on the host",
-    "make_vision_forward": "hands the stock tower the plan's segment sizes and per-patch tables (the grid is not read)",
-    "make_vision_forward_device_grid": "hands the stock tower the plan's segment sizes and tables, its grid on the "
-                                       "device",
-    "make_vision_forward_seqlens_only": "hands the stock tower the plan's segment sizes (the grid is not read)",
-    "make_generate": "plans once for the whole generate() call",
-    "make_get_rope_index": "syncfree's 3D rotary index: whole-tensor ops, no host read",
-    "make_ignore_causal_mask_sdpa": "answers 'is the padding mask all ones?' from the plan's host copy",
-    "make_audio_forward": "hands the stock audio encoder the plan's window sizes",
-    "make_omni_rope_index": "the plan's 3D positions (stock's index, run on the host copies)",
-    "make_vision_forward_item_merges": "hands the stock tower the plan's segment sizes and tables, its grid and "
-                                       "per-item merge sizes on the host (its per-item loop reads nothing)",
-    "make_host_rope_index": "the plan's multimodal positions (the family's own stock index, run on the host copies)",
-    "make_vision_forward_target_sizes": "hands the stock NaViT tower its target_sizes on the host, the plan's "
-                                        "segment sizes, cumulative lengths and position ids",
-    "make_masked_audio_forward": "hands the stock audio encoder the plan's windows and valid frames (from the host "
-                                 "copy of input_features_mask)",
-    "make_decode_cache_rope_index": "the plan's positions and the decode steps' positions it leaves on the model "
-                                    "(the family's own stock index, run on the host copies)",
-}
-
+__all__ = ["PatchedFunction", "PatchDescription", "describe_patch"]
 
 @dataclass(frozen=True)
 class PatchedFunction:
@@ -44,6 +20,7 @@ class PatchedFunction:
     modules: int  # modules of the model running it (0: patched on the class or module, for every model)
     rewrote: tuple[str, ...]  # the stock code each edit replaced, one line each
     wrapper: str | None  # the wrapper factory's name, if the function is wrapped
+    does: str | None = None  # what that wrapper does, in a line (``rewrite.roles.wrapper``)
 
     def line(self) -> str:
         count = f" (x{self.modules})" if self.modules > 1 else ""
@@ -52,7 +29,7 @@ class PatchedFunction:
             parts.append(f"rewrote {len(self.rewrote)} stock line{'s' if len(self.rewrote) > 1 else ''}: "
                          + "; ".join(f"`{code}`" for code in self.rewrote))
         if self.wrapper:
-            parts.append(f"wrapped: {WRAPPER_ROLES.get(self.wrapper, self.wrapper)}")
+            parts.append(f"wrapped: {self.does or self.wrapper}")
         return f"{self.where}{count}: {'; '.join(parts) or 'replaced'}"
 
 
@@ -88,7 +65,8 @@ def _function(where: str, modules: int, replacement) -> PatchedFunction:
     if target is None:
         return PatchedFunction(where, modules, (), None)
     rewrote = tuple(_one_line(e) for e in target.edits if e.kind != "prepend")
-    return PatchedFunction(where, modules, rewrote, target.wrap.__name__ if target.wrap is not None else None)
+    return PatchedFunction(where, modules, rewrote, target.wrap.__name__ if target.wrap is not None else None,
+                           does(target.wrap) if target.wrap is not None else None)
 
 
 def describe_patch(model: torch.nn.Module) -> PatchDescription:

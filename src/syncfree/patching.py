@@ -42,6 +42,7 @@ from .rewrite.edits import GENERIC_SPLIT
 from .rewrite.generic import has_split, host_seqlens_towers, split_attention_targets
 from .rewrite.nearest import nearest_fragment
 from .rewrite.rewriter import RewriteError, rewrite
+from .rewrite.roles import TOWER, role_of
 from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
 from .shared_patches import CLASS_LEVEL, HOLD_ATTR, Hold, critical, hold, release
@@ -139,7 +140,7 @@ def _build(family: str, where: str, target: Target, stock, namespace=helpers):
 
 
 def _is_tower(target: Target) -> bool:
-    return target.wrap is not None and target.wrap.__name__.startswith("make_vision_forward")
+    return target.wrap is not None and role_of(target.wrap) == TOWER
 
 
 def _build_resolved(family: str, cls: type, target: Target, namespace=helpers) -> tuple[Target, object, object]:

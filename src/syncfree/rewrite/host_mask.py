@@ -11,6 +11,7 @@ import threading
 import torch
 
 from ..plan import active
+from .roles import wrapper
 
 __all__ = ["host_padding_mask", "knowing_host_mask", "known_host_mask", "make_ignore_bidirectional_mask_sdpa"]
 
@@ -57,6 +58,7 @@ def knowing_host_mask(device_mask: torch.Tensor, host: torch.Tensor):
         masks.pop()
 
 
+@wrapper("answers 'is nothing padded?' of a bidirectional mask from a host copy known for it")
 def make_ignore_bidirectional_mask_sdpa(stock):
     """Transformers' SDPA shortcut check of a bidirectional mask (``padding_mask.all()``: a read of the device),
     answered from a host copy known for that very mask (``knowing_host_mask``); stock's own check otherwise."""

@@ -36,6 +36,7 @@ from .buckets import run_bucketed
 from .call_args import call_device, call_shape, fits, given_args, positional_names, same_device, taken_inputs
 from .helpers import host_padding_mask, traced_vision_plan
 from .host_read import read_to_host_syncs_once, send_plan_back
+from .roles import TOWER, wrapper
 from .vision_in_step import vision_in_step
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
@@ -193,6 +194,8 @@ def _with_host_grids(names, args, kwargs, plan: Plan):
     return tuple(args), kwargs
 
 
+@wrapper("finds the batch's plan (prepare()'s, else one read of the control tensors) and runs stock with it, "
+         'grids on the host')
 def make_model_forward(stock):
     names = positional_names(stock)
     taken = taken_inputs(stock, plan_inputs())
@@ -218,6 +221,7 @@ def make_model_forward(stock):
     return forward
 
 
+@wrapper('plans once for the whole generate() call')
 def make_generate(stock):
     @functools.wraps(stock)
     def generate(self, *args, **kwargs):
@@ -253,12 +257,14 @@ def _vision_plan_for(grid_thw):
     return None
 
 
+@wrapper("hands the stock tower the plan's segment sizes and tables, its grid on the device", TOWER)
 def make_vision_forward_device_grid(stock):
     """``make_vision_forward`` for a tower that indexes its grid with device tensors (learned positions:
     ``image_shapes[seq_ids, 1]``): it is handed the plan's copy of the grid on the device."""
     return make_vision_forward(stock, device_grid=True)
 
 
+@wrapper("hands the stock tower the plan's segment sizes (the grid is not read)", TOWER)
 def make_vision_forward_seqlens_only(stock):
     """``make_vision_forward`` for a tower whose only stock helper is the attention's ``cu_seqlens`` (its positions
     are its own code): it is handed those, not the rotary ids (which would travel on, through its layers' ``**kwargs``, into the
@@ -266,6 +272,7 @@ def make_vision_forward_seqlens_only(stock):
     return make_vision_forward(stock, seqlens_only=True)
 
 
+@wrapper("hands the stock tower the plan's segment sizes and per-patch tables (the grid is not read)", TOWER)
 def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = False):
     names = positional_names(stock)
     first = names[0]  # the pixels ("hidden_states"; "pixel_values" in SigLIP-style towers), by position or name
@@ -316,6 +323,7 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
     return forward
 
 
+@wrapper("syncfree's 3D rotary index: whole-tensor ops, no host read")
 def make_get_rope_index(stock):
     names = positional_names(stock)
 
@@ -349,6 +357,7 @@ def _prepared_plan(given: dict, names) -> Plan | None:
     return registration.plan
 
 
+@wrapper("the plan's multimodal positions (the family's own stock index, run on the host copies)")
 def make_host_rope_index(stock):
     names = positional_names(stock)
 
@@ -382,6 +391,7 @@ def make_host_rope_index(stock):
     return get_rope_index
 
 
+@wrapper("answers 'is the padding mask all ones?' from the plan's host copy")
 def make_ignore_causal_mask_sdpa(stock):
     is_tracing = stock.__globals__.get("is_tracing")
 

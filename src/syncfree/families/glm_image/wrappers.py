@@ -18,6 +18,7 @@ from ...plan import active
 from ...plan.tensors import move
 from ...rewrite.call_args import given_args, positional_names
 from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.roles import wrapper
 from ...rewrite.wrappers import _prepared_plan
 
 __all__ = ["make_decode_cache_rope_index"]
@@ -27,6 +28,8 @@ def _to(t, device):
     return move(t, device) if isinstance(t, torch.Tensor) else t
 
 
+@wrapper("the plan's positions and the decode steps' positions it leaves on the model (the family's own stock "
+         'index, run on the host copies)')
 def make_decode_cache_rope_index(stock):
     names = positional_names(stock)
 

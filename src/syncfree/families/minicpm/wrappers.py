@@ -27,6 +27,7 @@ from ...plan.vision import VisionPlan, vision_plan
 from ...rewrite.call_args import given_args, positional_names, same_device
 from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
+from ...rewrite.roles import TOWER, wrapper
 from .navit import MERGER, MergerTables, traced_crops
 
 __all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
@@ -63,6 +64,8 @@ def _merger_runs(tower, use_vit_merger) -> bool:
     return bool(use_vit_merger) and 0 <= layer < len(tower.encoder.layers)
 
 
+@wrapper("hands the stock NaViT tower its target_sizes on the host, the plan's segment sizes, cumulative "
+         'lengths and position ids', TOWER)
 def make_vision_forward_target_sizes(stock):
     names = positional_names(stock)  # (pixel_values, target_sizes, use_vit_merger)
 

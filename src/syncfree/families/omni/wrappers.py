@@ -19,6 +19,7 @@ from ...plan.audio import audio_plan_from_lengths
 from ...plan.tensors import same_host_values
 from ...rewrite.call_args import fits, given_args, positional_names, same_device
 from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.roles import wrapper
 
 __all__ = ["make_audio_forward", "make_omni_rope_index"]
 
@@ -32,6 +33,7 @@ def _audio_plan_for(feature_lens):
     return audio if same_host_values(feature_lens, audio.feature_lens) else None
 
 
+@wrapper("hands the stock audio encoder the plan's window sizes")
 def make_audio_forward(stock):
     @functools.wraps(stock)
     def forward(self, input_features=None, feature_lens=None, **kwargs):
@@ -79,6 +81,7 @@ def _registered_plan(given: dict):
     return plan
 
 
+@wrapper("the plan's 3D positions (stock's index, run on the host copies)")
 def make_omni_rope_index(stock):
     names = positional_names(stock)
 

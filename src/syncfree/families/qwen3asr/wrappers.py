@@ -15,6 +15,7 @@ from ...plan import active
 from ...plan.tensors import same_host_values
 from ...rewrite.call_args import same_device
 from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.roles import wrapper
 from .plan import MaskedAudioPlan, masked_audio_plan
 
 __all__ = ["make_masked_audio_forward"]
@@ -33,6 +34,8 @@ def _masked_audio_plan_for(input_features_mask):
     return None
 
 
+@wrapper("hands the stock audio encoder the plan's windows and valid frames (from the host copy of "
+         'input_features_mask)')
 def make_masked_audio_forward(stock):
     @functools.wraps(stock)
     def forward(self, input_features=None, input_features_mask=None, **kwargs):

@@ -27,6 +27,7 @@ import torch
 
 from ...plan import active
 from ...rewrite.host_mask import host_padding_mask
+from ...rewrite.roles import wrapper
 
 __all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks"]
 
@@ -65,6 +66,7 @@ def _keep(mask: torch.Tensor, counts: list[list[int]]) -> None:
     _counts[key] = (weakref.ref(mask, _forget(key)), _version(mask), counts)
 
 
+@wrapper("keeps the counts of the indexed layers' masks generate() makes itself")
 def make_generation_masks(stock):
     """``prepare_inputs_for_generation`` that also keeps the counts for the indexed layers' mask ``generate()``
     makes itself (with a static cache it builds every layer type's mask before the forward, from the 2D padding

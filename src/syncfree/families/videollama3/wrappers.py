@@ -22,6 +22,7 @@ from ...plan.vision import vision_plan
 from ...rewrite.call_args import positional_names
 from ...rewrite.helpers import traced_vision_plan
 from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.roles import TOWER, wrapper
 from ...rewrite.wrappers import make_vision_forward
 
 __all__ = ["make_vision_forward_item_merges"]
@@ -49,6 +50,8 @@ def _traced_planned(grid_thw, merge_sizes):
     return vp
 
 
+@wrapper("hands the stock tower the plan's segment sizes and tables, its grid and per-item merge sizes on the "
+         'host (its per-item loop reads nothing)', TOWER)
 def make_vision_forward_item_merges(stock):
     inner = make_vision_forward(stock)
     names = positional_names(stock)  # (pixel_values, grid_thw, merge_sizes)
