@@ -40,7 +40,7 @@ from .preset import Preset
 from .shared import MODULE_TARGETS
 
 __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
-           "processor_batch", "batch_to"]
+           "processor_batch", "batch_to", "tiny_preset"]
 
 # The registry: one entry per family group.
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
@@ -56,11 +56,21 @@ for _family in FAMILIES.values():  # the plan knows a family's input layout only
     register_layout(_family.model_type, _family.layout)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def tiny_preset(model_type: str) -> str:
+    """The name of the family's tiny random-weight preset (``<name>-tiny``, the real layout rules at test sizes), which
+    its tests, the conformance suite and the demo build."""
+    found = [name for name, p in PRESETS.items() if p.values["model_type"] == model_type and name.endswith("-tiny")]
+    if len(found) != 1:
+        raise ValueError(f"syncfree: {model_type!r} has {len(found)} tiny presets ({found}); a family declares one")
+    return found[0]
+
+
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     """The processor-style CPU batch for ``samples`` under ``config``, laid out as that family's processor
     lays it out (a Qwen-VL processor's layout for a config no group claims)."""
     group = next((g for g in reversed(GROUPS) if g.handles(config)), qwen_vl)
-    return group.processor_batch(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return group.processor_batch(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def batch_to(batch: dict, device) -> dict:

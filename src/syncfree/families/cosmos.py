@@ -82,7 +82,8 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     """Qwen3-VL's layout (markers around each image; per frame a timestamp, then its marked placeholders), with
     Cosmos's pixels: ``Cosmos3EdgeProcessor`` writes videos so, and its chat template marks images so."""
-    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)

@@ -166,12 +166,13 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     kinds = {type(item) for sample in samples for item in sample}
     if Image in kinds and Video in kinds:
         raise InputsNotTaken(f"{config.model_type} cannot take images and videos in one batch: its video frames use the "
                          "image placeholder and stock Transformers refuses the mix; choose images or videos")
-    return build_glm_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return build_glm_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,

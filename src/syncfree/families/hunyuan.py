@@ -140,9 +140,10 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     build = build_hyv4_inputs if config.model_type == "hy_v4_vl" else build_hunyuan_inputs
-    return build(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return build(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def build_hunyuan_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,

@@ -105,9 +105,10 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     """Markers around each image's placeholders, pixels (patches, C, P, P): as the processor and chat template
     lay them out. Images only."""
     if any(isinstance(item, Video) for sample in samples for item in sample):
         raise InputsNotTaken("paddleocr_vl takes images only (its forward has no video inputs)")
-    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)

@@ -84,8 +84,9 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
-    return build_glm5next_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
+    return build_glm5next_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def _stamp_tokens(seconds: float) -> int:

@@ -81,7 +81,8 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     """The config's vision start and end ids around each image's or video's placeholders (one run per video), no
     ``mm_token_type_ids``, pixels of one frame per patch."""
-    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)

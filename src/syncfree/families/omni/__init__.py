@@ -93,8 +93,9 @@ def handles(config) -> bool:
     return is_omni(config)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     """The processor-style CPU batch for ``samples``, audio too, with the forward's ``use_audio_in_video`` flag
     beside the tensors."""
-    return {**build_omni_inputs(config, samples, seed=seed, pad_token_id=pad_token_id or 0),
+    return {**build_omni_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id or 0),
             **omni_forward_kwargs(samples)}

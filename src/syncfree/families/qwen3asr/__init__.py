@@ -171,6 +171,7 @@ def asr_layout(name: str, seconds: float = 3.0) -> list[list]:
     raise ValueError(f"unknown Qwen3-ASR input kind {name!r}; choose one of {', '.join(ASR_LAYOUT_NAMES)}")
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
     """The processor's layout: left-padded rows, right-padded clips with their frame mask."""
-    return build_asr_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+    return build_asr_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)

@@ -78,5 +78,6 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, seed: int = 0, pad_token_id: int | None = None) -> dict:
-    return build_inputs(config, samples, seed=seed, pad_token_id=pad_token_id)
+def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                    pad_token_id: int | None = None) -> dict:
+    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
