@@ -25,14 +25,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than about 15 s; skipped by default, run them alone with -m slow")
 
 
-# Each family's forward-parity matrix runs with SDPA (Transformers' default attention) in the default run and with
-# eager attention in the slow step, except the Qwen-VL families', which run both by default.
-_EAGER_BY_DEFAULT = {"test_patch_qwen2.py", "test_patch_qwen35.py", "test_patch_api.py"}
+# Each family's forward-parity matrix (its own layouts; the standard ones are the conformance suite's, which marks its
+# own) runs with SDPA (Transformers' default attention) in the default run and with eager attention in the slow step,
+# except the Qwen-VL families', which run both by default.
+_EAGER_BY_DEFAULT = {"test_patch_qwen2.py", "test_patch_qwen35.py", "test_patch_api.py", "test_conformance.py"}
 
 
 def _eager_parity_elsewhere(item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return (getattr(item, "originalname", None) == "test_forward_equals_stock" and "eager" in params.values()
+    return ((getattr(item, "originalname", None) or "").startswith("test_forward_") and "eager" in params.values()
             and item.path.name not in _EAGER_BY_DEFAULT)
 
 

@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 import syncfree
 from family_checks import (
     check_forward_equals_stock,
-    check_generate_and_backward_equal_stock,
-    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
     model_pair,
@@ -45,14 +43,6 @@ def test_the_moe_types_mark_each_items_markers_too():
         assert torch.equal(batch["mm_token_type_ids"] == kind, ids == marks[1])
     # A video of 4 frames of 2x2 merged patches pairs its frames: 2 * 4 placeholders.
     assert int((ids == config.video_token_id).sum()) == 2 * 4 + 1 * 2
-
-
-@pytest.mark.parametrize("padding", ["left", "right"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(attn, layout, padding):
-    stock, patched = _pair(attn)
-    check_forward_equals_stock(stock, patched, build_ernie_inputs(stock.config, LAYOUTS[layout], padding_side=padding))
 
 
 def test_router_logits_and_the_auxiliary_loss_equal_stock():
@@ -102,17 +92,6 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
     batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
-
-
-@pytest.mark.parametrize("layout", ["images", "videos"])
-def test_generate_and_backward_equal_stock(layout):
-    stock, patched = _pair()
-    samples = ([[Text(2), Image(112, 56), Text(2), Image(56, 56), Text(1)], [Text(1), Image(56, 56), Text(2)]]
-               if layout == "images" else [[Text(2), Video(4, 56, 56), Text(1)], [Text(1), Video(2, 56, 84), Text(2)]])
-    batch = build_ernie_inputs(stock.config, samples, padding_side="left")
-    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 def test_patched_vision_tower_compiles_without_graph_breaks():

@@ -81,7 +81,7 @@ def test_the_processor_layout():
 @pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(attn, layout, padding):
+def test_forward_and_decode_positions_equal_stock(attn, layout, padding):
     """Stock's logits without and with prepare(), and what stock's index leaves on the model: deltas, decode positions
     (a tensor of stock's dtype and shape) and the prompt length."""
     stock, patched = _pair(attn)

@@ -11,15 +11,12 @@ import torch
 
 import syncfree
 from family_checks import (
-    check_forward_equals_stock,
-    check_generate_and_backward_equal_stock,
-    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
     tower_graph_breaks,
 )
-from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
+from syncfree.inputs import Image, processor_batch
 from syncfree.presets import build_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.lfm3_vl") is None,
@@ -40,14 +37,6 @@ def test_the_processor_layout_has_no_token_types():
     assert "mm_token_type_ids" not in batch and {"image_grid_thw", "video_grid_thw"} <= set(batch)
 
 
-@pytest.mark.parametrize("padding", ["left", "right"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(attn, layout, padding):
-    stock, patched = _pair(attn)
-    check_forward_equals_stock(stock, patched, build_inputs(stock.config, LAYOUTS[layout], padding_side=padding))
-
-
 def test_the_towers_attention_weights_equal_stock():
     stock, patched = _pair("eager")
     batch = processor_batch(stock.config, LAYOUTS["images of different sizes"])
@@ -63,17 +52,6 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     stock, patched = _pair()
     batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
-
-
-@pytest.mark.parametrize("layout", ["images", "videos"])
-def test_generate_and_backward_equal_stock(layout):
-    stock, patched = _pair()
-    samples = ([[Text(2), Image(128, 64), Text(2), Image(64, 64), Text(1)], [Text(1), Image(64, 64), Text(2)]]
-               if layout == "images" else [[Text(2), Video(4, 64, 64), Text(1)], [Text(1), Video(2, 64, 96), Text(2)]])
-    batch = build_inputs(stock.config, samples, padding_side="left")
-    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 def test_the_patched_towers_one_graph_break_is_its_own_grid_read():

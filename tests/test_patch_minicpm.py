@@ -16,15 +16,13 @@ from hypothesis import strategies as st
 import syncfree
 from family_checks import (
     check_forward_equals_stock,
-    check_generate_and_backward_equal_stock,
-    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
     standard_layouts,
     traced_copy,
 )
 from syncfree.families.minicpm import MARKERS, SLICE, build_minicpm_inputs
-from syncfree.inputs import Image, Text, Video, processor_batch
+from syncfree.inputs import Image, Text, processor_batch
 
 
 def _family(folder: str, preset: str, unit: int, wherever_shipped: bool = False):
@@ -78,10 +76,11 @@ def test_the_processor_layout(family):
     assert batch["pixel_values"].shape[-1] == batch["target_sizes"].prod(-1).sum() * config.vision_config.patch_size
 
 
+# (The standard layouts' parity with stock is the conformance suite's: tests/test_conformance.py.)
 @pytest.mark.parametrize("padding", ["left", "right"])
-@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+@pytest.mark.parametrize("layout", ["a sliced image"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(family, attn, layout, padding):
+def test_forward_equals_stock_on_its_own_layouts(family, attn, layout, padding):
     stock, patched = model_pair(family[1], attn)
     check_forward_equals_stock(stock, patched, build_minicpm_inputs(stock.config, _layouts(family[2])[layout],
                                                                     padding_side=padding))
@@ -110,20 +109,6 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy(family):
     layouts = _layouts(family[2])
     batch = processor_batch(stock.config, layouts["image and videos"] + layouts["padding and a text-only row"][2:])
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
-
-
-@pytest.mark.parametrize("layout", ["images", "videos"])
-def test_generate_and_backward_equal_stock(family, layout):
-    stock, patched = model_pair(family[1])
-    U = family[2]  # noqa: N806  (the pixel unit)
-    samples = ([[Text(2), Image(6 * U, 2 * U), Text(2), Image(2 * U, 2 * U), Text(1)], [Text(1), Image(2 * U, 2 * U),
-                                                                                       Text(2)]]
-               if layout == "images" else [[Text(2), Video(4, 2 * U, 2 * U), Text(1)], [Text(1), Video(2, 2 * U, 3 * U),
-                                                                                       Text(2)]])
-    batch = build_minicpm_inputs(stock.config, samples, padding_side="left")
-    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 @pytest.mark.slow  # (an Inductor compile of the tower)

@@ -88,14 +88,6 @@ def test_the_tables_are_made_on_the_device():
     assert plan.image.pixel_shuffle_index is not None and len(plan.image.window_seqlens) > 1
 
 
-@pytest.mark.parametrize("padding", ["left", "right"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(attn, layout, padding):
-    stock, patched = _pair(attn)
-    check_forward_equals_stock(stock, patched, _build(stock.config, LAYOUTS[layout], padding))
-
-
 def test_the_towers_attention_weights_equal_stock():
     """Window and full layers both split by the plan's sizes: each layer's per-segment weights are stock's."""
     stock, patched = _pair("eager")
@@ -113,17 +105,6 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     stock, patched = _pair()
     batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
-
-
-@pytest.mark.parametrize("layout", ["images", "videos"])
-def test_generate_and_backward_equal_stock(layout):
-    stock, patched = _pair()
-    samples = ([[Text(2), Image(112, 56), Text(2), Image(56, 56), Text(1)], [Text(1), Image(56, 56), Text(2)]]
-               if layout == "images" else [[Text(2), Video(4, 56, 56), Text(1)], [Text(1), Video(2, 56, 84), Text(2)]])
-    batch = _build(stock.config, samples)
-    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    check_generate_and_backward_equal_stock(stock, patched, batch, options, syncfree.prepare(batch, None, patched))
-    check_generate_modes_equal_stock(stock, patched, batch, options)
 
 
 def test_the_patched_tower_compiles_without_a_graph_break():

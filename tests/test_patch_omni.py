@@ -63,7 +63,7 @@ def _batch(model, name: str, padding: str = "left"):
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", PRESETS)
-def test_forward_equals_stock(name, attn, layout, padding):
+def test_forward_with_the_audio_flag_equals_stock(name, attn, layout, padding):
     stock, patched = _pair(name, attn)
     batch, flags = _batch(stock, layout, padding)
     with torch.no_grad():
@@ -160,7 +160,7 @@ def test_prepared_prefill_has_no_sync_and_moved_inputs_one(name, dtype, layout):
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_generate_and_backward_equal_stock(name):
+def test_generate_and_backward_with_audio_equal_stock(name):
     stock, patched = _pair(name)
     batch, flags = _batch(stock, "everything, and a text-only row")
     options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)

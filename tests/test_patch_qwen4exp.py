@@ -14,9 +14,6 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
-    check_forward_equals_stock,
-    check_generate_and_backward_equal_stock,
-    check_generate_modes_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     check_rope_index_matches_stock,
     model_pair,
@@ -45,14 +42,6 @@ def test_the_tiny_model_has_every_kind_of_text_layer():
     config = _pair()[0].config.text_config
     assert set(config.layer_types) == {"linear_attention", "indexed_attention"} and config.ple_layer_ids
     assert config.num_experts > config.num_experts_per_tok and config.indexer_compress_ratio > 1
-
-
-@pytest.mark.parametrize("padding", ["left", "right"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(attn, layout, padding):
-    stock, patched = _pair(attn)
-    check_forward_equals_stock(stock, patched, build_inputs(stock.config, LAYOUTS[layout], padding_side=padding))
 
 
 side = st.integers(1, 4).map(lambda n: 32 * n)
@@ -147,16 +136,6 @@ def test_decode_steps_read_no_visible_count_from_the_device(cache):
                 patched.model.rope_deltas = None
     assert torch.equal(ids, expected)
     assert not [e for e in report.syncs if e.where and MODELING in str(e.where)]
-
-
-@pytest.mark.parametrize("layout", ["images", "videos"])
-def test_generate_and_backward_equal_stock(layout):
-    stock, patched = _pair()
-    samples = ([[Text(2), Image(128, 64), Text(2), Image(64, 64), Text(1)], [Text(1), Image(64, 64), Text(2)]]
-               if layout == "images" else [[Text(2), Video(4, 64, 64), Text(1)], [Text(1), Video(2, 64, 96), Text(2)]])
-    batch = build_inputs(stock.config, samples, padding_side="left")
-    check_generate_and_backward_equal_stock(stock, patched, batch, GENERATE, syncfree.prepare(batch, None, patched))
-    check_generate_modes_equal_stock(stock, patched, batch, GENERATE)
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

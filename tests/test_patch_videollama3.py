@@ -63,14 +63,6 @@ def test_the_processor_layout_has_merges_per_item_and_compresses_videos():
     assert bool(kept.all()) and kept.shape == mask.shape
 
 
-@pytest.mark.parametrize("padding", ["left", "right"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_forward_equals_stock(attn, layout, padding):
-    stock, patched = _pair(attn)
-    check_forward_equals_stock(stock, patched, _inputs(stock.config, LAYOUTS[layout], padding_side=padding))
-
-
 def test_forward_without_compression_equals_stock():
     stock, patched = _pair()
     batch = _inputs(stock.config, LAYOUTS["image and videos"], compress=False)
@@ -117,8 +109,8 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
 
-@pytest.mark.parametrize("layout", ["images", "videos"])
-def test_generate_and_backward_equal_stock(layout):
+@pytest.mark.parametrize("layout", ["videos"])  # (images: the conformance suite)
+def test_generate_and_backward_equal_stock_over_compressed_videos(layout):
     stock, patched = _pair()
     samples = ([[Text(2), Image(128, 64), Text(2), Image(48, 64), Text(1)], [Text(1), Image(64, 64), Text(2)]]
                if layout == "images" else [[Text(2), Video(4, 64, 64), Text(1)], [Text(1), Video(3, 64, 96), Text(2)]])

@@ -40,7 +40,7 @@ from .preset import Preset
 from .shared import MODULE_TARGETS
 
 __all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
-           "processor_batch", "batch_to", "tiny_preset"]
+           "processor_batch", "batch_to", "tiny_preset", "CENSUS_FIXES"]
 
 # The registry: one entry per family group.
 GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
@@ -51,6 +51,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in grou
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}
 VISION_CLASSES: dict[str, str] = {t: name for group in GROUPS for t, name in group.VISION_CLASSES.items()}
 MODEL_CLASSES: dict = {t: get for group in GROUPS for t, get in group.MODEL_CLASSES.items()}
+# The census's config fixes (``census.fixes``), by model type: each group's own, for every type it knows.
+CENSUS_FIXES: dict = {t: fix for group in GROUPS for t, fix in getattr(group, "CENSUS_FIXES", {}).items()}
 
 for _family in FAMILIES.values():  # the plan knows a family's input layout only through this table
     register_layout(_family.model_type, _family.layout)

@@ -15,9 +15,9 @@ from ..rewrite.targets import Family
 from .preset import Preset
 from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by
+from .shared import family_module, handled_by, scale_sections
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
 FAMILIES: tuple[Family, ...] = (
     Family("cohere_compass", qwen3_vl_targets("CohereCompass"), Layout(family_module("cohere_compass"), **QWEN3_LAYOUT,
@@ -55,3 +55,17 @@ def handles(config) -> bool:
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_cohere_compass(config) -> None:
+    # Rope parameters are per layer type and the default names none: the rotary embedding then has no entry for
+    # "full_attention". Give every kind the family's default rope (its M-RoPE sections, scaled to the head).
+    text = config.text_config
+    half = text.hidden_size // text.num_attention_heads // 2
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": scale_sections([24, 20, 20], half)}
+    text.rope_parameters = {kind: dict(rope) for kind in dict.fromkeys(text.layer_types)}
+
+
+CENSUS_FIXES = {"cohere_compass": _census_fix_cohere_compass}

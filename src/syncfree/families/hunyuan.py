@@ -38,9 +38,9 @@ from ..rewrite.targets import Family, Target
 from ..rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, vlm_targets
+from .shared import family_module, handled_by, scale_sections, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_hunyuan_inputs", "build_hyv4_inputs"]
 
 _MODEL = "HunYuanVLModel"
@@ -201,3 +201,17 @@ def _build(config, samples, padding_side, seed, pad_token_id, *, markers, item_e
     out = pack_rows(rows, types, pad, padding_side)
     out.update(pixel_inputs(vc, *grids, gen))
     return out
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_hunyuan_vl(config) -> None:
+    # Its multimodal positions need M-RoPE axes (text, width, height, image index), which the checkpoint's config
+    # sets and the default does not: four equal sections of the rotary half.
+    text = config.text_config
+    rope = dict(text.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+    rope["mrope_section"] = scale_sections([1, 1, 1, 1], text.head_dim // 2)
+    text.rope_parameters = rope
+
+
+CENSUS_FIXES = {"hunyuan_vl": _census_fix_hunyuan_vl}

@@ -29,7 +29,7 @@ from .preset import Preset
 from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
 from .shared import family_module, handled_by, installed_source_has, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minimax_inputs", "CHUNK_FRAMES"]
 
 _MODELING = family_module("minimax_m3_vl")
@@ -151,3 +151,13 @@ def build_minimax_inputs(config, samples: list[list], *, padding_side: str = "le
 
 
 __all__ += ["Image", "Video", "Text"]  # (the items build_minimax_inputs takes)
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_minimax_m3_vl(config) -> None:
+    # The projector's merge MLP takes merge**2 projected patches side by side: derived from the text width.
+    config.merged_hidden_size = config.text_config.hidden_size * config.vision_config.spatial_merge_size**2
+
+
+CENSUS_FIXES = {"minimax_m3_vl": _census_fix_minimax_m3_vl}

@@ -28,7 +28,7 @@ from ..rewrite.wrappers import (
     make_vision_forward,
 )
 
-__all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
+__all__ = ["scale_sections", "MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
            "vlm_targets", "handled_by", "installed_source_has", "registered_only"]
 
 
@@ -150,3 +150,14 @@ def registered_only(families, presets: dict, vision_classes: dict) -> tuple[dict
     own = {f.model_type for f in families}
     return ({n: p for n, p in presets.items() if p.values["model_type"] in own},
             {t: c for t, c in vision_classes.items() if t in own})
+
+
+def scale_sections(sections: list[int], half: int) -> list[int]:
+    """M-RoPE sections scaled to sum to ``half`` (the rotary width / 2). The rounding remainder goes to a section no
+    other equals (Qwen's temporal [16, 24, 24], ERNIE-4.5-VL's [22, 22, 20]: its height and width sections are
+    stacked, so they must stay equal), else the first."""
+    total = sum(sections)
+    scaled = [max(0, s * half // total) for s in sections]
+    unique = [i for i, s in enumerate(sections) if sections.count(s) == 1]
+    scaled[unique[0] if unique else 0] += half - sum(scaled)
+    return scaled

@@ -36,7 +36,7 @@ from . import audio_chunks, placeholders
 from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBEDDINGS, PLACEHOLDER_BY_ANY_TOKEN_ID
 from .plan import PLAN
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_dots3_inputs", "Waveform"]
 
 _P = "Dots3Note"
@@ -159,3 +159,32 @@ def build_dots3_inputs(config, samples: list[list], *, padding_side: str = "left
         out["input_features"] = torch.randn(len(chunks), ac.feature_size, frames, generator=gen)
         out["chunk_sample_lengths"] = torch.tensor(chunks, dtype=torch.long)
     return out
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_dots3_note(config) -> None:
+    text, vision = config.text_config, config.vision_config
+    # Its latent attention's parts, derived once per layer kind (and restated in its sliding layers' overrides): every
+    # layer takes the shrunk head, half of it rotary (a sliding layer checks head_dim == nope + rope), latent ranks of
+    # the text width, an indexer head of the same size, and each kind's rotary fraction recomputed (rope / head).
+    parts = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank")
+    spec = vars(text).get("_heterogeneity_spec")
+    kept = {i: {k: v for k, v in o.items() if k not in parts} for i, o in (spec.per_layer_overrides if spec else {}).items()}
+    text.per_layer_config = None
+    text.qk_rope_head_dim = text.head_dim // 2
+    text.qk_nope_head_dim = text.head_dim - text.qk_rope_head_dim
+    text.q_lora_rank = text.kv_lora_rank = text.hidden_size
+    text.index_head_dim, text.index_n_heads = text.head_dim, 2
+    text.per_layer_config = {i: o for i, o in kept.items() if o} or None
+    for rope in text.rope_parameters.values():
+        rope["partial_rotary_factor"] = text.qk_rope_head_dim / text.head_dim
+    # The tower's MoE blocks lie past the shrunk depth (the default routes only its last 17 of 42): its second block is
+    # one, of 4 experts.
+    vision.mlp_layer_types = ["dense", "sparse"]
+    vision.num_local_experts = 4
+    # The audio encoder's attention has as many key heads as query heads (derived once).
+    config.audio_config.num_key_value_heads = config.audio_config.num_attention_heads
+
+
+CENSUS_FIXES = {"dots3_note": _census_fix_dots3_note}

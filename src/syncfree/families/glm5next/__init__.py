@@ -30,7 +30,7 @@ from ..shared import family_module, handled_by, installed_source_has, registered
 from . import pooled_keep
 from .edits import POOLED_KEEP, POOLED_WRITTEN
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_glm5next_inputs"]
 
 _P = "Glm5Next"
@@ -143,3 +143,13 @@ def build_glm5next_inputs(config, samples: list[list], *, padding_side: str = "l
     out = pack_rows(rows, types, pad, padding_side)
     out.update(pixel_inputs(vc, image_grids, video_grids, gen))
     return out
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_glm5_next(config) -> None:
+    # Its head_dim is the rotary part of its latent attention's heads (derived once, in __post_init__).
+    config.text_config.head_dim = config.text_config.qk_rope_head_dim
+
+
+CENSUS_FIXES = {"glm5_next": _census_fix_glm5_next}

@@ -41,7 +41,7 @@ from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS
 from .plan import PLAN
 from .wrappers import make_decode_cache_rope_index
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_glm_image_inputs", "target_grids",
            "installed_code_supported"]
 
@@ -192,3 +192,14 @@ def build_glm_image_inputs(config, samples: list[list], *, padding_side: str = "
     out["image_grid_thw"] = torch.tensor(grids, dtype=torch.long)
     out["images_per_sample"] = torch.full((len(samples),), len(grids) // len(samples), dtype=torch.long)
     return out
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_glm_image(config) -> None:
+    # Its VQ-VAE quantizes the tower's features: its input width (latent_channels) is the tower's, which the shrink
+    # changed (the VQ config names it otherwise).
+    config.vq_config.latent_channels = config.vision_config.hidden_size
+
+
+CENSUS_FIXES = {"glm_image": _census_fix_glm_image}

@@ -59,7 +59,7 @@ from .edits import (
 from .plan import PLAN
 from .wrappers import make_vision_forward_target_sizes
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minicpm_inputs", "MARKERS"]
 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
@@ -258,3 +258,14 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
             out[pixels_name] = torch.randn(1, channels, patch, patches * patch, generator=gen)
             out[sizes_name] = torch.tensor(sizes[kind], dtype=torch.int32)
     return out
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_image_token(config) -> None:
+    # The default leaves the image placeholder id unset (the checkpoint's tokenizer names it): any text id will do.
+    if config.image_token_id is None:
+        config.image_token_id = 5
+
+
+CENSUS_FIXES = dict.fromkeys(("minicpm_ocr", "minicpmv4_6", "minicpmv4_7"), _census_fix_image_token)

@@ -43,7 +43,7 @@ from .edits import (
     BLOCK_KWARGS_BY_TYPE,
 )
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_muse_inputs", "MARKERS", "Waveform"]
 
 # What the tower wrapper relies on in the stock forward: its helpers get the caller's kwargs (to pop the plan's
@@ -205,3 +205,14 @@ def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left"
             out["input_values"][i, :n] = torch.randn(n, generator=gen)
             out["input_values_mask"][i, :n] = 1
     return out
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_muse_glimmer(config) -> None:
+    # The tower's pixel shuffle puts merge**2 patches side by side: the adapter takes that width.
+    vision = config.vision_config
+    config.out_hidden_size = vision.hidden_size * vision.merge_size**2
+
+
+CENSUS_FIXES = {"muse_glimmer": _census_fix_muse_glimmer, "muse_spark": _census_fix_muse_glimmer}

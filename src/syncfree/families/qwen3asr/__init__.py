@@ -31,7 +31,7 @@ from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
 from .plan import PLAN
 from .wrappers import make_masked_audio_forward
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_asr_inputs", "asr_layout", "ASR_LAYOUT_NAMES", "MARKERS", "audio_tokens", "is_audio_only"]
 
 _MODULE = family_module("qwen3_asr")
@@ -175,3 +175,14 @@ def processor_batch(config, samples: list[list], *, padding_side: str = "left", 
                     pad_token_id: int | None = None) -> dict:
     """The processor's layout: left-padded rows, right-padded clips with their frame mask."""
     return build_asr_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_qwen3_asr(config) -> None:
+    # The projector after the audio encoder outputs its config's output_dim (the checkpoint's text width), which the
+    # shrink leaves at its default: the text width the shrink chose.
+    config.audio_config.output_dim = config.text_config.hidden_size
+
+
+CENSUS_FIXES = {"qwen3_asr": _census_fix_qwen3_asr}

@@ -22,7 +22,7 @@ from . import qsa
 from .edits import QSA_MASK, QSA_VISIBLE
 from .qsa import make_generation_masks
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
 _P = "Qwen4Exp"
 
@@ -81,3 +81,17 @@ def handles(config) -> bool:
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+
+
+# The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
+# model types whether or not this release registers them: the census runs every family Transformers ships).
+def _census_fix_qwen4_exp(config) -> None:
+    # Its "indexed_attention" layers build a QSA token indexer, which the default config leaves unset (the
+    # checkpoint's config sets it): one key head (required) and a rotary width that fits the index head.
+    text = config.text_config
+    text.indexer_n_heads, text.indexer_kv_heads = 2, 1
+    text.indexer_head_dim = text.head_dim
+    text.indexer_compress_ratio, text.indexer_budget = 4, 16
+
+
+CENSUS_FIXES = {"qwen4_exp": _census_fix_qwen4_exp}
