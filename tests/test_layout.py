@@ -73,6 +73,13 @@ def test_every_shared_helper_serves_more_than_one_family_group():
 
 
 @pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.__name__.rsplit(".", 1)[-1])
+def test_each_family_group_is_one_folder(group):
+    """``syncfree/families/<group>/``: the family's table, edits, plan hooks, wrappers, inputs and presets together."""
+    path = Path(group.__file__)
+    assert path.name == "__init__.py" and path.parent.parent == PACKAGE / "families", group.__name__
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.__name__.rsplit(".", 1)[-1])
 def test_each_family_group_declares_what_the_registry_reads(group):
     missing = [name for name in GROUP_API if not hasattr(group, name)]
     assert not missing, f"{group.__name__} lacks {missing}"

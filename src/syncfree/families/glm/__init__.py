@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import torch
 
-from ..plan import active
-from ..plan.errors import InputsNotTaken
-from ..plan.spec import Layout
-from ..rewrite.edits import BLOCK_KWARGS, FEATURE_SPLIT
-from ..rewrite.helpers import traced_vision_plan
-from ..rewrite.rewriter import Edit
-from ..rewrite.targets import Family
-from ..rewrite.wrappers import make_vision_forward_device_grid
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, frame_timestamps, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, vlm_targets
+from ...plan import active
+from ...plan.errors import InputsNotTaken
+from ...plan.spec import Layout
+from ...rewrite.edits import BLOCK_KWARGS, FEATURE_SPLIT
+from ...rewrite.helpers import traced_vision_plan
+from ...rewrite.rewriter import Edit
+from ...rewrite.targets import Family
+from ...rewrite.wrappers import make_vision_forward_device_grid
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, frame_timestamps, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs"]
 

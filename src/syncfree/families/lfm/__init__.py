@@ -17,12 +17,12 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-from ..plan.spec import Layout
-from ..rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
-from ..rewrite.targets import Family
-from .preset import Preset
-from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
+from ...rewrite.targets import Family
+from ..preset import Preset
+from ..qwen_vl.inputs import build_inputs
+from ..shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 

@@ -8,11 +8,11 @@ placeholders (the chat template writes the markers around them, with ids the con
 
 from __future__ import annotations
 
-from ..plan.spec import Layout
-from ..rewrite.targets import Family
-from .preset import Preset
-from .qwen_vl.inputs import build_inputs
-from .shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.targets import Family
+from ..preset import Preset
+from ..qwen_vl.inputs import build_inputs
+from ..shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.helpers import traced_grid_rows
-from ..rewrite.rewriter import Edit
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, installed_source_has, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.helpers import traced_grid_rows
+from ...rewrite.rewriter import Edit
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, installed_source_has, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_kimi_inputs", "CHUNK_FRAMES"]

@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.errors import InputsNotTaken
-from ..plan.spec import Layout
-from ..rewrite.edits import PLACEHOLDER_MASK
-from ..rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, scale_sections, vlm_targets
+from ...plan.errors import InputsNotTaken
+from ...plan.spec import Layout
+from ...rewrite.edits import PLACEHOLDER_MASK
+from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, scale_sections, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_hunyuan_inputs", "build_hyv4_inputs"]

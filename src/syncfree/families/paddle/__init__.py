@@ -18,14 +18,14 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-from ..plan.errors import InputsNotTaken
-from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION_WEIGHTS
-from ..rewrite.rewriter import Edit
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl.inputs import Video, build_inputs
-from .shared import family_module, handled_by, vlm_targets
+from ...plan.errors import InputsNotTaken
+from ...plan.spec import Layout
+from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ...rewrite.rewriter import Edit
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl.inputs import Video, build_inputs
+from ..shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.spec import Layout
-from ..rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
-from ..rewrite.edits_variants import PLACEHOLDER_NUMEL
-from ..rewrite.targets import Family, Target
-from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from .shared import family_module, handled_by, installed_source_has, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
+from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
+from ...rewrite.targets import Family, Target
+from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..shared import family_module, handled_by, installed_source_has, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minimax_inputs", "CHUNK_FRAMES"]

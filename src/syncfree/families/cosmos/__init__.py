@@ -14,13 +14,13 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-from ..plan.spec import Layout
-from ..rewrite.edits import GRID_LIST, VISION_ATTENTION_CAT, feature_split
-from ..rewrite.targets import Family, Target
-from ..rewrite.wrappers import make_vision_forward_seqlens_only
-from .preset import Preset
-from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by, vlm_targets
+from ...plan.spec import Layout
+from ...rewrite.edits import GRID_LIST, VISION_ATTENTION_CAT, feature_split
+from ...rewrite.targets import Family, Target
+from ...rewrite.wrappers import make_vision_forward_seqlens_only
+from ..preset import Preset
+from ..qwen_vl.inputs import build_inputs
+from ..shared import family_module, handled_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 

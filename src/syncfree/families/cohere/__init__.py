@@ -10,12 +10,12 @@ Qwen3-VL's does: one run per video frame between the config's vision start/end i
 
 from __future__ import annotations
 
-from ..plan.spec import Layout
-from ..rewrite.targets import Family
-from .preset import Preset
-from .qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
-from .qwen_vl.inputs import build_inputs
-from .shared import family_module, handled_by, scale_sections
+from ...plan.spec import Layout
+from ...rewrite.targets import Family
+from ..preset import Preset
+from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
+from ..qwen_vl.inputs import build_inputs
+from ..shared import family_module, handled_by, scale_sections
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
