@@ -13,7 +13,23 @@ import torch
 from .hooks import PlanHooks, register_inputs
 from .rope_stock import host_rope_key, rope_config_key
 
-__all__ = ["Layout", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
+__all__ = ["Layout", "PositionTable", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
+
+
+@dataclass(frozen=True)
+class PositionTable:
+    """A vision tower's learned position table, which stock resamples to each grid (the plan makes the taps): how the
+    family's tower reads it. Declared by the family (``Layout(table=PositionTable(...))``)."""
+
+    # Where its side comes from: ``num_position_embeddings`` (its square root), ``image_size`` (image_size //
+    # patch_size), or the vision config attribute that holds it.
+    side: str = "num_position_embeddings"
+    # The class whose ``self.interpolation_align_corners = ...`` says how it is resampled (it changed between
+    # releases); None: align_corners=True, as Qwen3-VL's helpers take it.
+    align_corners_from: str | None = None
+    mode: str = "bilinear"  # stock's interpolation mode (``mode=``: "bicubic" takes 16 taps)
+    swap_hw: bool = False  # read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``)
+    padding: str = "border"  # outside the table: the border's values, or zeros
 
 
 @dataclass(frozen=True)
@@ -21,7 +37,7 @@ class Layout:
     """How a family lays out its inputs: what the plan and the rope index need to know about it."""
 
     modeling: str  # the Transformers modeling module holding the family's classes and vision helpers
-    learned_positions: bool = False  # a learned position table, resampled to each grid (Qwen3-VL's vision tower)
+    table: PositionTable | None = None  # a learned position table, resampled to each grid (Qwen3-VL's vision tower)
     frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between (Qwen3-VL)
     windows: bool = False  # window attention in the vision tower (Qwen2.5-VL)
     video_time_scale: bool = False  # video positions step by tokens_per_second * seconds (Qwen2.5-VL)
@@ -44,10 +60,6 @@ class Layout:
     # A tower that merges patches only after its encoder (its helpers take this merge, 1; its learned table is
     # image_size // patch_size on a side).
     tower_merge: int | None = None
-    # The class whose ``self.interpolation_align_corners = ...`` says how the learned table is resampled (it
-    # changed between releases); None: align_corners=True, as Qwen3-VL's helpers take it.
-    interp_align_corners_from: str | None = None
-    table_side_from_image_size: bool = False
     pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
     # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows:
     # vision_every_step's one-unit tower pass would not reach that projector.
@@ -77,14 +89,10 @@ class Layout:
     # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
     # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
     video_spans: bool = False
-    # The vision config's names for its merge (``merge_attr``) and its learned table's side (``table_side_attr``);
-    # windows as many patches on a side as the table (``window_from_table``); a table read at (w, h) with its own
-    # padding, and a pixel shuffle by the merge after the encoder (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``).
+    # The vision config's name for its merge; windows as many patches on a side as the position table; a pixel
+    # shuffle by the merge after the encoder (``TableSpec.shuffle``).
     merge_attr: str = "spatial_merge_size"
-    table_side_attr: str | None = None
     window_from_table: bool = False
-    interp_swap_hw: bool = False
-    interp_padding: str = "border"
     pixel_shuffle: bool = False
     # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces.
     audio_tokens: bool = False
@@ -93,8 +101,6 @@ class Layout:
     # t), and it adds a frame embedding per patch: the plan's split sizes ignore t, and it makes the frame index and
     # the pooling's destination and weight (``TableSpec.pool``).
     temporal_pooling: bool = False
-    # The learned table's resampling mode (stock's ``mode=``, e.g. "bicubic").
-    interp_mode: str = "bilinear"
     # The whole prepared forward traces as one graph (``torch.compile(fullgraph=True)``): the wrappers hand a traced
     # call the plan (``rewrite.wrappers.traced_entry``). Only where that was shown (tests/test_one_graph.py); elsewhere a
     # traced call runs stock's code, breaks and all.
@@ -200,7 +206,7 @@ class ModelSpec:
             segment_class_token=layout.segment_class_token,
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
-            temporal_pooling=_pool_kernel(vc, layout), interp_mode=layout.interp_mode,
+            temporal_pooling=_pool_kernel(vc, layout), interp_mode=_table(layout).mode,
             **_tower_options(vc, layout), **omni, **family,
         )
 
@@ -228,8 +234,8 @@ class ModelSpec:
         # (A tower that merges after its encoder keeps its table on a nested module: its layout says.)
         nested = layout is not None and layout.tower_merge is not None
         # (A table the layout sizes, not the tower: on a nested module, or in the embeddings.)
-        own_table = layout is not None and layout.learned_positions and (
-            nested or layout.table_side_from_image_size or layout.table_side_attr is not None)
+        own_table = layout is not None and layout.table is not None and (
+            nested or layout.table.side != "num_position_embeddings")
         per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
         if layout is not None and layout.pixel_shuffle:  # (the layout names the config values, as above)
             return cls(model_type, getattr(vc, layout.merge_attr), _table_side(vc, layout), -1, -1, module,
@@ -245,8 +251,13 @@ class ModelSpec:
             segment_class_token=layout is not None and layout.segment_class_token,
             temporal_position_ids=layout is not None and layout.temporal_position_ids,
             temporal_pooling=_pool_kernel(vc, layout) if layout is not None else None,
-            interp_mode=layout.interp_mode if layout is not None else "bilinear",
+            interp_mode=_table(layout).mode,
         )
+
+
+def _table(layout: Layout | None) -> PositionTable:
+    """The layout's position table, or the defaults where it has none (the spec's resampling values then go unused)."""
+    return layout.table if layout is not None and layout.table is not None else PositionTable()
 
 
 def _window_size(vc, layout: Layout) -> int | None:
@@ -258,9 +269,10 @@ def _window_size(vc, layout: Layout) -> int | None:
 
 def _tower_options(vc, layout: Layout) -> dict:
     """The ModelSpec values of a tower that reads its table at (w, h) or pixel-shuffles; none elsewhere."""
-    if not (layout.interp_swap_hw or layout.pixel_shuffle or layout.interp_padding != "border"):
+    table = _table(layout)
+    if not (table.swap_hw or layout.pixel_shuffle or table.padding != "border"):
         return {}
-    return dict(interp_swap_hw=layout.interp_swap_hw, interp_padding=layout.interp_padding,
+    return dict(interp_swap_hw=table.swap_hw, interp_padding=table.padding,
                 pixel_shuffle=getattr(vc, layout.merge_attr) if layout.pixel_shuffle else 0)
 
 
@@ -299,9 +311,9 @@ def _merge_size(vc, layout: Layout | None) -> int:
 
 def _align_corners(module_name: str, layout: Layout) -> bool:
     """How the tower resamples its learned table: read from the installed class where the layout names one."""
-    if layout.interp_align_corners_from is None:
+    if layout.table is None or layout.table.align_corners_from is None:
         return True
-    return _align_corners_in(module_name, layout.interp_align_corners_from)
+    return _align_corners_in(module_name, layout.table.align_corners_from)
 
 
 # What the installed source says, by question: read once per process. (Both readers below read source code: constants
@@ -335,13 +347,13 @@ def _align_corners_in(module_name: str, cls_name: str) -> bool:
 
 def _table_side(vc, layout: Layout) -> int | None:
     """The side of the tower's learned position table, where the plan resamples it (else None)."""
-    if not layout.learned_positions:
+    if layout.table is None:
         return None
-    if layout.table_side_attr is not None:
-        return getattr(vc, layout.table_side_attr)
-    if layout.table_side_from_image_size:
+    if layout.table.side == "num_position_embeddings":
+        return int(vc.num_position_embeddings**0.5)
+    if layout.table.side == "image_size":
         return vc.image_size // vc.patch_size
-    return int(vc.num_position_embeddings**0.5)
+    return getattr(vc, layout.table.side)
 
 
 @_source_fact

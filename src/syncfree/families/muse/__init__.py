@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
@@ -68,10 +68,11 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
         targets += (Target(f"{prefix}Model", "get_audio_placeholder_mask", edits=AUDIO_PLACEHOLDER_MASK),
                     Target(f"{prefix}Model", "get_audio_features", edits=AUDIO_VALID_TOKENS))
     return Family(model_type, targets,
-        Layout(family_module(model_type), learned_positions=True, windows=True, mrope=False, vision_markers=False,
-               token_types=False, tower_merge=1, interp_align_corners_from=f"{prefix}VisionPatchEmbedder",
-               tower_holds_projector=False, merge_attr="merge_size", table_side_attr="pos_emb_height",
-               window_from_table=True, interp_swap_hw=True, interp_padding="zeros", pixel_shuffle=True,
+        Layout(family_module(model_type), windows=True, mrope=False, vision_markers=False, token_types=False,
+               table=PositionTable(side="pos_emb_height", align_corners_from=f"{prefix}VisionPatchEmbedder",
+                                   swap_hw=True, padding="zeros"),
+               tower_merge=1, tower_holds_projector=False, merge_attr="merge_size", window_from_table=True,
+               pixel_shuffle=True,
                audio_tokens=audio, one_graph=True, plan=PLAN if audio else PlanHooks()), helpers=audio_tokens)
 
 

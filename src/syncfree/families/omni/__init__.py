@@ -8,7 +8,7 @@ deepstack) or Qwen2.5-VL's (windows); the rope index is stock's own, run on the 
 from __future__ import annotations
 
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import (
     AUDIO_ATTENTION,
     AUDIO_SCATTER,
@@ -69,7 +69,7 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     )
     if deepstack:
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
-    layout = Layout(family_module(folder), learned_positions=deepstack, windows=not deepstack, audio=True,
+    layout = Layout(family_module(folder), table=PositionTable() if deepstack else None, windows=not deepstack, audio=True,
                     rope_class=f"{prefix}PreTrainedModelForConditionalGeneration", plan=PLAN)
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 

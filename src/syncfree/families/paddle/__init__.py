@@ -19,7 +19,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 from __future__ import annotations
 
 from ...plan.errors import InputsNotTaken
-from ...plan.spec import Layout
+from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
@@ -60,8 +60,8 @@ def _paddle() -> Family:
                       "get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)")),
     )
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
-    layout = Layout(family_module("paddleocr_vl"), learned_positions=True, tower_merge=1,
-                    interp_align_corners_from="PaddleOCRVisionEmbeddings", table_side_from_image_size=True,
+    layout = Layout(family_module("paddleocr_vl"), tower_merge=1,
+                    table=PositionTable(side="image_size", align_corners_from="PaddleOCRVisionEmbeddings"),
                     pixels_4d=True, tower_holds_projector=False, one_graph=True)
     return Family("paddleocr_vl", targets, layout)
 

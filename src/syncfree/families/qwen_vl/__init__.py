@@ -8,7 +8,7 @@ positions; Qwen2.5-VL's windows and video time scale).
 
 from __future__ import annotations
 
-from ...plan.spec import Layout
+from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
 from ..shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
@@ -41,7 +41,7 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
     return Family(model_type, targets, Layout(family_module(model_type), **traits))
 
 
-QWEN3_LAYOUT = dict(learned_positions=True, frames_as_runs=True)
+QWEN3_LAYOUT = dict(table=PositionTable(), frames_as_runs=True)
 ONE_GRAPH = dict(one_graph=True)  # (every family here traces whole: Layout.one_graph)
 
 FAMILIES: tuple[Family, ...] = (
