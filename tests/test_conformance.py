@@ -1,6 +1,6 @@
 """The conformance suite: what every fully supported family must show, parametrised over the family table.
 
-For each registered family, on its tiny random-weight preset (``families.tiny_preset``) and batches laid out by its own
+For each registered family whose code the installed Transformers ships, on its tiny random-weight preset (``families.tiny_preset``) and batches laid out by its own
 processor rules (``syncfree.inputs.processor_batch``, the family group's ``processor_batch``) over the standard
 layouts (``family_checks.standard_layouts``; the audio-only families: clips of several lengths):
 
@@ -8,6 +8,7 @@ layouts (``family_checks.standard_layouts``; the audio-only families: clips of s
   padding (eager in the slow step, except the Qwen-VL families');
 * prepared syncs: no sync and no blocking copy on the emulated device with ``prepare()``, one sync without it (a MoE
   family in bf16);
+* a plan made in a ``DataLoader`` worker (``prepare(batch)``, pickled) gives stock's logits;
 * ``generate()`` and training, on images and on videos (clips): stock's ids (greedy, with and without ``prepare()``;
   the static cache; beams returning several sequences: stock's ids or stock's own error), stock's loss and every
   gradient bit for bit.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import pickle
 
 import pytest
 import torch
@@ -58,8 +60,10 @@ AUDIO_LAYOUTS = {
     "one clip": [[Text(4), Audio(250), Text(3)]],
     "clips of different lengths": [[Text(3), Audio(517), Text(2)], [Text(5), Audio(130), Text(4)]],
 }
-# The batch of the prepared-sync check: two rows of different lengths (padding), several items.
-_GENERATE_LAYOUT = "padding and a text-only row"
+# The batch of the prepared-sync and pickling checks: rows of different lengths (padding), several items, the first
+# layout of these the family's model takes.
+_SEVERAL_ITEMS = ("padding and a text-only row", "images with padding", "images of different sizes",
+                  "clips of different lengths")
 
 
 def _has_vision(config) -> bool:
@@ -69,10 +73,13 @@ def _has_vision(config) -> bool:
 def _layouts(config) -> dict:
     """The standard layouts in pixels that are multiples of the family's patch x merge (the plan's merge on a side;
     2 where the merge comes per item); an audio-only family's clips."""
-    if not _has_vision(config):
-        return AUDIO_LAYOUTS
+    return standard_layouts(_unit(config)) if _has_vision(config) else AUDIO_LAYOUTS
+
+
+def _unit(config) -> int:
+    """Pixels per merged token on a side: the patch times the plan's merge (2 where the merge comes per item)."""
     spec = ModelSpec.from_config(config)
-    return standard_layouts(spec.patch_size * max(spec.spatial_merge_size, 2))
+    return spec.patch_size * max(spec.spatial_merge_size, 2)
 
 
 def _layout_names(model_type: str) -> list[str]:
@@ -86,10 +93,14 @@ def _batch(config, layout: str, padding: str = "left", dtype=None) -> dict:
         batch = processor_batch(config, _layouts(config)[layout], padding_side=padding)
     except InputsNotTaken as err:
         pytest.skip(str(err))
-    if dtype is not None:  # (pixels and audio features in the model's dtype, as a user casts them)
-        batch = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                 for k, v in batch.items()}
-    return batch
+    return _cast(batch, dtype)
+
+
+def _cast(batch: dict, dtype) -> dict:
+    """Pixels and audio features in the model's dtype, as a user casts them."""
+    if dtype is None:
+        return batch
+    return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in batch.items()}
 
 
 def _pair(model_type: str, attn: str = "sdpa", dtype=torch.float32):
@@ -112,8 +123,33 @@ def test_forward_equals_stock(model_type, attn, layout, padding):
     check_forward_equals_stock(stock, patched, _batch(stock.config, layout, padding))
 
 
-def _several_items(model_type: str) -> str:
-    return _GENERATE_LAYOUT if _GENERATE_LAYOUT in _layout_names(model_type) else "clips of different lengths"
+def _several_items(config, dtype=None) -> dict:
+    layouts = _layouts(config)
+    if _has_vision(config):  # (images only, a padded row each: for image-only families)
+        u = _unit(config)
+        layouts = {**layouts, "images with padding": [[Text(2), Image(2 * u, 3 * u), Text(5)], [Text(1), Image(u, u)]]}
+    refused = None
+    for name in _SEVERAL_ITEMS:
+        if name not in layouts:
+            continue
+        try:
+            batch = processor_batch(config, layouts[name])
+        except InputsNotTaken as err:
+            refused = err
+            continue
+        return _cast(batch, dtype)
+    pytest.skip(str(refused))
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_a_plan_made_in_a_dataloader_worker_pickles_and_gives_stocks_logits(model_type):
+    """``prepare(batch)`` without a device, as a ``DataLoader`` worker runs it: the batch and its plan (the family's
+    hooks travel with its spec) cross a process boundary by pickle, and the forward takes them as they arrive."""
+    stock, patched = _pair(model_type)
+    batch = _several_items(stock.config)
+    arrived = pickle.loads(pickle.dumps(syncfree.prepare(batch, None, patched)))
+    with torch.no_grad():
+        assert torch.equal(patched(**arrived).logits, stock(**batch).logits)
 
 
 def _has_experts(model_type: str) -> bool:
@@ -126,7 +162,7 @@ def test_prepared_forward_is_sync_and_copy_free_and_one_sync_without_prepare(mod
     the MoE remainder, which each MoE family's own file counts); the others in fp32."""
     dtype = torch.bfloat16 if _has_experts(model_type) else torch.float32
     stock, patched = _pair(model_type, dtype=dtype)
-    batch = _batch(stock.config, _several_items(model_type), dtype=dtype)
+    batch = _several_items(stock.config, dtype)
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
 
@@ -140,8 +176,7 @@ def _generate_samples(config, kind: str) -> list[list]:
     placeholder run, so the decode steps' positions follow a multimodal prompt."""
     if kind == "clips":
         return AUDIO_LAYOUTS["clips of different lengths"]
-    spec = ModelSpec.from_config(config)
-    u = spec.patch_size * max(spec.spatial_merge_size, 2)
+    u = _unit(config)
     if kind == "images":
         return [[Text(2), Image(4 * u, 2 * u), Text(2), Image(2 * u, 2 * u), Text(1)], [Text(1), Image(2 * u, 2 * u), Text(2)]]
     return [[Text(2), Video(4, 2 * u, 2 * u), Text(1)], [Text(1), Video(2, 2 * u, 3 * u), Text(2)]]
