@@ -500,7 +500,8 @@ def render_emulation_overhead() -> str:
 def render_hf_tests() -> str:
     """Transformers' own model tests, stock vs patched, from the table in hf-tests.md."""
     with open(os.path.join(RESULTS, "hf-tests.md")) as f:
-        first, *later = re.split(r"^## Transformers (?=\d)", f.read(), flags=re.M)
+        newest = re.split(r"^# ", f.read(), flags=re.M)[1]  # (the file's records, newest first: the newest one)
+    first, *later = re.split(r"^## Transformers (?=\d)", newest, flags=re.M)
     row = r"^\| (\w+) \| ([\d/]+[^|]*) \| ([\d/]+[^|]*) \| (\d+) \|$"
     found = re.findall(row, first, re.M)
     rows = [(f"{display_name(t)} (`{t}`)", stock.strip(), patched.strip(), n) for t, stock, patched, n in found]
