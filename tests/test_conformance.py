@@ -1,8 +1,9 @@
 """The conformance suite: what every fully supported family must show, parametrised over the family table.
 
-For each registered family whose code the installed Transformers ships, on its tiny random-weight preset (``families.tiny_preset``) and batches laid out by its own
-processor rules (``syncfree.inputs.processor_batch``, the family group's ``processor_batch``) over the standard
-layouts (``family_checks.standard_layouts``; the audio-only families: clips of several lengths):
+For each registered family whose code the installed Transformers ships, on its tiny random-weight preset
+(``families.tiny_preset``) and batches laid out by its own processor rules (``syncfree.inputs.processor_batch``, the
+family group's ``processor_batch``) over the standard layouts (``family_checks.standard_layouts``; the audio-only
+families: clips of several lengths):
 
 * parity: stock's logits from the patched model, without and with ``prepare()``, SDPA and eager, left and right
   padding (eager in the slow step, except the Qwen-VL families');
