@@ -28,8 +28,9 @@ from ..rewrite.wrappers import (
     make_vision_forward,
 )
 
-__all__ = ["scale_sections", "MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets", "handled_by", "installed_source_has", "registered_only"]
+__all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
+           "vlm_targets", "handled_by", "installed_source_has", "registered_only", "handles_of", "processor_batch_by",
+           "scale_sections"]
 
 
 def handled_by(config, families) -> bool:
@@ -161,3 +162,22 @@ def scale_sections(sections: list[int], half: int) -> list[int]:
     unique = [i for i, s in enumerate(sections) if sections.count(s) == 1]
     scaled[unique[0] if unique else 0] += half - sum(scaled)
     return scaled
+
+
+def handles_of(families) -> Callable:
+    """A family group's ``handles(config)``: whether ``config`` (or a model type) is one of ``families``."""
+    def handles(config) -> bool:
+        return handled_by(config, families)
+
+    return handles
+
+
+def processor_batch_by(build: Callable) -> Callable:
+    """A family group's ``processor_batch``: batches laid out by its builder ``build(config, samples, *, padding_side,
+    seed, pad_token_id)``, as the family's processor lays them out."""
+    def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
+                        pad_token_id: int | None = None) -> dict:
+        return build(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+
+    processor_batch.__doc__ = build.__doc__
+    return processor_batch

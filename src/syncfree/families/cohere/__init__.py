@@ -15,7 +15,7 @@ from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handled_by, scale_sections
+from ..shared import family_module, handles_of, processor_batch_by, scale_sections
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -48,15 +48,6 @@ VISION_CLASSES = {"cohere_compass": "CohereCompassVisionModel"}
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
 # model types whether or not this release registers them: the census runs every family Transformers ships).
 def _census_fix_cohere_compass(config) -> None:
@@ -69,3 +60,8 @@ def _census_fix_cohere_compass(config) -> None:
 
 
 CENSUS_FIXES = {"cohere_compass": _census_fix_cohere_compass}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_inputs)

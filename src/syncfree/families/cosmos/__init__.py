@@ -20,7 +20,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_vision_forward_seqlens_only
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handled_by, vlm_targets
+from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -78,12 +78,8 @@ VISION_CLASSES = {"cosmos3_edge": "Cosmos3EdgeVisionModel"}
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    """Qwen3-VL's layout (markers around each image; per frame a timestamp, then its marked placeholders), with
-    Cosmos's pixels: ``Cosmos3EdgeProcessor`` writes videos so, and its chat template marks images so."""
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+# Its batches: Qwen3-VL's layout (markers around each image; per frame a timestamp, then its marked placeholders), with
+# Cosmos's pixels: ``Cosmos3EdgeProcessor`` writes videos so, and its chat template marks images so.
+processor_batch = processor_batch_by(build_inputs)

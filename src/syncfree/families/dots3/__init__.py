@@ -31,7 +31,15 @@ from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_f
 from ..muse import Waveform
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from ..shared import MODEL_NEEDS, VISION_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from ..shared import (
+    MODEL_NEEDS,
+    VISION_NEEDS,
+    family_module,
+    handles_of,
+    installed_source_has,
+    processor_batch_by,
+    registered_only,
+)
 from . import audio_chunks, placeholders
 from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBEDDINGS, PLACEHOLDER_BY_ANY_TOKEN_ID
 from .plan import PLAN
@@ -99,15 +107,6 @@ PRESETS: dict[str, Preset] = {
 VISION_CLASSES = {"dots3_note": "Dots3NoteVisionModel"}
 PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
-
-
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_dots3_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def build_dots3_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
@@ -188,3 +187,8 @@ def _census_fix_dots3_note(config) -> None:
 
 
 CENSUS_FIXES = {"dots3_note": _census_fix_dots3_note}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_dots3_inputs)

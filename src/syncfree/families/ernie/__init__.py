@@ -25,7 +25,7 @@ from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, vlm_targets
+from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import modality_moe
 from .edits import MODALITY_MOE, TEMPORAL_SLICES
 
@@ -96,15 +96,6 @@ VISION_CLASSES = {"ernie4_5_vl_moe": f"{_P}VisionTransformerPretrainedModel"}
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_ernie_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                        pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``Ernie4_5_VLMoeProcessor`` lays them out: start marker, placeholders, end marker per
@@ -149,3 +140,8 @@ def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left
     out["moe_mm_token_type_ids"] = pack_rows(rows, moe_types, pad, padding_side)["mm_token_type_ids"]
     out.update(pixel_inputs(vc, grids[1], grids[2], gen))
     return out
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_ernie_inputs)

@@ -12,7 +12,7 @@ from ...plan.spec import Layout
 from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
+from ..shared import WINDOW_NEEDS, family_module, handles_of, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -62,11 +62,7 @@ VISION_CLASSES = {"exaone4_5": "Exaone4_5_VisionModel"}
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    """Placeholders only, no ``mm_token_type_ids`` (as ``Exaone4_5_Processor`` returns them)."""
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+# Its batches: Placeholders only, no ``mm_token_type_ids`` (as ``Exaone4_5_Processor`` returns them).
+processor_batch = processor_batch_by(build_inputs)

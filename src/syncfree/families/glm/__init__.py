@@ -29,7 +29,7 @@ from ...rewrite.targets import Family
 from ...rewrite.wrappers import make_vision_forward_device_grid
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, frame_timestamps, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, vlm_targets
+from ..shared import family_module, handles_of, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs"]
 
@@ -162,10 +162,6 @@ VISION_CLASSES = {"glm4v": "Glm4vVisionModel", "glm4v_moe": "Glm4vMoeVisionModel
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     kinds = {type(item) for sample in samples for item in sample}
@@ -221,3 +217,7 @@ def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left",
     out = pack_rows(rows, types, pad, padding_side)
     out.update(pixel_inputs(vc, image_grids, video_grids, gen))
     return out
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)

@@ -26,7 +26,14 @@ from ...rewrite.edits import BLOCK_KWARGS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
+from ..shared import (
+    family_module,
+    handles_of,
+    installed_source_has,
+    processor_batch_by,
+    registered_only,
+    vlm_targets,
+)
 from . import pooled_keep
 from .edits import POOLED_KEEP, POOLED_WRITTEN
 
@@ -78,15 +85,6 @@ PRESETS: dict[str, Preset] = {
 VISION_CLASSES = {"glm5_next": f"{_P}VisionModel"}
 PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 MODEL_CLASSES: dict = {}
-
-
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_glm5next_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def _stamp_tokens(seconds: float) -> int:
@@ -153,3 +151,8 @@ def _census_fix_glm5_next(config) -> None:
 
 
 CENSUS_FIXES = {"glm5_next": _census_fix_glm5_next}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_glm5next_inputs)

@@ -35,7 +35,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, installed_source_has, registered_only
+from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
 from .plan import PLAN
@@ -120,15 +120,6 @@ MODEL_CLASSES: dict = {"glm_image": _model_class} if FAMILIES else {}
 TARGET = (1152, 768)
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_glm_image_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 def target_grids(height: int, width: int, text_to_image: bool) -> list[tuple[int, int, int]]:
     """The grids of the images to generate at ``height`` x ``width`` pixels (``GlmImageProcessor._get_target_shape``):
     32 pixels a token; in text-to-image also a preview of about 16 x 16 tokens of the same aspect."""
@@ -203,3 +194,8 @@ def _census_fix_glm_image(config) -> None:
 
 
 CENSUS_FIXES = {"glm_image": _census_fix_glm_image}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_glm_image_inputs)

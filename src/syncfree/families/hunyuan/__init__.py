@@ -38,7 +38,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, scale_sections, vlm_targets
+from ..shared import family_module, handles_of, scale_sections, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_hunyuan_inputs", "build_hyv4_inputs"]
@@ -136,10 +136,6 @@ VISION_CLASSES = {"hunyuan_vl": "HunYuanVLVisionTransformer", "hy_v4_vl": "HYV4V
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     build = build_hyv4_inputs if config.model_type == "hy_v4_vl" else build_hunyuan_inputs
@@ -215,3 +211,7 @@ def _census_fix_hunyuan_vl(config) -> None:
 
 
 CENSUS_FIXES = {"hunyuan_vl": _census_fix_hunyuan_vl}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)

@@ -26,7 +26,7 @@ from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, installed_source_has, vlm_targets
+from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_kimi_inputs", "CHUNK_FRAMES"]
@@ -108,15 +108,6 @@ MODEL_CLASSES: dict = {}
 CHUNK_FRAMES = 4  # the video processor's temporal_patch_size: frames per grid row (chunk)
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_kimi_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 def markers(config) -> tuple[int, int, int, int]:
     """Stand-ins for the tokenizer's ids of ``<|media_begin|>``, ``video``, ``<|media_content|>`` and
     ``<|media_end|>`` (the config's vision start and end ids for the first and last, two text ids after them)."""
@@ -189,3 +180,8 @@ class _PixelConfig:
 
 
 __all__ += ["Image", "Video", "Text"]  # (the items build_kimi_inputs takes)
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_kimi_inputs)

@@ -22,7 +22,7 @@ from ...rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTI
 from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handled_by, vlm_targets
+from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -60,11 +60,7 @@ VISION_CLASSES = {"lfm3_vl": "Lfm3VlVisionModel"}
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    """Qwen3-VL's layout without ``mm_token_type_ids`` (as ``Lfm3VlProcessor`` returns it)."""
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+# Its batches: Qwen3-VL's layout without ``mm_token_type_ids`` (as ``Lfm3VlProcessor`` returns it).
+processor_batch = processor_batch_by(build_inputs)

@@ -25,7 +25,15 @@ from ...plan.spec import Layout
 from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import VISION_NEEDS, family_module, handled_by, installed_source_has, registered_only, vlm_targets
+from ..shared import (
+    VISION_NEEDS,
+    family_module,
+    handles_of,
+    installed_source_has,
+    processor_batch_by,
+    registered_only,
+    vlm_targets,
+)
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -77,12 +85,8 @@ PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # 
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    """The config's vision start and end ids around each image's or video's placeholders (one run per video), no
-    ``mm_token_type_ids``, pixels of one frame per patch."""
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+# Its batches: The config's vision start and end ids around each image's or video's placeholders (one run per video), no
+# ``mm_token_type_ids``, pixels of one frame per patch.
+processor_batch = processor_batch_by(build_inputs)

@@ -44,7 +44,14 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video
-from ..shared import MODEL_NEEDS, family_module, handled_by, installed_source_has, registered_only
+from ..shared import (
+    MODEL_NEEDS,
+    family_module,
+    handles_of,
+    installed_source_has,
+    processor_batch_by,
+    registered_only,
+)
 from . import navit
 from .edits import (
     FEATURE_SCATTER_MASK,
@@ -166,15 +173,6 @@ MODEL_CLASSES: dict = {}
 SLICE = 4  # a slice's side in merged tokens (the tiny presets' stand-in for the processor's scale resolution)
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_minicpm_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 def _merge(config) -> int:
     return 2 if getattr(config, "downsample_mode", "16x") == "4x" else 4
 
@@ -269,3 +267,8 @@ def _census_fix_image_token(config) -> None:
 
 
 CENSUS_FIXES = dict.fromkeys(("minicpm_ocr", "minicpmv4_6", "minicpmv4_7"), _census_fix_image_token)
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_minicpm_inputs)

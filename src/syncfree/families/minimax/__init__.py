@@ -27,7 +27,7 @@ from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
-from ..shared import family_module, handled_by, installed_source_has, vlm_targets
+from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_minimax_inputs", "CHUNK_FRAMES"]
@@ -82,15 +82,6 @@ VISION_CLASSES = {"minimax_m3_vl": "MiniMaxM3VLVisionModel"} if FAMILIES else {}
 MODEL_CLASSES: dict = {}
 
 CHUNK_FRAMES = 4  # the video processor's vision_segment_max_frames: temporal patches per grid row
-
-
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_minimax_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def markers(config) -> tuple[int, int]:
@@ -161,3 +152,8 @@ def _census_fix_minimax_m3_vl(config) -> None:
 
 
 CENSUS_FIXES = {"minimax_m3_vl": _census_fix_minimax_m3_vl}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_minimax_inputs)

@@ -34,7 +34,14 @@ from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
-from ..shared import family_module, handled_by, installed_source_has, registered_only, vlm_targets
+from ..shared import (
+    family_module,
+    handles_of,
+    installed_source_has,
+    processor_batch_by,
+    registered_only,
+    vlm_targets,
+)
 from . import audio_tokens
 from .edits import (
     AUDIO_PLACEHOLDER_MASK,
@@ -125,15 +132,6 @@ class Waveform:
     samples: int
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_muse_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                       pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``MuseGlimmerProcessor`` lays them out: an image is ``<|image_start|>``, ``t*h*w // 4``
@@ -217,3 +215,8 @@ def _census_fix_muse_glimmer(config) -> None:
 
 
 CENSUS_FIXES = {"muse_glimmer": _census_fix_muse_glimmer, "muse_spark": _census_fix_muse_glimmer}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_muse_inputs)

@@ -27,7 +27,7 @@ from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..preset import Preset
-from ..shared import MODEL_PARAMS, family_module, handled_by, installed_source_has, registered_only
+from ..shared import MODEL_PARAMS, family_module, handles_of, installed_source_has, processor_batch_by, registered_only
 from . import boundaries
 from .inputs import boundary_ids, build_ovis_inputs
 
@@ -104,10 +104,6 @@ PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # 
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_ovis_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_ovis_inputs)

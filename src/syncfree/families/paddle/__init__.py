@@ -25,7 +25,7 @@ from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Video, build_inputs
-from ..shared import family_module, handled_by, vlm_targets
+from ..shared import family_module, handles_of, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -101,10 +101,6 @@ VISION_CLASSES = {"paddleocr_vl": "PaddleOCRVisionModel"}
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     """Markers around each image's placeholders, pixels (patches, C, P, P): as the processor and chat template
@@ -112,3 +108,7 @@ def processor_batch(config, samples: list[list], *, padding_side: str = "left", 
     if any(isinstance(item, Video) for sample in samples for item in sample):
         raise InputsNotTaken("paddleocr_vl takes images only (its forward has no video inputs)")
     return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)

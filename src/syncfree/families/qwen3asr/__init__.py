@@ -25,7 +25,7 @@ from ...rewrite.wrappers import make_generate, make_model_forward
 from ..omni.inputs import Audio
 from ..preset import Preset
 from ..qwen_vl.inputs import Text, pack_rows
-from ..shared import family_module, handled_by, installed_source_has
+from ..shared import family_module, handles_of, installed_source_has, processor_batch_by
 from . import valid_frames
 from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
 from .plan import PLAN
@@ -91,10 +91,6 @@ MODEL_CLASSES: dict = {"qwen3_asr": _model_class} if "qwen3_asr" in _FAMILY_TYPE
 # tiny preset's vocabulary.
 MARKERS = dict(audio_start=1002, audio_end=1003)
 _HOP_FRAMES_MIN = 50  # the feature extractor pads a clip to min_length (8000 samples) before its mel frames: 50
-
-
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
 
 
 def is_audio_only(config) -> bool:
@@ -171,12 +167,6 @@ def asr_layout(name: str, seconds: float = 3.0) -> list[list]:
     raise ValueError(f"unknown Qwen3-ASR input kind {name!r}; choose one of {', '.join(ASR_LAYOUT_NAMES)}")
 
 
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    """The processor's layout: left-padded rows, right-padded clips with their frame mask."""
-    return build_asr_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
 # model types whether or not this release registers them: the census runs every family Transformers ships).
 def _census_fix_qwen3_asr(config) -> None:
@@ -186,3 +176,9 @@ def _census_fix_qwen3_asr(config) -> None:
 
 
 CENSUS_FIXES = {"qwen3_asr": _census_fix_qwen3_asr}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+# Its batches: The processor's layout: left-padded rows, right-padded clips with their frame mask.
+processor_batch = processor_batch_by(build_asr_inputs)

@@ -17,7 +17,7 @@ from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handled_by, installed_source_has, registered_only
+from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
 from . import qsa
 from .edits import QSA_MASK, QSA_VISIBLE
 from .qsa import make_generation_masks
@@ -74,15 +74,6 @@ PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # 
 MODEL_CLASSES: dict = {}
 
 
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
 # model types whether or not this release registers them: the census runs every family Transformers ships).
 def _census_fix_qwen4_exp(config) -> None:
@@ -95,3 +86,8 @@ def _census_fix_qwen4_exp(config) -> None:
 
 
 CENSUS_FIXES = {"qwen4_exp": _census_fix_qwen4_exp}
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_inputs)

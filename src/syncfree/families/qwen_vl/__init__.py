@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
-from ..shared import WINDOW_NEEDS, family_module, handled_by, vlm_targets
+from ..shared import WINDOW_NEEDS, family_module, handled_by, processor_batch_by, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
@@ -63,7 +63,6 @@ def handles(config) -> bool:
     return handled_by(config, FAMILIES)
 
 
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    """The processor-style CPU batch for ``samples`` (``inputs.build_inputs``)."""
-    return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
+# The group's registry entries (``families.GROUPS``).
+# Its batches: The processor-style CPU batch for ``samples`` (``inputs.build_inputs``).
+processor_batch = processor_batch_by(build_inputs)

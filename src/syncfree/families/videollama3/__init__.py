@@ -31,7 +31,7 @@ from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
-from ..shared import family_module, handled_by, vlm_targets
+from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import compression, item_sizes
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
 from .wrappers import make_vision_forward_item_merges
@@ -92,15 +92,6 @@ VISION_CLASSES = {"video_llama_3": f"{_P}VisionModel"}
 MODEL_CLASSES: dict = {}
 
 IMAGE_MERGE, VIDEO_MERGE = 1, 2  # the image and video processors' defaults
-
-
-def handles(config) -> bool:
-    return handled_by(config, FAMILIES)
-
-
-def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                    pad_token_id: int | None = None) -> dict:
-    return build_videollama3_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
 def compression_mask(pixels: torch.Tensor, grid: tuple[int, int, int], merge: int, threshold: float = 0.1,
@@ -195,3 +186,8 @@ def build_videollama3_inputs(config, samples: list[list], *, padding_side: str =
     if masks:
         out["video_compression_mask"] = torch.cat(masks)
     return out
+
+
+# The group's registry entries (``families.GROUPS``).
+handles = handles_of(FAMILIES)
+processor_batch = processor_batch_by(build_videollama3_inputs)
