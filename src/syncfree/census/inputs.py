@@ -110,7 +110,8 @@ def census_batch(model, images: int = 2, text: int = 6, packing: Packing | None 
     merge = packing.merge or vision_field(vc, _MERGE, 1)
     temporal = vision_field(vc, _TEMPORAL, 1)
     gen = torch.Generator().manual_seed(0)
-    # (Ovis2.5: each image's placeholders between its own start and end tokens, which the forward counts.)
+    # Where the config names image start and end tokens, each image's placeholders sit between its own pair: a
+    # forward that counts images by those boundaries needs them.
     start, end = (getattr(config, f"image_{edge}_token_id", None) for edge in ("start", "end"))
     bounds = ([start], [end]) if isinstance(start, int) and isinstance(end, int) else ([], [])
     grid, ids, types = [], [], []

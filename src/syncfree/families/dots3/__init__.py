@@ -30,7 +30,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..muse import Waveform
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
 from ..shared import (
     MODEL_NEEDS,
     VISION_NEEDS,
@@ -118,17 +118,14 @@ def build_dots3_inputs(config, samples: list[list], *, padding_side: str = "left
     every chunk of the batch, in order, as ``(chunks, mel bins, 8 * most placeholders of a chunk)`` frames (random log
     mels; the encoder masks each chunk's frames past its samples), ``chunk_sample_lengths`` their samples. No
     ``mm_token_type_ids``, no markers."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, ac, tc = config.vision_config, config.audio_config, config.text_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
     specials = {config.image_token_id, config.video_token_id, config.audio_token_id}
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, grids, chunks = [], {"image": [], "video": []}, []
     for sample in samples:

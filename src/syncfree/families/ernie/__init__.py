@@ -24,7 +24,7 @@ from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import modality_moe
 from .edits import MODALITY_MOE, TEMPORAL_SLICES
@@ -101,8 +101,7 @@ def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left
     """Inputs laid out as ``Ernie4_5_VLMoeProcessor`` lays them out: start marker, placeholders, end marker per
     image or video (a video of t frames has t // temporal_merge_size frames of placeholders); ``mm_token_type_ids``
     marks the placeholders 1 / 2, ``moe_mm_token_type_ids`` the placeholders and their markers."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tmerge = vc.patch_size, vc.spatial_merge_size, vc.temporal_merge_size
     marks = {1: (config.image_start_token_id, config.image_token_id, config.image_end_token_id),
@@ -111,9 +110,7 @@ def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, types, moe_types, grids = [], [], [], {1: [], 2: []}
     for sample in samples:

@@ -17,6 +17,8 @@ What is their own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ...plan import active
@@ -28,10 +30,21 @@ from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family
 from ...rewrite.wrappers import make_vision_forward_device_grid
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, frame_timestamps, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    Video,
+    check_padding_side,
+    frame_timestamps,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import family_module, handles_of, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs",
+           "glm_stamp_tokens"]
 
 # The tower's code the wrapper relies on: it passes its grid to the embeddings, which index it on the device.
 _TOWER_NEEDS = ("self.embeddings(", "grid_thw,")
@@ -171,14 +184,21 @@ def processor_batch(config, samples: list[list], *, padding_side: str = "left", 
     return build_glm_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
+def glm_stamp_tokens(video: Video, t: int, temporal_patch: int) -> list[int]:
+    """The text tokens of each temporal patch's timestamp, as the GLM-4.1V/4.6V processors write it: ``int(seconds)``
+    (a stand-in tokenizer: a token per digit)."""
+    return [len(str(int(stamp))) for stamp in frame_timestamps(video.frames, video.fps, temporal_patch)]
+
+
 def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                     pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+                     pad_token_id: int | None = None,
+                     stamp_tokens: Callable[[Video, int, int], list[int]] = glm_stamp_tokens) -> dict[str, torch.Tensor]:
     """Inputs laid out as the GLM-4.1V/4.6V processors lay them out: an image is begin-of-image, its
     placeholders, end-of-image; a video is begin-of-video, then per temporal patch begin-of-image, that frame's
-    image placeholders, end-of-image and its timestamp in text, then end-of-video. ``mm_token_type_ids`` marks
+    image placeholders, end-of-image and its timestamp in text (``stamp_tokens(video, t, temporal_patch)`` tokens:
+    a family that writes its timestamps otherwise passes its own), then end-of-video. ``mm_token_type_ids`` marks
     image placeholders 1, and 2 inside a video."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     image, begin, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
@@ -186,9 +206,7 @@ def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left",
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, types, image_grids, video_grids = [], [], [], []
     for sample in samples:
@@ -207,8 +225,7 @@ def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left",
             assert isinstance(item, Video)
             video_grids.append((t, h, w))
             ids, kinds = ids + [config.video_start_token_id], kinds + [0]
-            for stamp in frame_timestamps(item.frames, item.fps, tpatch):
-                n_stamp = len(str(int(stamp)))  # the processor writes int(seconds) after each frame
+            for n_stamp in stamp_tokens(item, t, tpatch):
                 ids += [begin] + [image] * per_frame + [end] + text(n_stamp)
                 kinds += [0] + [2] * per_frame + [0] + [0] * n_stamp
             ids, kinds = ids + [config.video_end_token_id], kinds + [0]

@@ -24,8 +24,9 @@ import torch
 from ...plan.spec import Layout
 from ...rewrite.edits import BLOCK_KWARGS
 from ...rewrite.targets import Family, Target
+from ..glm import build_glm_inputs
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Video
 from ..shared import (
     family_module,
     handles_of,
@@ -87,60 +88,22 @@ PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # 
 MODEL_CLASSES: dict = {}
 
 
-def _stamp_tokens(seconds: float) -> int:
-    # "{seconds:.1f} seconds": a token per character of the number, one for " seconds" (a stand-in tokenizer).
-    return len(f"{seconds:.1f}") + 1
+def glm5next_stamp_tokens(video: Video, t: int, temporal_patch: int) -> list[int]:
+    """The text tokens of each temporal patch's ``{seconds:.1f} seconds``: a token per character of the number and one
+    for " seconds" (a stand-in tokenizer). The processor's times: every second sampled frame's, the first ``t`` of
+    them (the last repeated)."""
+    stamps = [i / video.fps for i in range(video.frames)][::2][:t]
+    stamps += [stamps[-1] if stamps else 0.0] * (t - len(stamps))
+    return [len(f"{stamp:.1f}") + 1 for stamp in stamps]
 
 
 def build_glm5next_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                           pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
-    """Inputs laid out as ``Glm5NextProcessor`` (and its chat template) lays them out: an image is begin-of-image, its
-    placeholders, end-of-image; a video is begin-of-video, then per temporal patch begin-of-image, that frame's
-    image placeholders, end-of-image and ``{t:.1f} seconds`` (t the time of the patch's first frame), then
-    end-of-video. ``mm_token_type_ids`` marks placeholders 1, and 2 inside a video's span."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    vc, tc = config.vision_config, config.text_config
-    patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
-    image, begin, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
-    specials = {image, config.video_token_id, begin, end, config.video_start_token_id, config.video_end_token_id}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
-
-    rows, types, image_grids, video_grids = [], [], [], []
-    for sample in samples:
-        ids, kinds = [], []
-        for item in sample:
-            if isinstance(item, Text):
-                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
-                continue
-            t, h, w = item_grid(item, patch, merge, tpatch)
-            per_frame = h * w // (merge * merge)
-            if isinstance(item, Image):
-                image_grids.append((t, h, w))
-                ids += [begin] + [image] * per_frame + [end]
-                kinds += [0] + [1] * per_frame + [0]
-                continue
-            assert isinstance(item, Video)
-            video_grids.append((t, h, w))
-            ids, kinds = ids + [config.video_start_token_id], kinds + [0]
-            # The processor's timestamps: every second sampled frame's time, the first t of them (the last repeated).
-            stamps = [i / item.fps for i in range(item.frames)][::2][:t]
-            stamps += [stamps[-1] if stamps else 0.0] * (t - len(stamps))
-            for stamp in stamps:
-                n_stamp = _stamp_tokens(stamp)
-                ids += [begin] + [image] * per_frame + [end] + text(n_stamp)
-                kinds += [0] + [2] * per_frame + [0] + [0] * n_stamp
-            ids, kinds = ids + [config.video_end_token_id], kinds + [0]
-        rows.append(ids)
-        types.append(kinds)
-    out = pack_rows(rows, types, pad, padding_side)
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
-    return out
+    """Inputs laid out as ``Glm5NextProcessor`` (and its chat template) lays them out: GLM-4.1V's layout (an image is
+    begin-of-image, its placeholders, end-of-image; a video frame the same inside begin/end-of-video) with its own
+    timestamps after each frame, ``{t:.1f} seconds``."""
+    return build_glm_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id,
+                            stamp_tokens=glm5next_stamp_tokens)
 
 
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's

@@ -34,7 +34,7 @@ from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
@@ -138,8 +138,7 @@ def build_glm_image_inputs(config, samples: list[list], *, padding_side: str = "
     image-to-image, two in text-to-image: a batch without any image), ``images_per_sample`` how many rows each sample
     has. Every sample has the same number of source images (the processor refuses others). No ``mm_token_type_ids``.
     The grid-begin/-end, digit and space ids are the preset's own (the tokenizer's are not in the config)."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     if any(not isinstance(item, (Image, Text)) for sample in samples for item in sample):
         raise InputsNotTaken(f"{config.model_type} takes images and text only (its forward has no video inputs)")
     counts = {sum(isinstance(item, Image) for item in sample) for sample in samples}
@@ -155,9 +154,7 @@ def build_glm_image_inputs(config, samples: list[list], *, padding_side: str = "
     gen = torch.Generator().manual_seed(seed)
     targets = target_grids(*target, text_to_image=counts == {0})
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials)
 
     def size(h: int, w: int) -> list[int]:
         return [grid_bos, *(digit0 + int(d) for d in str(h)), space, *(digit0 + int(d) for d in str(w)), grid_eos]

@@ -37,7 +37,7 @@ from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALIN
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
 from ..shared import family_module, handles_of, scale_sections, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -164,8 +164,7 @@ def build_hyv4_inputs(config, samples: list[list], *, padding_side: str = "left"
 
 
 def _build(config, samples, padding_side, seed, pad_token_id, *, markers, item_extra, specials) -> dict:
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
     image, video = config.image_token_id, getattr(config, "video_token_id", None)
@@ -173,9 +172,7 @@ def _build(config, samples, padding_side, seed, pad_token_id, *, markers, item_e
     specials = {image, video, pad, *specials, *(markers or ())}
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials)
 
     rows, types, grids = [], [], ([], [])
     for sample in samples:

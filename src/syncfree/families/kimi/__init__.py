@@ -25,7 +25,7 @@ from ...rewrite.helpers import traced_grid_rows
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -123,8 +123,7 @@ def build_kimi_inputs(config, samples: list[list], *, padding_side: str = "left"
     ``<|media_begin|>video<|media_content|>``, one frame's merged patches of placeholders, ``<|media_end|>``. Pixels
     are (patches, 3, patch, patch). No ``mm_token_type_ids``; ``num_chunks_per_video`` as the video processor
     returns it."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, vc.merge_kernel_size[0]
     begin, word, content, end = markers(config)
@@ -132,9 +131,7 @@ def build_kimi_inputs(config, samples: list[list], *, padding_side: str = "left"
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, types, image_grids, video_grids, chunks = [], [], [], [], []
     for sample in samples:

@@ -43,7 +43,7 @@ from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, random_text
 from ..shared import (
     MODEL_NEEDS,
     family_module,
@@ -199,8 +199,7 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
     ``(1, C, p, patches * p)`` strip per modality."""
     from ..qwen_vl.inputs import pack_rows
 
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, _merge(config)
     specials = {config.image_token_id, config.video_token_id, *MARKERS.values()}
@@ -209,9 +208,7 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
     m = MARKERS
     typed = config.model_type == "minicpmv4_7"  # (its processor types the placeholders, and writes no video ids)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad and not m["digit0"] <= i < m["digit0"] + 10 else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad} | set(range(m["digit0"], m["digit0"] + 10)))
 
     def crop(token: int, size: tuple[int, int], start: int, end: int) -> list[int]:
         return [start] + [token] * (size[0] * size[1] // merge**2) + [end]

@@ -26,7 +26,7 @@ from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -98,8 +98,7 @@ def build_minimax_inputs(config, samples: list[list], *, padding_side: str = "le
     (the time of the patch's first frame), start, that frame's placeholders, end. Video grids are cut into rows of at
     most ``CHUNK_FRAMES`` temporal patches, with ``num_chunks_per_video``, as the video processor returns them. No
     ``mm_token_type_ids``."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     start, end = markers(config)
@@ -107,9 +106,7 @@ def build_minimax_inputs(config, samples: list[list], *, padding_side: str = "le
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, types, image_grids, video_grids, chunks = [], [], [], [], []
     for sample in samples:

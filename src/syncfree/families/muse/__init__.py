@@ -33,7 +33,7 @@ from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, random_text
 from ..shared import (
     family_module,
     handles_of,
@@ -142,8 +142,7 @@ def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left"
     ``ceil(samples / samples_per_token)`` ``<|audio|>`` and ``<|soft_audio_end|>``; ``input_values`` holds the clips
     right-padded with zeros to the longest, rounded up to a multiple of ``samples_per_token``, and ``input_values_mask``
     (int32) their real samples. No ``mm_token_type_ids``."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.merge_size, vc.patch_temporal
     frame_features = 3 * patch * patch
@@ -152,9 +151,7 @@ def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left"
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, types, grids, pixels = [], [], {"image": [], "video": []}, {"image": [], "video": []}
     clips: list[int] = []

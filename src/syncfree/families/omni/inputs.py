@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pixel_inputs
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pixel_inputs, random_text
 
 __all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
            "omni_forward_kwargs", "END_TOKENS", "is_omni"]
@@ -94,8 +94,7 @@ def _interleave(config, video_times: list[float], n_audio: int) -> list[str]:
 def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                       pad_token_id: int = 0, mel_bins: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for an Omni thinker ``config``: one list of items per request."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     ends = {k: getattr(config, k, None) or v for k, v in END_TOKENS[config.model_type].items()}
@@ -106,8 +105,7 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
     gen = torch.Generator().manual_seed(seed)
     text_hi = min([i for i in specials if i > 0] + [tc.vocab_size])
 
-    def text(n: int) -> list[int]:
-        return [i if i not in specials else 1 for i in torch.randint(1, text_hi, (n,), generator=gen).tolist()]
+    text = random_text(gen, text_hi, specials)
 
     rows, image_grids, video_grids, seconds, clips = [], [], [], [], []
     for sample in samples:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, pack_rows
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, pack_rows, random_text
 
 __all__ = ["build_ovis_inputs", "boundary_ids"]
 
@@ -38,8 +38,7 @@ def _grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) -> t
 def build_ovis_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                       pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for ``samples`` (lists of ``Text``, ``Image`` and ``Video`` items) under ``config``."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch, channels = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size, vc.num_channels
     marks = boundary_ids(config)
@@ -47,9 +46,7 @@ def build_ovis_inputs(config, samples: list[list], *, padding_side: str = "left"
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, grids, pixels = [], {"image": [], "video": []}, {"image": [], "video": []}
     for sample in samples:

@@ -24,7 +24,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward
 from ..omni.inputs import Audio
 from ..preset import Preset
-from ..qwen_vl.inputs import Text, pack_rows
+from ..qwen_vl.inputs import Text, check_padding_side, pack_rows, random_text
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by
 from . import valid_frames
 from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
@@ -114,16 +114,13 @@ def build_asr_inputs(config, samples: list[list], *, padding_side: str = "left",
     ``<|audio_start|>``, its placeholders and ``<|audio_end|>``; rows are padded on ``padding_side`` (the processor's
     default: left). ``input_features`` (clips, mel bins, frames) holds the clips right-padded to the longest, rounded
     up to a multiple of ``2 * n_window`` frames, and ``input_features_mask`` (int32) their real frames."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     tc, ac = config.text_config, config.audio_config
     specials = {config.audio_token_id, *MARKERS.values()}
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(2, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad}, low=2)
 
     rows, clips = [], []
     for sample in samples:

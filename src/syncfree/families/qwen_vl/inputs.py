@@ -15,6 +15,7 @@ as the processor returns them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Union
 
@@ -23,7 +24,7 @@ import torch
 from ...plan.spec import Layout, layout_of
 
 __all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES", "item_grid", "frame_timestamps",
-           "pack_rows", "pixel_inputs"]
+           "pack_rows", "pixel_inputs", "check_padding_side", "random_text"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,27 @@ def item_grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) 
     return t, item.height // patch, item.width // patch
 
 
+def check_padding_side(padding_side: str) -> None:
+    """Refuse a padding side a processor does not take."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+
+
+def random_text(gen: torch.Generator, high: int, avoid: Collection[int], low: int = 1) -> Callable[[int], list[int]]:
+    """``text(n)``: ``n`` random token ids in ``[low, high)`` drawn from ``gen``, each id in ``avoid`` (the family's
+    special tokens, and the pad where the family's rows are padded) replaced by 1, so that a run of text never reads
+    as a placeholder, a marker or padding."""
+
+    def text(n: int) -> list[int]:
+        return [i if i not in avoid else 1 for i in torch.randint(low, high, (n,), generator=gen).tolist()]
+
+    return text
+
+
 def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left", seed: int = 0,
                  pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for ``samples`` (one list of items per request) under ``config``."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     # (SigLIP-style towers, Cosmos3-Edge's: one frame per temporal step.)
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, getattr(vc, "temporal_patch_size", 1)
@@ -82,9 +99,7 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
     gen = torch.Generator().manual_seed(seed)
     text_hi = min(specials | {tc.vocab_size}) if max(specials) < tc.vocab_size else tc.vocab_size
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, text_hi, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, text_hi, specials | {pad})
 
     timestamps = layout.frames_as_runs  # Qwen3-VL: one run per frame, timestamps between
     rows, types, image_grids, video_grids, seconds = [], [], [], [], []

@@ -30,7 +30,7 @@ from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, item_grid, pack_rows
+from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, random_text
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import compression, item_sizes
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
@@ -129,8 +129,7 @@ def build_videollama3_inputs(config, samples: list[list], *, padding_side: str =
     t frames is, per frame, its timestamp ``"Time {s:.1f}s:"`` in text and the placeholders of the tokens its
     ``video_compression_mask`` keeps, frames joined by ``","``. ``image_merge_sizes`` / ``video_merge_sizes`` hold
     each item's merge (1 / 2); ``compress=False``: the processor's ``use_token_compression=False`` (all kept)."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_padding_side(padding_side)
     vc, tc = config.vision_config, config.text_config
     patch = vc.patch_size
     features = vc.num_channels * patch * patch
@@ -138,9 +137,7 @@ def build_videollama3_inputs(config, samples: list[list], *, padding_side: str =
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
 
-    def text(n: int) -> list[int]:
-        ids = torch.randint(1, tc.vocab_size, (n,), generator=gen).tolist()
-        return [i if i not in specials and i != pad else 1 for i in ids]
+    text = random_text(gen, tc.vocab_size, specials | {pad})
 
     rows, types = [], []
     items = {1: ([], []), 2: ([], [])}  # kind -> (grids, pixels)
