@@ -12,7 +12,8 @@ families: clips of several lengths):
 * a plan made in a ``DataLoader`` worker (``prepare(batch)``, pickled) gives stock's logits;
 * ``generate()`` and training, on images and on videos (clips): stock's ids (greedy, with and without ``prepare()``;
   the static cache; beams returning several sequences: stock's ids or stock's own error), stock's loss and every
-  gradient bit for bit.
+  gradient bit for bit;
+* a placeholder too few: stock's exception, word for word (``prepare()``: stock's words first).
 
 The whole forward as one graph (``torch.compile(fullgraph=True)``) is ``test_one_graph.py``, parametrised over the same
 table by ``Layout.one_graph``. A family's own test file keeps only what is specific to it (its rotary index against
@@ -226,6 +227,42 @@ def _same_ids_or_same_error(run_stock, run_patched) -> None:
         return
     assert torch.equal(run_patched(), expected)
 
+
+
+def _outcome(run):
+    try:
+        return run(), None
+    except Exception as err:  # (whatever stock raises, the patched model must raise it too)
+        return None, err
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_a_missing_placeholder_gets_stocks_error_with_and_without_prepare(model_type):
+    """The image (clip) with its last placeholder replaced by a text token: the patched model, given the batch as it
+    is, raises stock's exception word for word (or, where stock takes the batch, gives stock's logits); ``prepare()``
+    refuses it with the same type and stock's words first (then what it knows of the items)."""
+    stock, patched = _pair(model_type)
+    config = stock.config
+    batch = processor_batch(config, _layouts(config)["one image" if _has_vision(config) else "one clip"])
+    token = getattr(config, "image_token_id" if _has_vision(config) else "audio_token_id", None)
+    ids = batch["input_ids"].clone()
+    where = (ids == token).nonzero()
+    assert len(where) > 1, f"{model_type}: no placeholders of token {token} in its one-item layout"
+    ids[tuple(where[-1])] = ids[0, 0]  # (the row's first token: text)
+    batch = {**batch, "input_ids": ids}
+    if "mm_token_type_ids" in batch:  # (marked text there too, as a processor would: the batch agrees with itself)
+        batch["mm_token_type_ids"] = batch["mm_token_type_ids"].clone()
+        batch["mm_token_type_ids"][tuple(where[-1])] = 0
+    with torch.no_grad():
+        expected, stock_error = _outcome(lambda: stock(**batch).logits)
+        got, patched_error = _outcome(lambda: patched(**batch).logits)
+        prepared, prepare_error = _outcome(lambda: patched(**syncfree.prepare(batch, None, patched)).logits)
+    if stock_error is None:
+        assert patched_error is None and prepare_error is None and torch.equal(got, expected)
+        assert torch.equal(prepared, expected)
+        return
+    assert type(patched_error) is type(stock_error) and str(patched_error) == str(stock_error)
+    assert type(prepare_error) is type(stock_error) and str(prepare_error).startswith(str(stock_error))
 
 def test_every_registered_family_has_a_tiny_preset_and_takes_a_standard_layout():
     """The suite reaches every family: each has its tiny preset, and its processor rules take at least the one-item

@@ -20,7 +20,6 @@ import syncfree.families
 from family_checks import (
     check_attention_backend_equals_stock,
     check_forward_equals_stock,
-    check_placeholder_mismatch_raises_stocks_error,
     check_prepared_prefill_is_sync_and_copy_free,
     check_vision_every_step,
     model_pair,
@@ -196,8 +195,3 @@ def test_compile_vision_refuses_the_tower_with_a_class_token_per_frame():
                                          "token to each frame"):
         syncfree.compile_vision(build_model(NAME), compile=False)
 
-
-def test_a_placeholder_count_mismatch_raises_stocks_error():
-    stock, patched = _pair()
-    batch = processor_batch(stock.config, [[Text(3), Image(56, 84), Text(2)]])
-    check_placeholder_mismatch_raises_stocks_error(stock, patched, batch)

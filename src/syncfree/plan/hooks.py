@@ -54,8 +54,8 @@ class PlanHooks:
     # ``values(config) -> dict``: the config values the family's hooks depend on (kept in ``ModelSpec.values``,
     # checked against the model like the rest of the spec).
     values: Callable | None = None
-    # ``feature_words(kind, tokens, features) -> str``: stock's words where placeholders and features disagree, where
-    # the family's stock says it otherwise.
+    # ``feature_words(kind, tokens, features, spec) -> str``: stock's words where placeholders and features disagree,
+    # where the family's stock says it otherwise (``spec.value``: a config value its words print, declared in ``values``).
     feature_words: Callable | None = None
 
     def __post_init__(self):

@@ -102,7 +102,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
         if tokens != features:  # stock's words (get_placeholder_mask), then what it means
             words = (f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, features: "
                      f"{features}" if spec.hooks.feature_words is None else  # (the family's stock says it otherwise)
-                     spec.hooks.feature_words(name, tokens, features))
+                     spec.hooks.feature_words(name, tokens, features, spec))
             raise ValueError(f"{words} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
         runs = draft.runs.lengths_of(kind)

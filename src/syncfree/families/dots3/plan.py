@@ -57,5 +57,11 @@ def samples_per_token(config) -> dict:
     return {"samples_per_token": config.audio_config.samples_per_token}
 
 
+def feature_words(kind: str, tokens: int, features: int, spec) -> str:
+    """Stock's words where placeholders and features disagree (one check for every modality)."""
+    return f"Multimodal features and placeholder tokens do not match, tokens: {tokens}, features: {features}"
+
+
 # ``chunk_sample_lengths``: the samples of each packed audio chunk, which give the frames each chunk keeps.
-PLAN = PlanHooks(inputs=("chunk_sample_lengths",), expand=expanded_with_chunks, values=samples_per_token)
+PLAN = PlanHooks(inputs=("chunk_sample_lengths",), expand=expanded_with_chunks, values=samples_per_token,
+                 feature_words=feature_words)

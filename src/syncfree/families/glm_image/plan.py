@@ -54,7 +54,7 @@ def expanded_inputs(plan, k: int) -> dict:
     return rows_repeated(plan.host, k)
 
 
-def vq_words(name: str, tokens: int, features: int) -> str:
+def vq_words(name: str, tokens: int, features: int, spec) -> str:
     """Stock's words where the image placeholders and the codes disagree (its features are VQ codes)."""
     return f"Number of image placeholder tokens ({tokens}) does not match number of image tokens from VQVAE ({features})"
 

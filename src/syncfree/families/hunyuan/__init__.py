@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from ...plan.errors import InputsNotTaken
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.edits import PLACEHOLDER_MASK
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
@@ -72,7 +73,13 @@ def _hunyuan() -> Family:
     # which is the plan's host grid there.
     targets += (Target("HunYuanVLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),)
     return Family("hunyuan_vl", targets, Layout(
-        family_module("hunyuan_vl"), host_rope_class=_MODEL, row_extra_tokens=1, item_extra_tokens=2))
+        family_module("hunyuan_vl"), host_rope_class=_MODEL, row_extra_tokens=1, item_extra_tokens=2,
+        plan=PlanHooks(feature_words=_hunyuan_vl_words)))
+
+
+def _hunyuan_vl_words(kind: str, tokens: int, features: int, spec) -> str:
+    # Stock's words where image placeholders and features disagree (its get_placeholder_mask).
+    return f"Image features and image tokens do not match: tokens: {tokens}, features {features}"
 
 
 def _hyv4() -> Family:

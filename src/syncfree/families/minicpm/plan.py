@@ -40,5 +40,12 @@ def crop_merge(config) -> int:
 _CANVAS_FIELDS = ("video_token_id", "image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id",
                   "downsample_mode")
 
+
+
+def feature_words(kind: str, tokens: int, features: int, spec) -> str:
+    """Stock's words where placeholders and features disagree (its get_placeholder_mask, images and videos alike)."""
+    return f"Multimodal features and tokens do not match, tokens: {tokens}, features: {features}"
+
+
 PLAN = PlanHooks(inputs=_SIZES, per_item=((_SIZES[0], "image"), (_SIZES[1], "video")), grid_inputs=_SIZES,
-                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS)
+                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS, feature_words=feature_words)

@@ -19,6 +19,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 from __future__ import annotations
 
 from ...plan.errors import InputsNotTaken
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
@@ -62,8 +63,20 @@ def _paddle() -> Family:
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
     layout = Layout(family_module("paddleocr_vl"), tower_merge=1,
                     table=PositionTable(side="image_size", align_corners_from="PaddleOCRVisionEmbeddings"),
-                    pixels_4d=True, tower_holds_projector=False, one_graph=True)
+                    pixels_4d=True, tower_holds_projector=False, one_graph=True,
+                    plan=PlanHooks(feature_words=_feature_words, values=_text_width))
     return Family("paddleocr_vl", targets, layout)
+
+
+def _text_width(config) -> dict:
+    return {"text_hidden_size": config.text_config.hidden_size}
+
+
+def _feature_words(kind: str, tokens: int, features: int, spec) -> str:
+    # Stock's words where image placeholders and features disagree: the count it prints for the features is their
+    # elements (features x the text model's width), as its get_placeholder_mask computes it.
+    return (f"Image features and image tokens do not match: tokens: {tokens}, "
+            f"features {features * spec.value('text_hidden_size')}")
 
 
 FAMILIES: tuple[Family, ...] = (_paddle(),)
