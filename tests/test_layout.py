@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import syncfree
-from syncfree.families import FAMILIES, GROUPS, MODEL_CLASSES, MODULE_TARGETS, PRESETS, VISION_CLASSES
+from syncfree.families import FAMILIES, GROUP_NAMES, GROUPS, MODEL_CLASSES, MODULE_TARGETS, PRESETS, VISION_CLASSES
 from syncfree.plan.spec import supported_model_types
 from syncfree.rewrite.roles import TOWER, does, role_of
 
@@ -88,6 +88,13 @@ def test_each_family_group_declares_what_the_registry_reads(group):
     assert {PRESETS[name].values["model_type"] for name in group.PRESETS} <= own
     assert set(group.VISION_CLASSES) <= own and set(group.MODEL_CLASSES) <= own
     assert all(group.handles(t) for t in own)
+
+
+def test_every_family_folder_is_registered():
+    """A folder under ``syncfree/families/`` is a family group, and the registry lists it (``GROUP_NAMES``): a group
+    added without its registry entry would be silently unpatched."""
+    folders = {p.parent.name for p in (PACKAGE / "families").glob("*/__init__.py")}
+    assert folders == set(GROUP_NAMES), f"unregistered: {folders - set(GROUP_NAMES)}; no folder: {set(GROUP_NAMES) - folders}"
 
 
 def test_the_registry_is_the_union_of_the_groups_and_the_plan_knows_every_layout():

@@ -3,49 +3,28 @@
 A family group module says everything syncfree knows of its families: ``FAMILIES`` (what is patched in
 each, and how it lays out its inputs), ``PRESETS``, ``VISION_CLASSES`` and ``MODEL_CLASSES`` (how a preset
 is built), and ``handles`` / ``processor_batch`` (a processor-style batch). Adding a family group is adding
-its module and one line in ``GROUPS``.
+its folder and its name in ``GROUP_NAMES``.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
 from ..plan.spec import register_layout
 from ..rewrite.targets import Family
-from . import (
-    cohere,
-    cosmos,
-    dots3,
-    ernie,
-    exaone,
-    glm,
-    glm5next,
-    glm_image,
-    hunyuan,
-    kimi,
-    lfm,
-    llava_onevision1_5,
-    minicpm,
-    minimax,
-    muse,
-    omni,
-    ovis2_5,
-    paddle,
-    qwen3asr,
-    qwen4exp,
-    qwen_vl,
-    videollama3,
-)
 from .preset import Preset
 from .shared import MODULE_TARGETS
 
-__all__ = ["GROUPS", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
+__all__ = ["GROUPS", "GROUP_NAMES", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
            "processor_batch", "batch_to", "tiny_preset", "CENSUS_FIXES"]
 
-# The registry: one entry per family group.
-GROUPS = (qwen_vl, omni, exaone, glm, cosmos, paddle, ernie, cohere, lfm, videollama3,
-          hunyuan, minimax, glm5next, qwen4exp, muse, minicpm, kimi, qwen3asr, glm_image, dots3, llava_onevision1_5,
-          ovis2_5)
+# The registry: one entry per family group, the name of its folder here, in the order the family table lists them.
+GROUP_NAMES = ("qwen_vl", "omni", "exaone", "glm", "cosmos", "paddle", "ernie", "cohere", "lfm", "videollama3",
+               "hunyuan", "minimax", "glm5next", "qwen4exp", "muse", "minicpm", "kimi", "qwen3asr", "glm_image", "dots3",
+               "llava_onevision1_5", "ovis2_5")
+GROUPS = tuple(importlib.import_module(f"{__name__}.{name}") for name in GROUP_NAMES)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.FAMILIES}
 PRESETS: dict[str, Preset] = {name: p for group in GROUPS for name, p in group.PRESETS.items()}
@@ -71,7 +50,7 @@ def processor_batch(config, samples: list[list], *, padding_side: str = "left", 
                     pad_token_id: int | None = None) -> dict:
     """The processor-style CPU batch for ``samples`` under ``config``, laid out as that family's processor
     lays it out (a Qwen-VL processor's layout for a config no group claims)."""
-    group = next((g for g in reversed(GROUPS) if g.handles(config)), qwen_vl)
+    group = next((g for g in reversed(GROUPS) if g.handles(config)), GROUPS[GROUP_NAMES.index("qwen_vl")])
     return group.processor_batch(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
