@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -72,3 +74,37 @@ def test_named_layouts_cover_the_cli_kinds():
         "image": 1, "images": 1, "video": 1, "mixed": 2}
     with pytest.raises(ValueError, match="unknown input kind"):
         named_layout("audio")
+
+
+def _tiny_configs():
+    from syncfree.families import FAMILIES, tiny_preset
+
+    for model_type in FAMILIES:
+        try:
+            yield pytest.param(tiny_preset(model_type), id=model_type)
+        except ValueError:  # (no preset on this release)
+            continue
+
+
+@pytest.mark.parametrize("preset", list(_tiny_configs()))
+def test_processor_batch_refuses_an_item_its_processor_does_not_take_in_one_line(preset):
+    """An item of another modality, a bare string, or a sample that is not a list: a one-line error naming the model
+    type and the item, never a traceback from deep in the builder."""
+    from syncfree.families.muse import Waveform
+    from syncfree.inputs import Audio, processor_batch
+    from syncfree.plan.errors import InputsNotTaken
+
+    config = load_config(preset)
+    foreign = [item for item in (Audio(250), Waveform(16000), "a prompt") if not _takes(config, item)]
+    for item in foreign:
+        with pytest.raises(InputsNotTaken, match=rf"^{config.model_type} takes .* items, got {re.escape(repr(item))}$"):
+            processor_batch(config, [[Text(2), item, Text(1)]])
+    with pytest.raises(TypeError, match=r"^samples must be a list of samples, each a list of items"):
+        processor_batch(config, [Text(2), Text(1)])
+
+
+def _takes(config, item) -> bool:
+    from syncfree.families import GROUPS
+
+    group = next(g for g in reversed(GROUPS) if g.handles(config))
+    return isinstance(item, getattr(group, "ITEMS", ()))

@@ -44,7 +44,7 @@ from . import audio_chunks, placeholders
 from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBEDDINGS, PLACEHOLDER_BY_ANY_TOKEN_ID
 from .plan import PLAN
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
            "build_dots3_inputs", "Waveform"]
 
 _P = "Dots3Note"
@@ -188,4 +188,5 @@ CENSUS_FIXES = {"dots3_note": _census_fix_dots3_note}
 
 # The group's registry entries (``families.GROUPS``).
 handles = handles_of(FAMILIES)
+ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
 processor_batch = processor_batch_by(build_dots3_inputs)

@@ -50,7 +50,7 @@ from .edits import (
     BLOCK_KWARGS_BY_TYPE,
 )
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
            "build_muse_inputs", "MARKERS", "Waveform"]
 
 # What the tower wrapper relies on in the stock forward: its helpers get the caller's kwargs (to pop the plan's
@@ -216,4 +216,5 @@ CENSUS_FIXES = {"muse_glimmer": _census_fix_muse_glimmer, "muse_spark": _census_
 
 # The group's registry entries (``families.GROUPS``).
 handles = handles_of(FAMILIES)
+ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
 processor_batch = processor_batch_by(build_muse_inputs)

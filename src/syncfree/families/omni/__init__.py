@@ -21,14 +21,15 @@ from ...rewrite.edits import (
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..preset import Preset
+from ..qwen_vl.inputs import Image, Text, Video
 from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
 from . import audio_features
 from .audio_features import AUDIO_FEATURES
-from .inputs import build_omni_inputs, is_omni, omni_forward_kwargs
+from .inputs import Audio, VideoWithAudio, build_omni_inputs, is_omni, omni_forward_kwargs
 from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
 from .wrappers import make_audio_forward, make_omni_rope_index
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS"]
 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
                  "image_grid_thw", "video_grid_thw", "input_features", "feature_attention_mask",
@@ -86,6 +87,10 @@ VISION_CLASSES = {"qwen3_omni_moe_thinker": "Qwen3OmniMoeVisionEncoder",
                   "qwen2_5_omni_thinker": "Qwen2_5OmniVisionEncoder"}
 # model_type -> how to get the class a preset builds (no auto class builds a thinker from its config).
 MODEL_CLASSES = {model_type: thinker_class for model_type in THINKER_CLASSES}
+
+
+# The items its processor takes (``families.processor_batch`` refuses others).
+ITEMS = (Text, Image, Video, Audio, VideoWithAudio)
 
 
 def handles(config) -> bool:

@@ -31,7 +31,7 @@ from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
 from .plan import PLAN
 from .wrappers import make_masked_audio_forward
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
            "build_asr_inputs", "asr_layout", "ASR_LAYOUT_NAMES", "MARKERS", "audio_tokens", "is_audio_only"]
 
 _MODULE = family_module("qwen3_asr")
@@ -177,5 +177,6 @@ CENSUS_FIXES = {"qwen3_asr": _census_fix_qwen3_asr}
 
 # The group's registry entries (``families.GROUPS``).
 handles = handles_of(FAMILIES)
+ITEMS = (Text, Audio)  # the items its processor takes (``families.processor_batch`` refuses others)
 # Its batches: The processor's layout: left-padded rows, right-padded clips with their frame mask.
 processor_batch = processor_batch_by(build_asr_inputs)
