@@ -19,6 +19,22 @@ from syncfree.presets import build_model
 _pairs: dict = {}
 
 
+def shipped_types() -> list[str]:
+    """The registered families whose modeling code the installed Transformers ships (a family may be declared for a
+    release that has it only), sorted."""
+    import importlib.util
+
+    from syncfree.families import FAMILIES
+
+    def shipped(model_type: str) -> bool:
+        try:
+            return importlib.util.find_spec(FAMILIES[model_type].layout.modeling) is not None
+        except ModuleNotFoundError:
+            return False
+
+    return sorted(t for t in FAMILIES if shipped(t))
+
+
 def model_pair(name: str, attn: str = "sdpa", dtype=torch.float32):
     """A stock model and a patched one with the same weights, built once per test session."""
     key = (name, attn, dtype)

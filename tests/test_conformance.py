@@ -26,7 +26,6 @@ in GLM-4.1V, videos in an image-only family) is skipped for that family, with th
 from __future__ import annotations
 
 import functools
-import importlib.util
 import pickle
 
 import pytest
@@ -38,24 +37,15 @@ from family_checks import (
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
+    shipped_types,
     standard_layouts,
 )
-from syncfree.families import FAMILIES, PRESETS, tiny_preset
+from syncfree.families import PRESETS, tiny_preset
 from syncfree.inputs import Audio, Image, Text, Video, processor_batch
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import ModelSpec
 
-
-def _shipped(model_type: str) -> bool:
-    """Whether the installed Transformers ships the family's modeling code (a family may be declared for a release
-    that has it only)."""
-    try:
-        return importlib.util.find_spec(FAMILIES[model_type].layout.modeling) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-TYPES = sorted(t for t in FAMILIES if _shipped(t))
+TYPES = shipped_types()
 
 # The layouts of a family without a vision tower (an audio encoder before the text model): one clip per row.
 AUDIO_LAYOUTS = {

@@ -9,6 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from family_checks import shipped_types
+from syncfree.families import tiny_preset
 from syncfree.inputs import Image, Text, Video, build_inputs, named_layout
 from syncfree.presets import load_config
 
@@ -76,17 +78,7 @@ def test_named_layouts_cover_the_cli_kinds():
         named_layout("audio")
 
 
-def _tiny_configs():
-    from syncfree.families import FAMILIES, tiny_preset
-
-    for model_type in FAMILIES:
-        try:
-            yield pytest.param(tiny_preset(model_type), id=model_type)
-        except ValueError:  # (no preset on this release)
-            continue
-
-
-@pytest.mark.parametrize("preset", list(_tiny_configs()))
+@pytest.mark.parametrize("preset", [pytest.param(tiny_preset(t), id=t) for t in shipped_types()])
 def test_processor_batch_refuses_an_item_its_processor_does_not_take_in_one_line(preset):
     """An item of another modality, a bare string, or a sample that is not a list: a one-line error naming the model
     type and the item, never a traceback from deep in the builder."""
