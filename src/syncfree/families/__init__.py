@@ -1,9 +1,9 @@
-"""The fully supported families, one module (or folder) per family group, and the registry that lists them.
+"""The fully supported families, one folder per family group, and the registry that lists them.
 
-A family group module says everything syncfree knows of its families: ``FAMILIES`` (what is patched in
+A family group's ``__init__`` says everything syncfree knows of its families: ``FAMILIES`` (what is patched in
 each, and how it lays out its inputs), ``PRESETS``, ``VISION_CLASSES`` and ``MODEL_CLASSES`` (how a preset
-is built), and ``handles`` / ``processor_batch`` (a processor-style batch). Adding a family group is adding
-its folder and its name in ``GROUP_NAMES``.
+is built), ``handles`` / ``processor_batch`` (a processor-style batch) and, where its processor takes more than
+text, images and videos, ``ITEMS``. Adding a family group is adding its folder and its name in ``GROUP_NAMES``.
 """
 
 from __future__ import annotations
