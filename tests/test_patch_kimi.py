@@ -172,11 +172,3 @@ def test_patched_vision_tower_compiles_without_graph_breaks():
     explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
     assert explained.graph_break_count == 0
 
-
-def test_vision_every_step_is_refused():
-    from syncfree.presets import build_model
-
-    model = build_model(NAME)
-    with pytest.raises(ValueError, match="projector sits outside"):
-        syncfree.patch(model, vision_every_step=True)
-    assert not syncfree.is_patched(model)

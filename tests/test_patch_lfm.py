@@ -9,7 +9,6 @@ import importlib.util
 import pytest
 import torch
 
-import syncfree
 from family_checks import (
     check_prepared_prefill_is_sync_and_copy_free,
     model_pair,
@@ -17,7 +16,6 @@ from family_checks import (
     tower_graph_breaks,
 )
 from syncfree.inputs import Image, processor_batch
-from syncfree.presets import build_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.lfm3_vl") is None,
                                 reason="this Transformers release has no LFM3-VL")
@@ -63,9 +61,3 @@ def test_the_patched_towers_one_graph_break_is_its_own_grid_read():
     assert explained.graph_break_count == 1
     assert "grid_thw.tolist()" in str(explained.break_reasons[0].user_stack[-1].line)
 
-
-def test_vision_every_step_is_refused():
-    model = build_model(NAME)
-    with pytest.raises(ValueError, match="projector sits outside"):
-        syncfree.patch(model, vision_every_step=True)
-    assert not syncfree.is_patched(model)

@@ -160,13 +160,6 @@ def test_patched_vision_tower_compiles_without_graph_breaks():
     assert explained.graph_break_count == 0
 
 
-def test_vision_every_step_is_refused():
-    model = build_model(NAME)
-    with pytest.raises(ValueError, match="projector sits outside"):
-        syncfree.patch(model, vision_every_step=True)
-    assert not syncfree.is_patched(model)
-
-
 @pytest.mark.parametrize("attention", ["split", None])
 def test_compile_visions_padded_buckets_keep_the_towers_output(attention):
     """The tower keeps a batch dim of 1 around its packed patches: the bucket's padding rows are cut from dim 1.

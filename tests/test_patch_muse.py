@@ -21,7 +21,6 @@ from family_checks import (
     tower_graph_breaks,
 )
 from syncfree.inputs import Image, Text, Video, processor_batch
-from syncfree.presets import build_model
 
 pytestmark = pytest.mark.skipif("muse_glimmer" not in syncfree.families.FAMILIES,
                                 reason="this Transformers release has no Muse Glimmer")
@@ -113,13 +112,6 @@ def test_the_patched_tower_compiles_without_a_graph_break():
     batch = processor_batch(patched.config, [[Image(112, 84), Image(56, 28)]])
     explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
-
-
-def test_vision_every_step_is_refused():
-    model = build_model(NAME)
-    with pytest.raises(ValueError, match="projector sits outside"):
-        syncfree.patch(model, vision_every_step=True)
-    assert not syncfree.is_patched(model)
 
 
 # ---- Muse Spark: the same tower, a MoE text model and an audio tower --------------------------------------------------

@@ -342,11 +342,3 @@ def test_a_placeholder_count_mismatch_raises_stocks_error():
     with pytest.raises(ValueError, match=r"^Image features and image tokens do not match, tokens: 5, features: 6 "):
         syncfree.prepare({**batch, "input_ids": ids}, None, patched)
 
-
-def test_vision_every_step_is_refused():
-    from syncfree.presets import build_model
-
-    model = build_model(NAME)
-    with pytest.raises(ValueError, match="projector sits outside"):
-        syncfree.patch(model, vision_every_step=True)
-    assert not syncfree.is_patched(model)

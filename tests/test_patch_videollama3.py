@@ -24,7 +24,6 @@ from family_checks import (
 )
 from syncfree.audit import assert_no_sync, emulate_cuda
 from syncfree.inputs import Image, Text, Video, processor_batch
-from syncfree.presets import build_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.video_llama_3") is None,
                                 reason="this Transformers release has no VideoLLaMA3")
@@ -178,9 +177,3 @@ def test_rotary_ids_with_merges_per_row_equal_stocks(rows):
     assert torch.equal(vp.position_ids, get_vision_position_ids(grid, merges))
     assert list(vp.split_sizes) == (grid.prod(-1) // merges**2).tolist()
 
-
-def test_vision_every_step_is_refused():
-    model = build_model(NAME)
-    with pytest.raises(ValueError, match="projector sits outside"):
-        syncfree.patch(model, vision_every_step=True)
-    assert not syncfree.is_patched(model)
