@@ -222,6 +222,34 @@ def traced_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module)
 
 
+def check_checkpointed_training_equals_stock(stock, patched, batch: dict, reentrant: bool) -> None:
+    """A training step with gradient checkpointing (reentrant or not): the recompute runs in the backward, after the
+    forward's plan is gone, and must take the path the forward took: stock's loss and every gradient bit for bit, or,
+    where stock's own step fails (reentrant checkpointing in some families), stock's exception word for word."""
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    results = []
+    for model, inputs in ((stock, batch), (patched, syncfree.prepare(batch, None, patched))):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model.train()
+        model.zero_grad()
+        try:
+            loss = model(**inputs, labels=labels).loss
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None}))
+        except Exception as err:  # (whatever stock raises, the patched model must raise it too)
+            results.append(err)
+        finally:
+            model.gradient_checkpointing_disable()
+            model.eval()
+            model.zero_grad(set_to_none=True)
+    if isinstance(results[0], Exception) or isinstance(results[1], Exception):
+        assert type(results[1]) is type(results[0]) and str(results[1]) == str(results[0]), results
+        return
+    (want_loss, want), (got_loss, got) = results
+    assert torch.equal(got_loss, want_loss) and got.keys() == want.keys()
+    assert [n for n in want if not torch.equal(got[n], want[n])] == []
+
 def tower_graph_breaks(patched, tower, batch: dict):
     """``torch._dynamo.explain`` of the patched ``tower`` on the batch's images, handed the plan's vision plan."""
     plan = syncfree.prepare(batch, None, patched)["syncfree_plan"].image

@@ -13,6 +13,8 @@ families: clips of several lengths):
 * ``generate()`` and training, on images and on videos (clips): stock's ids (greedy, with and without ``prepare()``;
   the static cache; beams returning several sequences: stock's ids or stock's own error), stock's loss and every
   gradient bit for bit;
+* training with gradient checkpointing, reentrant and not (the recompute runs after the forward's plan is gone: the
+  MoE rows of ERNIE-4.5-VL, the indexed layers' counts of Qwen4-Exp): stock's loss and gradients, or stock's error;
 * a placeholder too few: stock's exception, word for word (``prepare()``: stock's words first).
 
 The whole forward as one graph (``torch.compile(fullgraph=True)``) is ``test_one_graph.py``, parametrised over the same
@@ -33,6 +35,7 @@ import torch
 
 import syncfree
 from family_checks import (
+    check_checkpointed_training_equals_stock,
     check_forward_equals_stock,
     check_generate_and_backward_equal_stock,
     check_prepared_prefill_is_sync_and_copy_free,
@@ -157,6 +160,13 @@ def test_prepared_forward_is_sync_and_copy_free_and_one_sync_without_prepare(mod
     batch = _several_items(stock.config, dtype)
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("model_type", TYPES)
+def test_training_with_gradient_checkpointing_equals_stock(model_type, reentrant):
+    stock, patched = _pair(model_type)
+    check_checkpointed_training_equals_stock(stock, patched, _several_items(stock.config), reentrant)
 
 # Processor outputs no forward reads, which stock generate() refuses ("model_kwargs are not used by the model"): left
 # out, as a user must (the video processors' chunk count).

@@ -138,30 +138,6 @@ def test_decode_steps_read_no_visible_count_from_the_device(cache):
     assert not [e for e in report.syncs if e.where and MODELING in str(e.where)]
 
 
-@pytest.mark.parametrize("reentrant", [False, True])
-def test_training_with_gradient_checkpointing_equals_stock(reentrant):
-    """The indexed layers' recompute (in the backward, after the forward's plan is gone) finds the counts of the
-    very mask it is handed: the same loss and gradients as stock."""
-    stock, patched = _pair()
-    batch = processor_batch(stock.config, LAYOUTS["image and videos"] + LAYOUTS["padding and a text-only row"][2:])
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    results = []
-    for model, inputs in ((stock, batch), (patched, syncfree.prepare(batch, None, patched))):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-        model.train()
-        model.zero_grad()
-        try:
-            loss = model(**inputs, labels=labels).loss
-            loss.backward()
-        finally:
-            model.gradient_checkpointing_disable()
-            model.eval()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (want_loss, want), (got_loss, got) = results
-    assert torch.equal(got_loss, want_loss) and got.keys() == want.keys()
-    assert all(torch.equal(got[n], want[n]) for n in want)
-
-
 def test_a_4d_mask_of_the_callers_keeps_stocks_nonzero():
     """A mask syncfree did not see made (the caller's own per-layer masks) takes stock's path, with stock's result."""
     stock, patched = _pair()
