@@ -222,6 +222,17 @@ def traced_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module)
 
 
+def _checkpointing(model, kwargs: dict | None) -> None:
+    """Turn activation checkpointing on with ``kwargs`` (off with None), by the name the installed release has (the
+    old name warns from 5.25)."""
+    new_name = hasattr(model, "activation_checkpointing_enable")
+    if kwargs is None:
+        (model.activation_checkpointing_disable if new_name else model.gradient_checkpointing_disable)()
+    elif new_name:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
 def check_checkpointed_training_equals_stock(stock, patched, batch: dict, reentrant: bool) -> None:
     """A training step with gradient checkpointing (reentrant or not): the recompute runs in the backward, after the
     forward's plan is gone, and must take the path the forward took: stock's loss and every gradient bit for bit, or,
@@ -229,7 +240,7 @@ def check_checkpointed_training_equals_stock(stock, patched, batch: dict, reentr
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     results = []
     for model, inputs in ((stock, batch), (patched, syncfree.prepare(batch, None, patched))):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        _checkpointing(model, {"use_reentrant": reentrant})
         model.train()
         model.zero_grad()
         try:
@@ -240,7 +251,7 @@ def check_checkpointed_training_equals_stock(stock, patched, batch: dict, reentr
         except Exception as err:  # (whatever stock raises, the patched model must raise it too)
             results.append(err)
         finally:
-            model.gradient_checkpointing_disable()
+            _checkpointing(model, None)
             model.eval()
             model.zero_grad(set_to_none=True)
     if isinstance(results[0], Exception) or isinstance(results[1], Exception):
