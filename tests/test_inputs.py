@@ -100,3 +100,12 @@ def _takes(config, item) -> bool:
 
     group = next(g for g in reversed(GROUPS) if g.handles(config))
     return isinstance(item, getattr(group, "ITEMS", ()))
+
+
+def test_build_inputs_refuses_an_item_it_does_not_take_in_one_line():
+    from syncfree.inputs import Audio
+    from syncfree.plan.errors import InputsNotTaken
+
+    config = load_config("qwen3-vl-tiny")
+    with pytest.raises(InputsNotTaken, match=r"^qwen3_vl takes Text, Image and Video items, got Audio\(frames=250\)$"):
+        build_inputs(config, [[Text(2), Audio(250)]])

@@ -12,11 +12,10 @@ import importlib
 
 import torch
 
-from ..plan.errors import InputsNotTaken
 from ..plan.spec import register_layout
 from ..rewrite.targets import Family
 from .preset import Preset
-from .qwen_vl.inputs import Image, Text, Video
+from .qwen_vl.inputs import VISUAL_ITEMS, check_items
 from .shared import MODULE_TARGETS
 
 __all__ = ["GROUPS", "GROUP_NAMES", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",
@@ -48,29 +47,12 @@ def tiny_preset(model_type: str) -> str:
     return found[0]
 
 
-# The items a family group's processor takes where the group does not say (``ITEMS``): text, images and videos.
-_VISUAL_ITEMS = (Text, Image, Video)
-
-
-def _check_items(model_type: str, samples, takes: tuple[type, ...]) -> None:
-    """Refuse, in one line, a batch that is not a list of samples (each a list of items) or holds an item the
-    family's processor does not take (an audio clip for a vision-only family, a string for ``Text(n)``)."""
-    if not isinstance(samples, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in samples):
-        raise TypeError(f"samples must be a list of samples, each a list of items (e.g. [[Text(4), Image(448, 448)]]), "
-                        f"got {samples!r}")
-    for sample in samples:
-        for item in sample:
-            if not isinstance(item, takes):
-                names = ", ".join(t.__name__ for t in takes[:-1]) + f" and {takes[-1].__name__}"
-                raise InputsNotTaken(f"{model_type} takes {names} items, got {item!r}")
-
-
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     """The processor-style CPU batch for ``samples`` under ``config``, laid out as that family's processor
     lays it out (a Qwen-VL processor's layout for a config no group claims)."""
     group = next((g for g in reversed(GROUPS) if g.handles(config)), GROUPS[GROUP_NAMES.index("qwen_vl")])
-    _check_items(getattr(config, "model_type", config), samples, getattr(group, "ITEMS", _VISUAL_ITEMS))
+    check_items(getattr(config, "model_type", config), samples, getattr(group, "ITEMS", VISUAL_ITEMS))
     return group.processor_batch(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 

@@ -30,7 +30,17 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..muse import Waveform
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    Video,
+    check_items,
+    check_padding_side,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import (
     MODEL_NEEDS,
     VISION_NEEDS,
@@ -119,6 +129,7 @@ def build_dots3_inputs(config, samples: list[list], *, padding_side: str = "left
     mels; the encoder masks each chunk's frames past its samples), ``chunk_sample_lengths`` their samples. No
     ``mm_token_type_ids``, no markers."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples, ITEMS)
     vc, ac, tc = config.vision_config, config.audio_config, config.text_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
     specials = {config.image_token_id, config.video_token_id, config.audio_token_id}

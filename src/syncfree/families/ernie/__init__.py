@@ -24,7 +24,17 @@ from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    Video,
+    check_items,
+    check_padding_side,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import modality_moe
 from .edits import MODALITY_MOE, TEMPORAL_SLICES
@@ -102,6 +112,7 @@ def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left
     image or video (a video of t frames has t // temporal_merge_size frames of placeholders); ``mm_token_type_ids``
     marks the placeholders 1 / 2, ``moe_mm_token_type_ids`` the placeholders and their markers."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tmerge = vc.patch_size, vc.spatial_merge_size, vc.temporal_merge_size
     marks = {1: (config.image_start_token_id, config.image_token_id, config.image_end_token_id),

@@ -34,6 +34,7 @@ from ..qwen_vl.inputs import (
     Image,
     Text,
     Video,
+    check_items,
     check_padding_side,
     frame_timestamps,
     item_grid,
@@ -199,6 +200,7 @@ def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left",
     a family that writes its timestamps otherwise passes its own), then end-of-video. ``mm_token_type_ids`` marks
     image placeholders 1, and 2 inside a video."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     image, begin, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id

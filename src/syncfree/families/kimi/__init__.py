@@ -25,7 +25,17 @@ from ...rewrite.helpers import traced_grid_rows
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    Video,
+    check_items,
+    check_padding_side,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -124,6 +134,7 @@ def build_kimi_inputs(config, samples: list[list], *, padding_side: str = "left"
     are (patches, 3, patch, patch). No ``mm_token_type_ids``; ``num_chunks_per_video`` as the video processor
     returns it."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, vc.merge_kernel_size[0]
     begin, word, content, end = markers(config)

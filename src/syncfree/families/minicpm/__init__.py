@@ -43,7 +43,7 @@ from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, random_text
+from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, random_text
 from ..shared import (
     MODEL_NEEDS,
     family_module,
@@ -200,6 +200,7 @@ def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "le
     from ..qwen_vl.inputs import pack_rows
 
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, _merge(config)
     specials = {config.image_token_id, config.video_token_id, *MARKERS.values()}

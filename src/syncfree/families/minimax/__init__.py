@@ -26,7 +26,17 @@ from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    Video,
+    check_items,
+    check_padding_side,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -99,6 +109,7 @@ def build_minimax_inputs(config, samples: list[list], *, padding_side: str = "le
     most ``CHUNK_FRAMES`` temporal patches, with ``num_chunks_per_video``, as the video processor returns them. No
     ``mm_token_type_ids``."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     start, end = markers(config)

@@ -33,7 +33,7 @@ from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, random_text
+from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, item_grid, pack_rows, random_text
 from ..shared import (
     family_module,
     handles_of,
@@ -143,6 +143,7 @@ def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left"
     right-padded with zeros to the longest, rounded up to a multiple of ``samples_per_token``, and ``input_values_mask``
     (int32) their real samples. No ``mm_token_type_ids``."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples, ITEMS)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.merge_size, vc.patch_temporal
     frame_features = 3 * patch * patch

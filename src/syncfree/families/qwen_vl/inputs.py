@@ -21,10 +21,11 @@ from typing import Union
 
 import torch
 
+from ...plan.errors import InputsNotTaken
 from ...plan.spec import Layout, layout_of
 
 __all__ = ["Image", "Video", "Text", "build_inputs", "named_layout", "LAYOUT_NAMES", "item_grid", "frame_timestamps",
-           "pack_rows", "pixel_inputs", "check_padding_side", "random_text"]
+           "pack_rows", "pixel_inputs", "check_padding_side", "random_text", "check_items", "VISUAL_ITEMS"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,22 @@ def item_grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) 
     return t, item.height // patch, item.width // patch
 
 
+# The items a processor takes where its family group does not say otherwise (``ITEMS``): text, images and videos.
+VISUAL_ITEMS = (Text, Image, Video)
+
+
+def check_items(model_type: str, samples, takes: tuple[type, ...] = VISUAL_ITEMS) -> None:
+    """Refuse, in one line, a batch that is not a list of samples (each a list of items) or holds an item the
+    family's processor does not take (an audio clip for a vision-only family, a string for ``Text(n)``)."""
+    if not isinstance(samples, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in samples):
+        raise TypeError(f"samples must be a list of samples, each a list of items (e.g. [[Text(4), Image(448, 448)]]), "
+                        f"got {samples!r}")
+    for sample in samples:
+        for item in sample:
+            if not isinstance(item, takes):
+                names = ", ".join(t.__name__ for t in takes[:-1]) + f" and {takes[-1].__name__}"
+                raise InputsNotTaken(f"{model_type} takes {names} items, got {item!r}")
+
 def check_padding_side(padding_side: str) -> None:
     """Refuse a padding side a processor does not take."""
     if padding_side not in ("left", "right"):
@@ -88,6 +105,7 @@ def build_inputs(config, samples: list[list[Item]], *, padding_side: str = "left
                  pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for ``samples`` (one list of items per request) under ``config``."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     # (SigLIP-style towers, Cosmos3-Edge's: one frame per temporal step.)
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, getattr(vc, "temporal_patch_size", 1)

@@ -30,7 +30,7 @@ from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, random_text
+from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, item_grid, pack_rows, random_text
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import compression, item_sizes
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
@@ -130,6 +130,7 @@ def build_videollama3_inputs(config, samples: list[list], *, padding_side: str =
     ``video_compression_mask`` keeps, frames joined by ``","``. ``image_merge_sizes`` / ``video_merge_sizes`` hold
     each item's merge (1 / 2); ``compress=False``: the processor's ``use_token_compression=False`` (all kept)."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch = vc.patch_size
     features = vc.num_channels * patch * patch
