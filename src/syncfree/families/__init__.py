@@ -52,6 +52,8 @@ def processor_batch(config, samples: list[list], *, padding_side: str = "left", 
     """The processor-style CPU batch for ``samples`` under ``config``, laid out as that family's processor
     lays it out (a Qwen-VL processor's layout for a config no group claims)."""
     group = next((g for g in reversed(GROUPS) if g.handles(config)), GROUPS[GROUP_NAMES.index("qwen_vl")])
+    # (Every builder checks its items too, for a direct call; here first, because a group's own processor rules (GLM's
+    # image/video mix, PaddleOCR-VL's images only) walk the samples before its builder runs.)
     check_items(getattr(config, "model_type", config), samples, getattr(group, "ITEMS", VISUAL_ITEMS))
     return group.processor_batch(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 

@@ -34,7 +34,16 @@ from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    check_items,
+    check_padding_side,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
@@ -139,6 +148,7 @@ def build_glm_image_inputs(config, samples: list[list], *, padding_side: str = "
     has. Every sample has the same number of source images (the processor refuses others). No ``mm_token_type_ids``.
     The grid-begin/-end, digit and space ids are the preset's own (the tokenizer's are not in the config)."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     if any(not isinstance(item, (Image, Text)) for sample in samples for item in sample):
         raise InputsNotTaken(f"{config.model_type} takes images and text only (its forward has no video inputs)")
     counts = {sum(isinstance(item, Image) for item in sample) for sample in samples}

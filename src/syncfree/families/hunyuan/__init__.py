@@ -38,7 +38,17 @@ from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALIN
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pack_rows, pixel_inputs, random_text
+from ..qwen_vl.inputs import (
+    Image,
+    Text,
+    Video,
+    check_items,
+    check_padding_side,
+    item_grid,
+    pack_rows,
+    pixel_inputs,
+    random_text,
+)
 from ..shared import family_module, handles_of, scale_sections, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -172,6 +182,7 @@ def build_hyv4_inputs(config, samples: list[list], *, padding_side: str = "left"
 
 def _build(config, samples, padding_side, seed, pad_token_id, *, markers, item_extra, specials) -> dict:
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
     image, video = config.image_token_id, getattr(config, "video_token_id", None)

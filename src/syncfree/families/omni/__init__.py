@@ -21,11 +21,10 @@ from ...rewrite.edits import (
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video
 from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
 from . import audio_features
 from .audio_features import AUDIO_FEATURES
-from .inputs import Audio, VideoWithAudio, build_omni_inputs, is_omni, omni_forward_kwargs
+from .inputs import OMNI_ITEMS, build_omni_inputs, is_omni, omni_forward_kwargs
 from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
 from .wrappers import make_audio_forward, make_omni_rope_index
 
@@ -89,8 +88,7 @@ VISION_CLASSES = {"qwen3_omni_moe_thinker": "Qwen3OmniMoeVisionEncoder",
 MODEL_CLASSES = {model_type: thinker_class for model_type in THINKER_CLASSES}
 
 
-# The items its processor takes (``families.processor_batch`` refuses others).
-ITEMS = (Text, Image, Video, Audio, VideoWithAudio)
+ITEMS = OMNI_ITEMS  # the items its processor takes
 
 
 def handles(config) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, item_grid, pixel_inputs, random_text
+from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, item_grid, pixel_inputs, random_text
 
 __all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
            "omni_forward_kwargs", "END_TOKENS", "is_omni"]
@@ -45,6 +45,10 @@ class Audio:
 class VideoWithAudio:
     video: Video
     audio: Audio
+
+
+# The items an Omni processor takes.
+OMNI_ITEMS = (Text, Image, Video, Audio, VideoWithAudio)
 
 
 def audio_tokens(config, frames: int) -> int:
@@ -95,6 +99,7 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
                       pad_token_id: int = 0, mel_bins: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for an Omni thinker ``config``: one list of items per request."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples, OMNI_ITEMS)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     ends = {k: getattr(config, k, None) or v for k, v in END_TOKENS[config.model_type].items()}
@@ -120,7 +125,7 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
                 t, h, w = item_grid(item, patch, merge, tpatch)
                 image_grids.append((t, h, w))
                 ids += [ids_of["vs"]] + [ids_of["image"]] * (h * w // merge**2) + [ids_of["ve"]]
-            elif isinstance(item, (Video, VideoWithAudio)):
+            else:  # (a Video or a VideoWithAudio: check_items refused anything else)
                 video = item.video if isinstance(item, VideoWithAudio) else item
                 t, h, w = item_grid(video, patch, merge, tpatch)
                 video_grids.append((t, h, w))
@@ -134,8 +139,6 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
                 order = _interleave(config, times, audio_tokens(config, item.audio.frames))
                 ids += [ids_of["vs"], ids_of["as_"]] + [ids_of["video"] if o == "v" else ids_of["audio"] for o in order]
                 ids += [ids_of["ae"], ids_of["ve"]]
-            else:
-                raise ValueError(f"unknown item {item!r}: use Text, Image, Video, Audio or VideoWithAudio")
         rows.append(ids)
 
     length = max(len(r) for r in rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, check_padding_side, pack_rows, random_text
+from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, pack_rows, random_text
 
 __all__ = ["build_ovis_inputs", "boundary_ids"]
 
@@ -39,6 +39,7 @@ def build_ovis_inputs(config, samples: list[list], *, padding_side: str = "left"
                       pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for ``samples`` (lists of ``Text``, ``Image`` and ``Video`` items) under ``config``."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples)
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch, channels = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size, vc.num_channels
     marks = boundary_ids(config)
@@ -55,8 +56,6 @@ def build_ovis_inputs(config, samples: list[list], *, padding_side: str = "left"
             if isinstance(item, Text):
                 ids += text(item.tokens)
                 continue
-            if not isinstance(item, (Image, Video)):
-                raise TypeError(f"Ovis2.5 takes Text, Image and Video items, got {type(item).__name__}")
             kind = "image" if isinstance(item, Image) else "video"
             t, h, w = _grid(item, patch, merge, tpatch)
             grids[kind].append((t, h, w))

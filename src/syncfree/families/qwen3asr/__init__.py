@@ -24,7 +24,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward
 from ..omni.inputs import Audio
 from ..preset import Preset
-from ..qwen_vl.inputs import Text, check_padding_side, pack_rows, random_text
+from ..qwen_vl.inputs import Text, check_items, check_padding_side, pack_rows, random_text
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by
 from . import valid_frames
 from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
@@ -115,6 +115,7 @@ def build_asr_inputs(config, samples: list[list], *, padding_side: str = "left",
     default: left). ``input_features`` (clips, mel bins, frames) holds the clips right-padded to the longest, rounded
     up to a multiple of ``2 * n_window`` frames, and ``input_features_mask`` (int32) their real frames."""
     check_padding_side(padding_side)
+    check_items(config.model_type, samples, ITEMS)
     tc, ac = config.text_config, config.audio_config
     specials = {config.audio_token_id, *MARKERS.values()}
     pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
@@ -129,8 +130,6 @@ def build_asr_inputs(config, samples: list[list], *, padding_side: str = "left",
             if isinstance(item, Text):
                 ids += text(item.tokens)
                 continue
-            if not isinstance(item, Audio):
-                raise ValueError(f"{config.model_type} takes text and audio only, got {type(item).__name__}")
             frames = max(item.frames, _HOP_FRAMES_MIN)
             clips.append(frames)
             ids += [MARKERS["audio_start"]] + [config.audio_token_id] * audio_tokens(config, frames) + \
