@@ -298,3 +298,106 @@ def test_generate_from_a_carried_batch_without_its_mask_is_refused():
     carried.pop("attention_mask")
     with torch.no_grad(), pytest.raises(StalePlan, match="attention_mask was removed"):
         patched.generate(**carried, max_new_tokens=2, do_sample=False)
+
+
+# ---- the inner multimodal model, called directly ------------------------------------------------------------------
+def _special_ids(config) -> set[int]:
+    """Every id a config names (``*_token_id``, ``*_token_index``, in it and its sub-configs)."""
+    found, todo = set(), [config]
+    while todo:
+        c = todo.pop()
+        for key, value in vars(c).items():
+            if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                todo.append(value)
+            elif isinstance(value, int) and (key.endswith("_token_id") or key.endswith("_token_index")):
+                found.add(value)
+            elif isinstance(value, (list, tuple)) and key.endswith("_token_id"):
+                found.update(v for v in value if isinstance(v, int))
+    return found
+
+
+def distinct_prefix(batch: dict, config) -> dict:
+    """The batch with its masked prefix holding distinct text ids instead of repeated pad ids (a repeated pad hides a
+    position error: every masked row position then sees the same token)."""
+    mask, ids = batch["attention_mask"], batch["input_ids"].clone()
+    specials = _special_ids(config) | {int(i) for i in ids[mask == 0].unique()}
+    free = [i for i in range(2, 2 + 4 * ids.shape[1]) if i not in specials]
+    masked = (mask == 0).nonzero().tolist()
+    for k, (r, c) in enumerate(masked):
+        ids[r, c] = free[k]
+    return {**batch, "input_ids": ids}
+
+
+def inner_edits(batch: dict) -> list[Edit]:
+    """Edits of a prepared batch handed to the inner ``*Model``: every control tensor removed or set to None, then the
+    prepared path's others."""
+    edits = [Edit(f"{n} set to None", n, _set(n, lambda b: None)) for n in _controls(batch)]
+    return edits + prepared_edits(batch)
+
+
+def _hidden(model, batch: dict):
+    try:
+        with torch.no_grad():
+            return model.model(**batch).last_hidden_state
+    except Exception as err:  # noqa: BLE001 -- a refusal is an outcome here
+        return err
+
+
+def _check_inner(stock, patched, edit: Edit, edited: dict) -> str | None:
+    got = _hidden(patched, edited)
+    if isinstance(got, Exception) and _names(got, edit.name):
+        return None
+    want = _hidden(stock, batch_to(edited, "cpu"))
+    if isinstance(got, Exception):
+        if isinstance(want, Exception) and type(want) is type(got):
+            return None
+        return f"raised {type(got).__name__}: {str(got)[:200]} (stock: {type(want).__name__})"
+    if isinstance(want, Exception):
+        return f"gave hidden states where stock raised {type(want).__name__}: {str(want)[:200]}"
+    got = got.to("cpu")
+    if not torch.equal(got, want):
+        return f"hidden states differ from stock by {(got - want).abs().max().item():.3g} without an error"
+    return None
+
+
+@pytest.mark.parametrize("model_type", _family_params())
+def test_the_inner_model_called_directly_matches_the_batch_as_given_or_is_refused(model_type):
+    """``model.model(**prepare(batch, device, model))`` with a control tensor removed, set to None or edited: the
+    inner multimodal model (as reward models and embedding extraction call it) checks the plan against every input its
+    forward takes, present in the call or not."""
+    preset = TINY[model_type]
+    stock, patched = model_pair(preset)
+    if not hasattr(patched, "model") or not hasattr(patched.model, "config"):
+        pytest.skip(f"{model_type} has no inner multimodal model")
+    base = distinct_prefix(two_rows(stock.config, preset), stock.config)
+    failures = []
+    with emulate_cuda():
+        patched.to(DEVICE)
+        try:
+            for edit in inner_edits(base):
+                batch = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in base.items()}
+                edited = edit.apply(syncfree.prepare(batch, DEVICE, patched))
+                problem = _check_inner(stock, patched, edit, edited)
+                if problem is not None:
+                    failures.append(f"{edit.what}: {problem}")
+        finally:
+            patched.to("cpu")
+            for m in (patched, getattr(patched, "model", None)):
+                if hasattr(m, "rope_deltas"):
+                    m.rope_deltas = None
+    assert not failures, f"{model_type}, inner model:\n" + "\n".join(failures)
+
+
+def test_the_inner_model_refuses_a_video_batch_without_its_seconds_per_grid():
+    """Qwen2.5-VL's temporal positions come from ``second_per_grid_ts``: popped before ``model.model(...)``, stock
+    computes them from the default, the plan from the batch's."""
+    from syncfree.inputs import Video
+
+    stock, patched = model_pair("qwen2.5-vl-tiny")
+    u = _unit(stock.config)
+    batch = processor_batch(stock.config, [[Text(3), Video(4, 2 * u, 2 * u), Text(2)]])
+    assert "second_per_grid_ts" in batch
+    prepared = syncfree.prepare(batch, "cpu", patched)
+    prepared.pop("second_per_grid_ts")
+    with torch.no_grad(), pytest.raises(StalePlan, match="second_per_grid_ts"):
+        patched.model(**prepared)

@@ -94,7 +94,7 @@ def traced_entry(model, given: dict, explicit: Plan | None, taken) -> active.Ent
     if layout is None or not layout.one_graph:
         return None
     plan.check_model(spec)
-    plan.check_present({**dict.fromkeys(taken), **given} if explicit is not None else given)
+    plan.check_present({**dict.fromkeys(taken), **given})  # (one the forward takes but the call leaves out is None)
     shape = call_shape(given)
     if shape is None or tuple(plan.batch_shape) != tuple(shape):
         raise ValueError(f"this syncfree plan describes a batch of shape {plan.batch_shape} but the call has {shape}; "
@@ -137,7 +137,9 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
     registration = active.registered(anchor)
     if registration is not None:
         registration.plan.check_model(spec_of(model))
-        active.check_unchanged(registration, given)
+        # Every control input the forward takes counts, passed or not: one left out is None there (the inner *Model
+        # called directly with the mask popped computes its positions from no mask; the plan made them from the mask).
+        active.check_unchanged(registration, {**dict.fromkeys(taken), **given})
         assert_given_match(registration.plan, given)  # (edits that bump no version counter, e.g. via .data)
         return active.Entry(registration.plan, input_ids, mask)
     outer = active.generating()
