@@ -9,7 +9,11 @@ presets (the plan depends on the layout rules, not the model's width):
 - with ``--syncs``, the syncs one forward makes stock and with the prepared plan (emulated device; small
   layouts only: the tiny model's forward over 100k patches takes minutes on a CPU).
 
-Run: python benchmarks/host_cost.py [--repeats 5] [--syncs] [--out benchmarks/results/host_cost.json]
+With ``--families``, every fully supported family instead, each at its largest standard layout: 8 rows of 4 images
+of 32 x 32 merged patches (about 32k tokens), with its tiny preset's layout rules and its own processor layout; time
+(1 thread) and bytes uploaded per token.
+
+Run: python benchmarks/host_cost.py [--repeats 5] [--syncs] [--families] [--out benchmarks/results/host_cost.json]
 Writes to the temp folder unless --out says otherwise.
 """
 
@@ -47,12 +51,58 @@ def layouts(unit: int) -> dict[str, list]:
 
 
 def _light_pixels(batch: dict) -> dict:
-    """Pixel tensors of the right shape without the memory (prepare reads only their length)."""
+    """Pixel tensors of the right shape without the memory (prepare reads only their shape)."""
     for name in ("pixel_values", "pixel_values_videos"):
-        if name in batch:
-            n, f = batch[name].shape
-            batch[name] = torch.zeros(1, f).expand(n, f)
+        if isinstance(batch.get(name), torch.Tensor):
+            shape = batch[name].shape
+            batch[name] = torch.zeros((1,) * len(shape)).expand(shape)
     return batch
+
+
+def _unit(config) -> int:
+    """Patch x merge: image sides are multiples of it (the merge is named differently across families)."""
+    vc = config.vision_config
+    for name in ("spatial_merge_size", "merge_size", "merge_kernel_size"):
+        merge = getattr(vc, name, None)
+        if merge is not None:
+            return vc.patch_size * (merge[0] if isinstance(merge, (list, tuple)) else merge)
+    return vc.patch_size
+
+
+def family_rows(repeats: int) -> list[dict]:
+    """Every fully supported family's plan at its largest standard layout (``--families``)."""
+    import importlib.util
+
+    from syncfree.families import FAMILIES, PRESETS, processor_batch
+
+    tiny = {}
+    for name, preset in PRESETS.items():
+        if name.endswith("-tiny"):
+            tiny.setdefault(preset.values["model_type"], name)
+    rows = []
+    for model_type, family in FAMILIES.items():
+        if model_type not in tiny or importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None:
+            continue
+        config = load_config(tiny[model_type])
+        if getattr(config, "vision_config", None) is None:
+            continue  # (an audio-only family: no image layout)
+        side = 32 * _unit(config)
+        row = [Text(16)] + [x for _ in range(4) for x in (Image(side, side), Text(8))]
+        try:
+            batch = _light_pixels(dict(processor_batch(config, [row] * 8)))
+            plan = syncfree.prepare(batch, None, config)[PLAN_KEY]
+        except Exception as err:  # noqa: BLE001 -- recorded: a family whose processor takes no such layout
+            rows.append({"family": model_type, "error": f"{type(err).__name__}: {str(err)[:160]}"})
+            print(f"{model_type:24} {rows[-1]['error']}", flush=True)
+            continue
+        tokens = int(batch["input_ids"].numel())
+        found = {"family": model_type, "preset": tiny[model_type], "tokens": tokens, "plan_bytes": plan.nbytes(),
+                 "bytes_per_token": plan.nbytes() / tokens,
+                 "ms_1_thread": 1e3 * time_prepare(batch, config, repeats, 1)}
+        rows.append(found)
+        print(f"{model_type:24} {tokens:>6} tokens  {found['ms_1_thread']:7.2f} ms  "
+              f"{found['bytes_per_token']:6.1f} B/token", flush=True)
+    return rows
 
 
 def time_prepare(batch: dict, config, repeats: int, threads: int | None) -> float:
@@ -97,11 +147,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--syncs", action="store_true", help="also count the syncs of one forward (small layouts)")
     parser.add_argument("--only", help="run only layouts whose name contains this")
+    parser.add_argument("--families", action="store_true",
+                        help="every fully supported family at its largest standard layout instead")
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "syncfree-results", "host_cost.json"),
                         help="where to write (default: the temp folder; the recorded run: benchmarks/results/)")
     args = parser.parse_args()
 
     rows, syncs = [], []
+    if args.families:
+        result = {"torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
+                  "cpus": os.cpu_count(), "repeats": args.repeats, "families": family_rows(args.repeats)}
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+        return
     for model_name in MODELS:
         config = load_config(model_name)
         unit = config.vision_config.patch_size * config.vision_config.spatial_merge_size

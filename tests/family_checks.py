@@ -313,3 +313,64 @@ def registration_lifted(model_type: str):
         FAMILIES.update(table)  # (in its order: the family table's order is the groups')
         patching._built.clear()
         patching._built.update(built)
+
+
+# ---- every family's tiny model and two-row batch ---------------------------------------------------------------
+def _tiny_presets() -> dict:
+    from syncfree.families import PRESETS
+
+    tiny = {}
+    for name, preset in PRESETS.items():
+        if name.endswith("-tiny"):
+            tiny.setdefault(preset.values["model_type"], name)
+    return tiny
+
+
+TINY = _tiny_presets()  # model type -> its first tiny preset
+
+# The families whose tiny model builds and runs slowest on a CPU (reference kernels for their linear-attention layers):
+# their runs are marked slow.
+SLOW_TINY = {"glm5_next", "qwen4_exp", "dots3_note"}
+
+
+def tiny_family_params() -> list:
+    """One pytest parameter per fully supported family, skipped where this Transformers release lacks it."""
+    import importlib.util
+
+    import pytest
+
+    from syncfree.families import FAMILIES
+
+    params = []
+    for model_type, family in FAMILIES.items():
+        marks = [pytest.mark.skipif(
+            importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None or model_type not in TINY,
+            reason=f"this Transformers release has no {model_type} (or no tiny preset)")]
+        params.append(pytest.param(model_type, id=model_type,
+                                   marks=marks + ([pytest.mark.slow] * (model_type in SLOW_TINY))))
+    return params
+
+
+def unit_of(config) -> int:
+    """Image sides are multiples of patch x merge (the merge is named differently across families)."""
+    vc = config.vision_config
+    for name in ("spatial_merge_size", "merge_size", "merge_kernel_size"):
+        merge = getattr(vc, name, None)
+        if merge is not None:
+            return vc.patch_size * (merge[0] if isinstance(merge, (list, tuple)) else merge)
+    return vc.patch_size
+
+
+def two_rows(config, preset: str) -> dict:
+    """The family's processor-style batch: two rows, the second shorter (so left-padded)."""
+    from syncfree.families import PRESETS
+    from syncfree.inputs import Image, Text, asr_layout, is_audio_only, processor_batch
+
+    if is_audio_only(config):
+        samples = asr_layout("mixed")[:2]
+    else:
+        u = unit_of(config)
+        samples = [[Text(4), Image(2 * u, 2 * u), Text(3)], [Text(2), Image(u, u), Text(1)]]
+    batch = processor_batch(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+    assert batch["attention_mask"][1, 0] == 0 and batch["attention_mask"][0].all(), "the second row is left-padded"
+    return batch

@@ -1,5 +1,6 @@
-"""The keyed device checksum of a plan's control tensors: the host's NumPy sum is the device's, each plan draws its
-own random odd weights, and an edit that keeps a linear checksum ``sum(v_i * (i + 1))`` changes the keyed one."""
+"""The keyed device checksum of a plan's control tensors: the host's NumPy sum is the device's, the device makes the
+host's weights from the plan's seed and key, each plan draws its own key, an edit that keeps a linear checksum
+``sum(v_i * (i + 1))`` changes the keyed one, and so do values moved by 2**63 (no bound left modulo 2**64)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ import syncfree
 from syncfree.audit import emulate_cuda
 from syncfree.inputs import batch_to, build_inputs, named_layout
 from syncfree.plan.batch import PLAN_KEY, plan_inputs
-from syncfree.plan.checksum import _checksum, _draw_weights, _host_checksum, assert_given_match
+from syncfree.plan.checksum import _checksum, _host_checksum, assert_given_match, device_weights, host_weights
 from syncfree.presets import build_model
+
+
+def _draw_weights(n: int) -> np.ndarray:
+    return host_weights(n)[2]
 
 
 def _linear(t: torch.Tensor) -> int:
@@ -37,7 +42,7 @@ def test_every_control_tensor_is_checked():
     model = build_model("qwen3-vl-tiny")
     plan = syncfree.prepare(build_inputs(model.config, named_layout("mixed", side=64)), None, model)[PLAN_KEY]
     assert tuple(plan.host) == plan_inputs()
-    assert plan.checksums.numel() == len(plan_inputs()) + plan.host["input_ids"].numel()
+    assert plan.checksums.numel() == len(plan_inputs()) + 2  # (then the weights' seed and key: nothing token-sized)
 
 
 @settings(max_examples=100, deadline=None)
@@ -61,12 +66,62 @@ def test_each_plan_draws_its_own_odd_weights():
     model = build_model("qwen3-vl-tiny")
     batch = build_inputs(model.config, named_layout("mixed", side=64), padding_side="left")
     first, second = (syncfree.prepare(batch, None, model)[PLAN_KEY].checksums for _ in range(2))
-    n = len(plan_inputs())
-    weights = first[n:], second[n:]
-    assert weights[0].numel() == batch["input_ids"].numel()  # one per value of the largest control tensor
+    n = 2 * batch["input_ids"].numel()  # two halves per value of the largest control tensor
+    weights = device_weights(first, n), device_weights(second, n)
     assert all(bool((w % 2 != 0).all()) for w in weights)
     assert not torch.equal(*weights)
-    assert not torch.equal(first[:n], second[:n])
+    k = len(plan_inputs())
+    assert not torch.equal(first[:k], second[:k])
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 5000))
+def test_the_device_makes_the_hosts_weights_from_the_seed_and_key(n):
+    """Nothing token-sized is uploaded for the weights: the device hashes the same places with the plan's seed and
+    key, bit for bit the host's NumPy weights."""
+    from syncfree.plan import checksum
+
+    seed, key, weights = host_weights(n)
+    table = torch.tensor([0, seed, key], dtype=torch.int64)
+    assert np.array_equal(device_weights(table, n).numpy(), weights)
+    assert checksum._SEED == -2 and checksum._KEY == -1
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.integers(0, 1), min_size=2, max_size=64), data=st.data())
+def test_values_moved_by_2_to_the_63_change_the_keyed_checksum(values, data):
+    """2**63 added to two entries changes a sum of whole values weighted by odd numbers by 2**64 * odd: nothing modulo
+    2**64. Summed by 32-bit halves, each high half moves by 2**31 and the keyed sum changes (it could only stay with
+    probability 2**-32)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    i, j = data.draw(st.lists(st.integers(0, len(values) - 1), min_size=2, max_size=2, unique=True))
+    edited = t.clone()
+    edited[[i, j]] += -2**63  # (2**63 modulo 2**64)
+    odd = torch.tensor([3, 5], dtype=torch.int64)
+    assert int((edited[[i, j]] * odd).sum()) == int((t[[i, j]] * odd).sum())  # the bound of whole values
+    weights = _draw_weights(2 * len(values))
+    assert _host_checksum(edited, weights) != _host_checksum(t, weights)
+
+
+def test_a_mask_moved_by_2_to_the_63_after_the_move_is_refused_on_the_device():
+    """The edit the bound allowed: a prepared batch's mask, two masked entries moved by 2**63 through ``.data`` (stock's
+    ``.bool()`` then attends there, the plan masks them). Refused by name on the device."""
+    model = syncfree.patch(build_model("qwen2.5-vl-tiny"))
+    from syncfree.inputs import Image, Text
+
+    batch = build_inputs(model.config, [[Text(12), Image(56, 56), Text(20)], [Text(4), Image(56, 56), Text(3)]],
+                         padding_side="left")
+    assert not batch["attention_mask"][1, :2].any()
+    with emulate_cuda():
+        model.to("cuda")
+        try:
+            prepared = syncfree.prepare(batch, "cuda", model)
+            prepared["attention_mask"].data[1, :2] += -2**63
+            with torch.no_grad(), pytest.raises(RuntimeError, match="attention_mask differs"):
+                model(**prepared)
+        finally:
+            model.to("cpu")
+            model.model.rope_deltas = None
 
 
 @settings(max_examples=200, deadline=None)
@@ -82,7 +137,7 @@ def test_a_linear_collision_changes_the_keyed_checksum(values, data):
     delta = data.draw(st.sampled_from([1, -1, 3, 7]))
     edited = _linear_collision(t, a, b, c, d, delta)
     assert _linear(edited) == _linear(t) and not torch.equal(edited, t)
-    weights = _draw_weights(n)
+    weights = _draw_weights(2 * n)
     assert _host_checksum(edited, weights) != _host_checksum(t, weights)
 
 
@@ -113,10 +168,11 @@ def test_a_device_tensor_that_became_float_is_refused_on_the_host():
             assert_given_match(plan, moved)
 
 
-def test_the_weights_cover_the_longest_tensor_floats_twice():
+def test_the_table_is_the_sums_then_seed_and_key():
     from syncfree.plan.checksum import host_checksums
 
     host = {"input_ids": torch.zeros(2, 5, dtype=torch.long), "second_per_grid_ts": torch.ones(7)}
     table = host_checksums(host)
-    assert table.numel() == len(host) + 14
-    assert np.all(table[len(host):].numpy() % 2 != 0)
+    assert table.numel() == len(host) + 2
+    weights = device_weights(table, 14)  # (7 floats: 14 halves, the longest)
+    assert int(table[1]) == _host_checksum(host["second_per_grid_ts"], weights.numpy())

@@ -168,3 +168,23 @@ def test_window_order_built_from_the_rows_is_stocks_window_index(side, crops):
     order, bounds = window_order(rows, side, "cpu")
     assert torch.equal(order, want_order) and torch.equal(bounds, want_bounds.to(bounds.dtype))
     assert bounds.dtype == want_bounds.dtype
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers.models.minicpmv4_6") is None,
+                    reason="this Transformers release has no MiniCPM-V 4.6")
+def test_refusals_name_the_crop_sizes_the_batch_carries():
+    """MiniCPM-V 4.6's batch carries its crops as ``target_sizes``, not ``image_grid_thw``: the one-line refusals of a
+    bad batch name the input the user has."""
+    from family_checks import TINY, model_pair, two_rows
+
+    stock, patched = model_pair(TINY["minicpmv4_6"])
+    batch = two_rows(stock.config, TINY["minicpmv4_6"])
+    ids = batch["input_ids"].clone()
+    ids.view(-1)[(ids.view(-1) == stock.config.image_token_id).nonzero()[0]] = 1
+    odd = batch["target_sizes"].clone()
+    odd[0, 0] += 1
+    for edited in ({**batch, "input_ids": ids}, {**batch, "target_sizes": odd},
+                   {**batch, "target_sizes": batch["target_sizes"].float()}):
+        with pytest.raises(ValueError) as caught:
+            syncfree.prepare(edited, "cpu", patched)
+        assert "target_sizes" in str(caught.value) and "image_grid_thw" not in str(caught.value), str(caught.value)

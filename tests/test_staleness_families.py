@@ -6,12 +6,12 @@ carried in the batch (``prepare(batch)`` without a device, the batch then moved 
 None, replaced or edited in place, before or after the move, and tensors the plan was built without are added. After
 each edit the patched forward returns stock's logits on the edited batch (``torch.equal``), or it refuses with an error
 that names the edited tensor (``StalePlan``, or the device-side assert of the checksum), or stock refuses the batch too.
-Edits crafted to keep the old linear checksum ``sum(v_i * (i + 1))`` must be refused.
+Edits crafted to keep the old linear checksum ``sum(v_i * (i + 1))``, or a sum of whole values with odd weights (two
+masked entries moved by 2**63), must be refused.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,56 +20,14 @@ import pytest
 import torch
 
 import syncfree
-from family_checks import model_pair
+from family_checks import TINY, model_pair, tiny_family_params, two_rows, unit_of
 from syncfree.audit import emulate_cuda
-from syncfree.families import FAMILIES, PRESETS, batch_to, processor_batch
-from syncfree.inputs import Image, Text, asr_layout, is_audio_only
+from syncfree.families import batch_to, processor_batch
+from syncfree.inputs import Text
 from syncfree.plan.active import StalePlan
 from syncfree.plan.batch import PLAN_KEY, plan_inputs
 
 DEVICE = "cuda"
-TINY = {}
-for _name, _preset in PRESETS.items():
-    if _name.endswith("-tiny"):
-        TINY.setdefault(_preset.values["model_type"], _name)
-
-
-# The families whose tiny model builds and runs slowest on a CPU (reference kernels for their linear-attention layers):
-# their runs are marked slow.
-SLOW = {"glm5_next", "qwen4_exp", "dots3_note"}
-
-
-def _family_params() -> list:
-    """One parameter per fully supported family, skipped where this Transformers release lacks it."""
-    params = []
-    for model_type, family in FAMILIES.items():
-        marks = [pytest.mark.skipif(
-            importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None or model_type not in TINY,
-            reason=f"this Transformers release has no {model_type} (or no tiny preset)")]
-        params.append(pytest.param(model_type, id=model_type, marks=marks + ([pytest.mark.slow] * (model_type in SLOW))))
-    return params
-
-
-def _unit(config) -> int:
-    """Image sides are multiples of patch x merge (the merge is named differently across families)."""
-    vc = config.vision_config
-    for name in ("spatial_merge_size", "merge_size", "merge_kernel_size"):
-        merge = getattr(vc, name, None)
-        if merge is not None:
-            return vc.patch_size * (merge[0] if isinstance(merge, (list, tuple)) else merge)
-    return vc.patch_size
-
-
-def two_rows(config, preset: str) -> dict:
-    """The family's processor-style batch: two rows, the second shorter (so left-padded)."""
-    if is_audio_only(config):
-        samples = asr_layout("mixed")[:2]
-    else:
-        u = _unit(config)
-        samples = [[Text(4), Image(2 * u, 2 * u), Text(3)], [Text(2), Image(u, u), Text(1)]]
-    batch = processor_batch(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
-    assert batch["attention_mask"][1, 0] == 0 and batch["attention_mask"][0].all(), "the second row is left-padded"
-    return batch
 
 
 # ---- edits --------------------------------------------------------------------------------------------------------
@@ -147,6 +105,13 @@ def _ids_collision(t: torch.Tensor) -> None:
     flat[[1, 2]] -= 1
 
 
+def _mask_high_bit(t: torch.Tensor) -> None:
+    """2**63 added to two masked entries: a sum of whole values weighted by odd numbers moves by 2**64 * odd, nothing
+    modulo 2**64; stock's ``.bool()`` then attends where the plan masks."""
+    masked = (t.reshape(-1) == 0).nonzero().flatten()[:2]
+    t.view(-1)[masked] += -2**63
+
+
 def _controls(batch: dict) -> list[str]:
     return [n for n in plan_inputs() if isinstance(batch.get(n), torch.Tensor)]
 
@@ -177,7 +142,9 @@ def carried_edits(batch: dict) -> list[Edit]:
     edits += [Edit("attention_mask linear collision after the move", "attention_mask",
                    _in_place("attention_mask", _mask_collision), moved=True, collision=True),
               Edit("input_ids linear collision after the move", "input_ids", _in_place("input_ids", _ids_collision),
-                   moved=True, collision=True)]
+                   moved=True, collision=True),
+              Edit("attention_mask moved by 2**63 after the move", "attention_mask",
+                   _in_place("attention_mask", _mask_high_bit), moved=True, collision=True)]
     return edits
 
 
@@ -194,7 +161,9 @@ def prepared_edits(batch: dict) -> list[Edit]:
     edits += [Edit("attention_mask linear collision through .data", "attention_mask",
                    _in_place("attention_mask", _mask_collision, through_data=True), collision=True),
               Edit("input_ids linear collision through .data", "input_ids",
-                   _in_place("input_ids", _ids_collision, through_data=True), collision=True)]
+                   _in_place("input_ids", _ids_collision, through_data=True), collision=True),
+              Edit("attention_mask moved by 2**63 through .data", "attention_mask",
+                   _in_place("attention_mask", _mask_high_bit, through_data=True), collision=True)]
     return edits
 
 
@@ -260,13 +229,13 @@ def _run(model_type: str, path: str) -> list[str]:
     return failures
 
 
-@pytest.mark.parametrize("model_type", _family_params())
+@pytest.mark.parametrize("model_type", tiny_family_params())
 def test_a_carried_plan_matches_the_batch_as_given_or_is_refused(model_type):
     failures = _run(model_type, "carried")
     assert not failures, f"{model_type}, carried plan:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("model_type", _family_params())
+@pytest.mark.parametrize("model_type", tiny_family_params())
 def test_a_prepared_plan_matches_the_batch_as_given_or_is_refused(model_type):
     failures = _run(model_type, "prepared")
     assert not failures, f"{model_type}, prepared plan:\n" + "\n".join(failures)
@@ -360,7 +329,7 @@ def _check_inner(stock, patched, edit: Edit, edited: dict) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("model_type", _family_params())
+@pytest.mark.parametrize("model_type", tiny_family_params())
 def test_the_inner_model_called_directly_matches_the_batch_as_given_or_is_refused(model_type):
     """``model.model(**prepare(batch, device, model))`` with a control tensor removed, set to None or edited: the
     inner multimodal model (as reward models and embedding extraction call it) checks the plan against every input its
@@ -394,7 +363,7 @@ def test_the_inner_model_refuses_a_video_batch_without_its_seconds_per_grid():
     from syncfree.inputs import Video
 
     stock, patched = model_pair("qwen2.5-vl-tiny")
-    u = _unit(stock.config)
+    u = unit_of(stock.config)
     batch = processor_batch(stock.config, [[Text(3), Video(4, 2 * u, 2 * u), Text(2)]])
     assert "second_per_grid_ts" in batch
     prepared = syncfree.prepare(batch, "cpu", patched)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import syncfree
+from family_checks import TINY, model_pair, tiny_family_params, two_rows
 from syncfree.inputs import build_inputs, named_layout
 from syncfree.presets import build_model
 
@@ -110,3 +111,69 @@ def test_grids_listed_out_of_order_give_stocks_positions_without_prepare(model):
     assert torch.equal(got, expected)
     with pytest.raises(ValueError, match="placeholder runs"):
         syncfree.prepare(batch, "cpu", model)
+
+
+# ---- every family: int32 ids, a grid a column short, a zero-size grid --------------------------------------------
+def _int32_ids(b):
+    return {**b, "input_ids": b["input_ids"].to(torch.int32)}
+
+
+def _short_grid(b):
+    return {**b, "image_grid_thw": b["image_grid_thw"][:, :2]}
+
+
+def _zero_grid(b):
+    g = b["image_grid_thw"].clone()
+    g[0] = 0
+    return {**b, "image_grid_thw": g}
+
+
+def _zero_height(b):
+    g = b["image_grid_thw"].clone()
+    g[0, 1] = 0
+    return {**b, "image_grid_thw": g}
+
+
+FAMILY_BAD = {"int32 input_ids": _int32_ids, "image_grid_thw a column short": _short_grid,
+              "zero-size image_grid_thw": _zero_grid, "image_grid_thw of zero height": _zero_height}
+
+
+def _outcome(fn):
+    try:
+        with torch.no_grad():
+            return fn().logits
+    except Exception as err:  # noqa: BLE001 -- what was raised is the point
+        return err
+
+
+@pytest.mark.parametrize("case", FAMILY_BAD)
+@pytest.mark.parametrize("model_type", tiny_family_params())
+def test_every_family_raises_what_stock_raises_or_gives_stocks_logits(model_type, case):
+    """Stock's exception type (syncfree's own one-line error may subclass it), or stock's logits where stock takes the
+    input: without prepare() and through prepare()."""
+    stock, patched = model_pair(TINY[model_type])
+    base = two_rows(stock.config, TINY[model_type])
+    if case != "int32 input_ids" and not isinstance(base.get("image_grid_thw"), torch.Tensor):
+        pytest.skip(f"{model_type}'s batch has no image_grid_thw")
+    batch = FAMILY_BAD[case](base)
+    want = _outcome(lambda: stock(**batch))
+    for path, got in (("without prepare()", _outcome(lambda: patched(**batch))),
+                      ("through prepare()", _outcome(lambda: patched(**syncfree.prepare(batch, "cpu", patched))))):
+        if isinstance(want, Exception):
+            assert isinstance(got, type(want)), (f"{path}: stock raised {type(want).__name__}: {str(want)[:120]}; "
+                                                 f"syncfree {type(got).__name__}: {str(got)[:200]}")
+        else:
+            assert not isinstance(got, Exception), f"{path}: stock gave logits, syncfree raised {got!r}"[:300]
+            assert torch.equal(got, want), f"{path}: logits differ from stock's"
+
+
+def test_prepare_without_a_model_refuses_a_batch_that_does_not_mark_its_placeholders():
+    """Without a model the placeholder ids come from ``mm_token_type_ids``; an Ovis2.5 batch has none, and Qwen3-VL's
+    ids would count none of its placeholders. Refused in one line that says to pass the model."""
+    stock, _ = model_pair(TINY["ovis2_5"])
+    batch = two_rows(stock.config, TINY["ovis2_5"])
+    assert "mm_token_type_ids" not in batch
+    with pytest.raises(ValueError, match=r"pass the model \(or its config\)") as caught:
+        syncfree.prepare(batch)
+    assert "\n" not in str(caught.value)
+    assert syncfree.prepare(batch, None, stock)  # with the model: planned

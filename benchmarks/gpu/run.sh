@@ -4,12 +4,13 @@
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
 # bench-gpu-train.{json,csv,png}, bench-gpu-compiled.{json,csv,png}, vision_backends.json,
-# bench-gpu-whole-compiled.{json,csv,png}, attention_crossover-cuda.{json,png} and log.txt.
+# bench-gpu-whole-compiled.{json,csv,png}, attention_crossover-cuda.{json,png} and log.txt, and all of them in one
+# gpu-results.tgz (for a caller that fetches only a few files from OUT_DIR).
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
-# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 80 + 90 + 30 + 60 + 75 + 65 + 30 + 30
-# = 480 s.
+# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 80 + 90 + 30 + 90 + 100 + 60 + 20 + 15
+# = 505 s (the compile steps have the most: a cold machine compiles for a minute before the first repeat).
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -53,38 +54,39 @@ timeout 30 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models q
 
 # 3. torch.compile of the vision tower, where launch overhead matters most (many small images).
 step "bench: compiled vision tower"
-timeout 60 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+timeout 90 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
   --scenarios images-8x224 --scopes vision --compile --repeats 10 --budget 3 \
-  --deadline 25 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-compiled \
+  --deadline 50 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-compiled \
   || echo "bench-gpu-compiled: exit $? (1 = some scenario failed; 124 = timeout)"
 
 # 3b. The whole model compiled with CUDA graphs (mode="reduce-overhead"): stock as Transformers compiles it
 #     (fullgraph=False), patched and prepared as one graph; prefill and a training step, 2B shapes, 2 text layers.
 step "bench: whole model compiled, CUDA graphs"
-timeout 75 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+timeout 100 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
   --scenarios image-448 --scopes full train --compile --compile-mode reduce-overhead --repeats 10 --budget 3 \
-  --deadline 10 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-whole-compiled \
+  --deadline 30 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-whole-compiled \
   || echo "bench-gpu-whole-compiled: exit $? (1 = some cell failed; 124 = timeout)"
 
 # 4. The vision attention backends and the bucketed CUDA-graph tower (8B vision shape, bf16): stock, split,
 #    grouped, varlen, compile_vision; latency, GPU-busy fraction and kernel counts per cell.
 step "vision backends and bucketed CUDA graphs"
-timeout 65 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
-  --deadline 50 --out "$out/vision_backends.json" \
+timeout 60 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
+  --deadline 45 --out "$out/vision_backends.json" \
   || echo "vision-backends: exit $? (1 = some cell failed, see errors in the JSON; 124 = timeout)"
 
 # 5. The backends' crossover grid on the GPU (2B/8B vision attention, 1-64 segments, 1k-16k patches, bf16):
 #    split, grouped, block_diagonal, varlen; time and the allocator's peak memory per cell.
 step "attention backend crossover"
-timeout 30 "$py" benchmarks/attention_crossover.py --device cuda --dtype bfloat16 --repeats 5 --cell-budget 0.2 \
+timeout 20 "$py" benchmarks/attention_crossover.py --device cuda --dtype bfloat16 --repeats 5 --cell-budget 0.2 \
   --out-dir "$out" || echo "crossover: exit $? (124 = timeout)"
 # 6. Liger-Kernel's fused-loss forward alone, then with syncfree: equal loss, syncs and step time (records why it
 #    did not run where liger-kernel is missing or cannot patch the installed Transformers).
 step "Liger-Kernel alone vs Liger + syncfree"
-timeout 30 "$py" benchmarks/gpu/liger_syncfree.py --out "$out/liger_syncfree.json" \
+timeout 15 "$py" benchmarks/gpu/liger_syncfree.py --out "$out/liger_syncfree.json" \
   || echo "liger-syncfree: exit $? (1 = a variant failed or Liger is not usable here; 124 = timeout)"
 step "done"
 ls -l "$out"
 }
 
 run_all 2>&1 | tee -a "$out/log.txt"  # a pipe, not exec: the log is complete when the script returns
+tar czf "$out/gpu-results.tgz" -C "$out" --exclude gpu-results.tgz . 2>/dev/null || true

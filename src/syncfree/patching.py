@@ -38,6 +38,7 @@ from .patch_registry import origin as _origin
 from .patch_registry import target_class as _target_class
 from .rewrite import helpers
 from .rewrite.attention import check_backend
+from .rewrite.before_trace import add_presence_check, remove_presence_check
 from .rewrite.edits import GENERIC_SPLIT
 from .rewrite.generic import has_split, host_seqlens_towers, split_attention_targets
 from .rewrite.nearest import nearest_fragment
@@ -312,6 +313,8 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
             module.__dict__["_syncfree_attention"] = vision_attention
         if vision_every_step and _takes_vision_every_step(module):
             module.__dict__[VISION_EVERY_STEP] = True
+    if family is not None:
+        add_presence_check(model)  # (before torch.compile traces: a stale prepared batch refused in one line)
     if verbose:
         from .patch_report import describe_patch  # (it reads this module's tables)
 
@@ -441,6 +444,7 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
             del _class_patches[(cls, attr)]
         release(CLASS_LEVEL)
         return
+    remove_presence_check(model)
     for module in model.modules():
         marker = module.__dict__.pop(HOLD_ATTR, None)
         if marker is not None:

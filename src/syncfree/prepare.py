@@ -40,6 +40,13 @@ def _ids_from_types(spec: ModelSpec, batch: Mapping) -> ModelSpec:
 
 def _spec(model, batch: Mapping) -> ModelSpec:
     if model is None:
+        if not isinstance(batch.get("mm_token_type_ids"), torch.Tensor) and any(
+                isinstance(batch.get(n), torch.Tensor) for n in (*_PIXELS, "image_grid_thw", "video_grid_thw")):
+            # Nothing in the batch says which tokens are placeholders: Qwen3-VL's ids would be a guess (another
+            # family's batch would then count no placeholders at all).
+            raise ValueError("syncfree.prepare(batch) without a model reads the placeholder token ids from "
+                             "mm_token_type_ids, and this batch has none; pass the model (or its config): "
+                             "syncfree.prepare(batch, device, model)")
         return _ids_from_types(_QWEN3_VL_DEFAULT, batch)
     if isinstance(model, ModelSpec):
         return model

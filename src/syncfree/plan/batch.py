@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .audio import AudioPlan
-from .checksum import host_checksums
+from .checksum import device_weights, host_checksums, weights_length
 from .errors import StalePlan, stale
 from .hooks import plan_inputs
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
@@ -74,10 +74,11 @@ class Plan(DeviceFields):
     n_audio_tokens: int = 0
     use_audio_in_video: bool = False
     rope_cache: dict = dataclasses.field(default_factory=dict)  # flag -> positions made on demand (the other flag)
-    # One keyed checksum per control tensor (``checksum.CHECKED``), then the plan's own random weights, so a forward
-    # given device tensors can check them against the plan on the device, without a wait
-    # (``checksum.assert_given_match``).
+    # One keyed checksum per control tensor (``checksum.host_checksums``), then the seed and key of the plan's own
+    # random weights, so a forward given device tensors can check them against the plan on the device, without a wait
+    # (``checksum.assert_given_match``), and the weights once made there (cached: every step of generate() checks).
     checksums: torch.Tensor | None = None
+    weights_made: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # The batch's placeholder runs do not match its grids (or a row is all padding): the forward runs stock's
     # own get_rope_index, which fails or places positions its own way (reading the device: only for such batches).
     stock_rope: bool = False
@@ -89,6 +90,7 @@ class Plan(DeviceFields):
     prefill_len: int | None = None
 
     _TENSORS = ("position_ids", "rope_deltas", "checksums", "decode_position_ids")
+    _NARROW = ("position_ids", "decode_position_ids")
     _PARTS = ("image", "video", "audio", "video_frames")
 
     @property
@@ -97,7 +99,12 @@ class Plan(DeviceFields):
 
     def to(self, device) -> "Plan":
         # (Positions made later for the other Omni flag are made again on the new device.)
-        return dataclasses.replace(super().to(device), rope_cache={})
+        moved = dataclasses.replace(super().to(device), rope_cache={}, weights_made={})
+        if moved.checksums is not None and moved.checksums.device.type != "cpu":
+            # The checksum weights are made on the device as the plan arrives there (queued, no wait), not in the
+            # forward: the forward's own device work stays stock's or less.
+            moved.weights_made["weights"] = device_weights(moved.checksums, weights_length(moved.host))
+        return moved
 
     def pin_memory(self) -> "Plan":
         """The plan with its host tensors in pinned memory. A ``DataLoader`` with ``pin_memory=True`` calls
@@ -288,9 +295,11 @@ def draft_plan(spec: ModelSpec, **inputs) -> Draft:
     # (Per-item merge sizes: passed only where given, so other families' calls stay as they were.)
     merges = {kind: {"merge_sizes": host.get(f"{kind}_merge_sizes")} if host.get(f"{kind}_merge_sizes") is not None
               else {} for kind in ("image", "video")}
-    image = (vision_plan(tower_grid, spec, "image_grid_thw", **merges["image"])
+    # (Named in messages as the batch names them: a family's own grid inputs, PlanHooks.grid_inputs.)
+    names = spec.hooks.grid_inputs if spec.hooks.grids is not None else ("image_grid_thw", "video_grid_thw")
+    image = (vision_plan(tower_grid, spec, names[0], **merges["image"])
              if image_grid_thw is not None else None)
-    video = (vision_plan(host["video_grid_thw"], spec, "video_grid_thw", spec.video_temporal_merge, **merges["video"])
+    video = (vision_plan(host["video_grid_thw"], spec, names[1], spec.video_temporal_merge, **merges["video"])
              if video_grid_thw is not None else None)
     frames = None
     if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
@@ -340,6 +349,11 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     none is computed; (None, None, True) where only stock's own index gives stock's answer (runs that do not
     match their grids, a row with no kept token: stock fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
+    if ids is not None and ids.dtype != torch.long and has_vision and (spec.mrope or spec.host_rope_class is not None):
+        # Stock's index makes its positions in the ids' dtype and writes int64 ones into them: int32 ids fail there
+        # (PyTorch's "Index put requires the source and destination dtypes match") or give int32 positions. Only
+        # stock's own index gives stock's answer, or its error.
+        return None, None, True
     # (A host index of the family's own places positions even where the plan's runs carry no meaning.)
     if ((spec.mrope or spec.host_rope_class is not None) and ids is not None and mm_types is not None
             and ids.shape == mm_types.shape and has_vision and (given_mask is None or mask is not None)):

@@ -8,21 +8,29 @@ re-padded or concatenated after its plan was made never runs under that plan: on
 device-side assert (the CUDA context is lost: loud, asynchronous, no wait); on the CPU and on the emulated
 device it raises at once.
 
-The checksum is keyed: ``sum(v_i * w_i)`` over the flattened tensor in 64-bit integers (wrapping, so exact in
-every order and on every device), where each plan draws its own random odd 64-bit weights ``w_i`` on the host.
-Integers and booleans count by value; floats (a video's seconds per grid) by the two 32-bit halves of their
-float64 value. The guarantee, in one sentence: a change of one value is always caught (an odd weight is
-invertible modulo 2**64), and any other edit, fixed before the plan drew its weights, keeps the checksum with
-probability at most 2**(t - 63), where 2**t is the largest power of two dividing every changed value's
-difference (2**-63 when one of them changes by an odd amount, as any edit of a 0/1 mask does).
+The checksum is keyed: ``sum(h_j * w_j)`` in 64-bit integers (wrapping, so exact in every order and on every
+device), where the ``h_j`` are the tensor's values cut into 32-bit halves (each value as 64 bits, integers
+by value and floats by their float64 bits; each half sign-extended) and the ``w_j`` are random odd 64-bit
+weights of the plan's own. The guarantee, for an edit fixed before the plan drew its key: a change of one
+half is always caught (an odd weight is invertible modulo 2**64, and a half changes by less than 2**32); any
+other edit keeps the checksum with probability at most 2**(t - 63), where 2**t is the largest power of two
+dividing every changed half's difference: at most 2**-32 for any edit (a half's difference is below 2**32 in
+size, so t <= 31), and 2**-63 when one value changes by an odd amount, as any edit of a 0/1 mask does. Halves,
+not whole values: a sum of whole values weighted by odd numbers is blind to two values moved by 2**63 each
+(2**63 * odd + 2**63 * odd = 2**64 * ... = 0 modulo 2**64), a half cannot move that far.
 
-The weights travel with the checksums in one tensor (``Plan.checksums``: the sums, then the weights), so they
-reach the device in the plan's own pinned, non-blocking copy: one int64 per value of the largest control tensor
-(tokens, not patches). The device check is one multiply and one sum for the tensors of one length (the
-token-shaped ones together), and one comparison and one assert per tensor.
+Nothing token-sized travels for the weights: they are a counter-based hash (SplitMix64's finalizer) of each
+half's place, from a seed drawn once per process, XOR a key drawn per plan, made with the same integer ops
+in NumPy on the host and in PyTorch on the device. The plan's table (``Plan.checksums``) is the sums, then
+the seed and the key: a few int64 in the plan's own pinned, non-blocking copy. The device makes a plan's
+weights once (a dozen elementwise ops, no wait), then checks with one multiply and one sum for the tensors
+of one length (the token-shaped ones together), and one comparison and one assert per tensor.
 """
 
 from __future__ import annotations
+
+import os
+import threading
 
 import numpy as np
 import torch
@@ -30,10 +38,56 @@ import torch
 from .errors import StalePlan, stale
 from .tensors import host_array
 
-__all__ = ["host_checksums", "assert_given_match"]
+__all__ = ["host_checksums", "assert_given_match", "device_weights", "weights_length"]
 
 # The table has one checksum per control tensor the plan keeps (``Plan.host``, in its order: ``hooks.plan_inputs()``
-# when the plan was made), then the weights.
+# when the plan was made), then the seed and the key of its weights (``_SEED``, ``_KEY``: offsets from its end).
+_SEED, _KEY = -2, -1
+
+# SplitMix64 (Steele, Lea and Flood 2014): a step of the golden ratio per place, then a finalizer that mixes every
+# bit into every bit. Its constants are above 2**63: written here as the int64 of the same bits.
+_GAMMA, _M1, _M2 = -7046029254386353131, -4658895280553007687, -7723592293110705685
+
+
+def _shr(x, s: int):
+    """``x`` shifted right by ``s`` as unsigned 64 bits (PyTorch and NumPy shift int64 arithmetically: the sign's
+    copies are masked off)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mixed(places, seed, key):
+    """The weights of ``places`` (int64 counters): SplitMix64 of ``seed`` stepped ``places`` times, XOR ``key``, odd.
+    The same ops, bit for bit, on NumPy arrays (host) and PyTorch tensors (device; ``seed`` and ``key`` 0-d
+    tensors there, so a traced graph does not specialise on them)."""
+    z = places * _GAMMA + seed
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return (z ^ _shr(z, 31) ^ key) | 1
+
+
+class _HostPlaces(threading.local):
+    # (per thread: a plan may be made in several at once; per process: a forked DataLoader worker draws its own seed)
+    def __init__(self) -> None:
+        self.pid, self.seed, self.table = None, 0, np.zeros(0, np.int64)
+
+
+_host = _HostPlaces()
+
+
+def _host_hash(n: int) -> tuple[int, np.ndarray]:
+    """This process's seed and at least ``n`` hashed places for it (without the key), grown by doubling."""
+    if _host.pid != os.getpid():
+        _host.pid, _host.seed, _host.table = os.getpid(), _random_int64(), np.zeros(0, np.int64)
+    if _host.table.shape[0] < n:
+        with np.errstate(over="ignore"):
+            _host.table = _mixed(np.arange(max(n, 2 * _host.table.shape[0], 1024), dtype=np.int64),
+                                 np.int64(_host.seed), np.int64(0))
+    return _host.seed, _host.table
+
+
+def _random_int64() -> int:
+    """64 random bits from the OS (a forked worker draws its own), as a signed int64."""
+    return int.from_bytes(os.urandom(8), "little", signed=True)
 
 
 def _checkable(t) -> bool:
@@ -41,53 +95,65 @@ def _checkable(t) -> bool:
 
 
 def _length(t: torch.Tensor) -> int:
-    """How many 64-bit integers ``_as_int64`` makes of ``t`` (two per float)."""
-    return t.numel() * (2 if t.dtype.is_floating_point else 1)
+    """How many halves ``_halves`` makes of ``t``: two per value."""
+    return 2 * t.numel()
 
 
-def _as_int64(t: torch.Tensor) -> torch.Tensor:
-    """The flattened values as int64: integers and booleans by value, floats as the two int32 halves of their
-    float64 bits (halves, so that an edit of a float's exponent or sign is not a multiple of a high power of two)."""
-    flat = t.reshape(-1)
-    if t.dtype.is_floating_point:
-        return flat.to(torch.float64).view(torch.int32).to(torch.int64)
-    return flat.to(torch.int64)
+def _halves(t: torch.Tensor) -> torch.Tensor:
+    """The flattened values as 64 bits (integers and booleans by value, floats by their float64 bits), cut into
+    their two sign-extended 32-bit halves, as int64: one op beyond the widening."""
+    wide = t.reshape(-1).to(torch.float64 if t.dtype.is_floating_point else torch.int64)
+    return wide.view(torch.int32).to(torch.int64)
 
 
 def _checksum(t: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The keyed checksum of ``t`` with ``weights`` (at least ``_length(t)`` of them), where ``t`` lives."""
-    flat = _as_int64(t)
+    flat = _halves(t)
     return (flat * weights[:flat.numel()]).sum()
 
 
-def _host_int64(t: torch.Tensor) -> np.ndarray:
+def _host_halves(t: torch.Tensor) -> np.ndarray:
     if t.dtype.is_floating_point:  # (NumPy has no bfloat16: PyTorch widens it)
-        return t.detach().reshape(-1).to(torch.float64).numpy().view(np.int32).astype(np.int64)
-    return host_array(t).reshape(-1).astype(np.int64, copy=False)
+        wide = t.detach().reshape(-1).to(torch.float64).numpy()
+    else:
+        wide = host_array(t).reshape(-1).astype(np.int64, copy=False)
+    return wide.view(np.int32).astype(np.int64)
 
 
 def _host_checksum(t: torch.Tensor, weights: np.ndarray) -> int:
     """``_checksum`` of a host tensor, in NumPy (a fraction of PyTorch's fixed cost per op). int64 products and
     sums wrap modulo 2**64 in NumPy as on every PyTorch device, so the two agree."""
-    flat = _host_int64(t)
+    flat = _host_halves(t)
     with np.errstate(over="ignore"):
         return int(np.dot(flat, weights[:flat.shape[0]]))
 
 
-def _draw_weights(n: int) -> np.ndarray:
-    """``n`` random odd 64-bit weights, from a generator seeded afresh from the OS (so DataLoader workers forked
-    from one process draw different ones)."""
-    info = np.iinfo(np.int64)
-    return np.random.default_rng().integers(info.min, info.max, size=n, dtype=np.int64, endpoint=True) | 1
+def host_weights(n: int) -> tuple[int, int, np.ndarray]:
+    """A fresh key's ``n`` weights on the host: (seed, key, weights)."""
+    seed, table = _host_hash(n)
+    key = _random_int64()
+    return seed, key, table[:n] ^ np.int64(key) | np.int64(1)
+
+
+def device_weights(table: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` weights of a plan's checksum table, made where the table lives (from its seed and key: no copy,
+    no read)."""
+    places = torch.arange(n, dtype=torch.int64, device=table.device)
+    return _mixed(places, table[_SEED], table[_KEY])
+
+
+def weights_length(host: dict) -> int:
+    """How many weights the checksums of ``host``'s tensors take: two per value of the longest."""
+    return max([_length(t) for t in host.values() if _checkable(t)], default=0)
 
 
 def host_checksums(host: dict) -> torch.Tensor:
     """The plan's checksum table, from its host copies: one keyed checksum per entry of ``host`` (0 where the plan
-    has no such tensor), then the plan's own random weights."""
+    has no such tensor), then the seed and key of the plan's own random weights."""
     kept = [t if _checkable(t) else None for t in host.values()]
-    weights = _draw_weights(max([_length(t) for t in kept if t is not None], default=0))
-    sums = np.array([_host_checksum(t, weights) if t is not None else 0 for t in kept], dtype=np.int64)
-    return torch.from_numpy(np.concatenate([sums, weights]))
+    seed, key, weights = host_weights(weights_length(host))
+    sums = [_host_checksum(t, weights) if t is not None else 0 for t in kept]
+    return torch.tensor([*sums, seed, key], dtype=torch.int64)
 
 
 def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
@@ -97,7 +163,6 @@ def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
     compiled graph cannot: there the checksum is computed in the graph for them too); tensors whose shape already
     differs from the plan's raise ``ValueError`` at once (shapes and dtypes are known on the host)."""
     table = plan.checksums
-    weights = table[len(plan.host):]
     groups: dict[tuple, list[tuple[int, str, torch.Tensor]]] = {}
     for i, name in enumerate(plan.host):
         value, kept = given.get(name), plan.host.get(name)
@@ -111,11 +176,25 @@ def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
         if value.dtype.is_floating_point != kept.dtype.is_floating_point:
             raise StalePlan(stale(name, f"became {value.dtype} (the plan was built from {kept.dtype})"))
         groups.setdefault((value.device, _length(value)), []).append((i, name, value))
+    if not groups:
+        return
+    weights = _weights_of(plan, max(length for _, length in groups))
     for group in groups.values():
         for (_, name, _), same in zip(group, _checksums_equal(group, table, weights)):
             torch._assert_async(same, f"syncfree: {name} differs from the batch its plan was built for (edited, "
                                       "replaced or re-padded after syncfree.prepare()); call syncfree.prepare() on "
                                       "the batch you pass")
+
+
+def _weights_of(plan, n: int) -> torch.Tensor:
+    """The plan's first ``n`` weights where its table lives: made there once per plan in eager (``generate()``'s
+    steps share them), in the graph when traced."""
+    if torch.compiler.is_compiling():
+        return device_weights(plan.checksums, n)
+    made = plan.weights_made.get("weights")
+    if made is None or made.numel() < n:
+        made = plan.weights_made["weights"] = device_weights(plan.checksums, n)
+    return made
 
 
 def _checksums_equal(group: list, table: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
@@ -125,7 +204,7 @@ def _checksums_equal(group: list, table: torch.Tensor, weights: torch.Tensor) ->
     if len(group) == 1:
         (i, _, value), = group
         return [_checksum(value, weights) == table[i]]
-    stacked = torch.stack([_as_int64(value) for _, _, value in group])
+    stacked = torch.stack([_halves(value) for _, _, value in group])
     sums = (stacked * weights[:stacked.shape[1]]).sum(1)
     first, step = group[0][0], group[1][0] - group[0][0]
     if all(i == first + k * step for k, (i, _, _) in enumerate(group)):  # (a strided slice of the table: a view)

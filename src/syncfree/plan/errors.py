@@ -6,12 +6,17 @@ call still catches a bad grid when syncfree finds it first)."""
 
 from __future__ import annotations
 
-__all__ = ["GridError", "GridDtypeError", "MaskShapeError", "InputsNotTaken", "StalePlan", "stale"]
+__all__ = ["GridError", "GridShapeError", "GridDtypeError", "MaskShapeError", "InputsNotTaken", "StalePlan", "stale"]
 
 
-class GridError(ValueError, RuntimeError):
+class GridError(ValueError, RuntimeError, IndexError):
     """A grid stock cannot lay out (a size of 0, or not a multiple of the merge size): stock's reshapes and
-    size checks raise ``RuntimeError``."""
+    size checks raise ``RuntimeError``; some families' indexing of an empty grid ``IndexError``."""
+
+
+class GridShapeError(ValueError, IndexError):
+    """A grid that is not (N, 3) (a column short, say): stock's ``grid[:, 2]`` and its row unpacking raise
+    ``IndexError`` (Qwen3-VL, Qwen3.5 and others) or ``ValueError``."""
 
 
 class GridDtypeError(ValueError, NotImplementedError, TypeError):

@@ -46,18 +46,30 @@ class DeviceFields:
 
     _TENSORS: tuple[str, ...] = ()
     _PARTS: tuple[str, ...] = ()
+    # int64 tensors among ``_TENSORS`` whose values fit in 32 bits (token positions): they travel as int32, half the
+    # bytes, and are widened back to int64 on the device (one elementwise op there; the same values).
+    _NARROW: tuple[str, ...] = ()
 
     def _present(self, names: tuple[str, ...]) -> dict:
         return {f: getattr(self, f) for f in names if getattr(self, f) is not None}
 
+    def _narrowed(self, name: str, t: torch.Tensor) -> bool:
+        return name in self._NARROW and t.dtype == torch.int64 and t.device.type == "cpu" and t.numel() > 0 \
+            and -2**31 <= int(t.min()) and int(t.max()) < 2**31  # (host tensors: no device read)
+
     def to(self, device):
-        moved = {f: move(t, device) for f, t in self._present(self._TENSORS).items()}
+        moved = {}
+        for f, t in self._present(self._TENSORS).items():
+            on_device = device is not None and torch.device(device).type != "cpu"
+            moved[f] = move(t.to(torch.int32), device).to(torch.int64) if on_device and self._narrowed(f, t) \
+                else move(t, device)
         moved.update({f: part.to(device) for f, part in self._present(self._PARTS).items()})
         return dataclasses.replace(self, **moved, device=str(torch.device(device)))
 
     def nbytes(self) -> int:
         """Bytes of the tensors this plan moves to the device with its batch (its parts' included)."""
-        own = sum(t.numel() * t.element_size() for t in self._present(self._TENSORS).values())
+        own = sum(t.numel() * (4 if self._narrowed(f, t) else t.element_size())
+                  for f, t in self._present(self._TENSORS).items())
         return own + sum(part.nbytes() for part in self._present(self._PARTS).values())
 
     def pin_memory(self):

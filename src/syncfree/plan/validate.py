@@ -89,21 +89,21 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
     for kind, name, vp, pixels in ((1, "image", draft.image, pixel_values),
                                    (2, "video", draft.video, pixel_values_videos)):
         tokens = draft.stock_count(kind)
+        grids = grid_name(spec, kind)  # (the input the batch carries the grid rows in: a family may name its own)
         if vp is None:
             if pixels is not None:
-                raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without "
-                                 f"{name}_grid_thw")
+                raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} given without {grids}")
             continue
         features = sum(kept_sizes(draft.host, vp) if kind == 2 else vp.split_sizes)
         compression = draft.host.get("video_compression_mask") if kind == 2 else None
         if compression is not None and tuple(compression.shape) != (sum(vp.split_sizes),):
-            raise ValueError(f"video_compression_mask has shape {tuple(compression.shape)} but video_grid_thw "
+            raise ValueError(f"video_compression_mask has shape {tuple(compression.shape)} but {grids} "
                              f"describes {sum(vp.split_sizes)} video features")
         if tokens != features:  # stock's words (get_placeholder_mask), then what it means
             words = (f"{name.capitalize()} features and {name} tokens do not match, tokens: {tokens}, features: "
                      f"{features}" if spec.hooks.feature_words is None else  # (the family's stock says it otherwise)
                      spec.hooks.feature_words(name, tokens, features, spec))
-            raise ValueError(f"{words} ({name}_grid_thw describes {len(vp.split_sizes)} {name}s of "
+            raise ValueError(f"{words} ({grids} describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
         runs = draft.runs.lengths_of(kind)
         if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens
@@ -116,19 +116,24 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
             # Without 3D positions, stock places features in token order whatever the runs.)
             rule = (f"t*(h/m)*(w/m + {spec.row_extra_tokens}) + {spec.item_extra_tokens}, m = {spec.spatial_merge_size}"
                     if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (with extra tokens)
-            raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {name}_grid_thw "
+            raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {grids} "
                              f"needs one run per {unit} of {expected} tokens ({rule})")
         # (Grids from the family's own inputs, NaViT crops: pixels in one (1, C, p, patches * p) strip)
-        grid_inputs = spec.hooks.grid_inputs
-        patches = pixels.shape[-1] // spec.patch_size if grid_inputs and pixels is not None else \
+        patches = pixels.shape[-1] // spec.patch_size if spec.hooks.grid_inputs and pixels is not None else \
             getattr(pixels, "shape", (0,))[0]
-        grids = grid_inputs[kind - 1] if grid_inputs else f"{name}_grid_thw"
         if pixels is not None and patches != vp.num_patches:
             raise ValueError(f"{'pixel_values' if kind == 1 else 'pixel_values_videos'} has {patches} "
                              f"patches but {grids} describes {vp.num_patches}")
     if seconds is not None and video_grid_thw is not None and len(seconds) != len(video_grid_thw):
-        raise ValueError(f"{seconds_name} has {len(seconds)} entries but video_grid_thw describes "
+        raise ValueError(f"{seconds_name} has {len(seconds)} entries but {grid_name(spec, 2)} describes "
                          f"{len(video_grid_thw)} videos")
+
+
+def grid_name(spec: ModelSpec, kind: int) -> str:
+    """The input a batch carries its image (``kind`` 1) or video (2) grid rows in: ``image_grid_thw`` /
+    ``video_grid_thw``, or the family's own (``PlanHooks.grid_inputs``: NaViT crop sizes, say)."""
+    own = spec.hooks.grid_inputs
+    return own[kind - 1] if own else ("image_grid_thw", "video_grid_thw")[kind - 1]
 
 
 def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_features) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import GridDtypeError, GridError
+from .errors import GridDtypeError, GridError, GridShapeError
 from .spec import ModelSpec
 from .tensors import DeviceFields, move
 from .vision_tables import (
@@ -21,7 +21,6 @@ from .vision_tables import (
     item_columns,
     merge_kwargs,
     window_columns,
-    window_seqlens,
 )
 
 __all__ = ["VisionPlan", "vision_plan"]
@@ -150,9 +149,11 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
                            mode=spec.interp_mode, pool=spec.temporal_pooling)
     extra = {}
     if spec.window_size is not None:
-        windows = window_seqlens(rows, table_spec)
-        extra.update(cu_window_seqlens=_cumulative(windows), window_seqlens=tuple(windows),
-                     max_window_seqlen=max(windows), windows=window_columns(rows, table_spec))
+        table = window_columns(rows, table_spec)  # (one host table per window: window_seqlens' sizes its first row)
+        sizes = table[0].numpy() * table_spec.merge ** 2
+        windows = tuple(sizes.tolist())
+        extra.update(cu_window_seqlens=torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)),
+                     window_seqlens=windows, max_window_seqlen=max(windows), windows=table)
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (a merger that adds a newline per row, begin and end)
@@ -198,7 +199,7 @@ def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
     if not isinstance(grid, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of shape (N, 3), got {type(grid).__name__}")
     if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
-        raise ValueError(f"{name} must have shape (N, 3) with N >= 1, got {tuple(grid.shape)}")
+        raise GridShapeError(f"{name} must have shape (N, 3) with N >= 1, got {tuple(grid.shape)}")
     if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.is_complex():
         raise GridDtypeError(f"{name} must hold integers (torch.long), got {grid.dtype}")
     grid = grid.to("cpu", torch.long)

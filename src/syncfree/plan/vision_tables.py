@@ -23,6 +23,7 @@ import sys
 import warnings
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 __all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs",
@@ -63,27 +64,39 @@ class TableSpec(NamedTuple):
     pool: tuple[int, int] | None = None
 
 
-def _windows(rows, spec: TableSpec):
-    """Each attention window in stock's order (frames, window rows, window columns), empty ones dropped as stock's
-    ``unique_consecutive`` drops them: (merged patches, place in window order, top-left merged patch in raster order,
-    width, frame width). Host integers: one tuple per window."""
+@functools.lru_cache(maxsize=256)
+def _item_windows(t: int, lh: int, lw: int, size: int) -> np.ndarray:
+    """The (4, windows) host table of one image or video of ``t`` frames of ``lh`` x ``lw`` merged patches, in stock's
+    order (frames, window rows, window columns; stock's windows are never empty): merged patches per window, top-left
+    merged patch (raster order, from the item's start), width, frame width. Cached: a stream repeats its sizes."""
+    r, c = np.arange(0, lh, size), np.arange(0, lw, size)
+    heights, widths = np.minimum(size, lh - r), np.minimum(size, lw - c)
+    per_frame = np.stack([np.outer(heights, widths).ravel(),  # (window rows x window columns, row-major)
+                          (r[:, None] * lw + c[None, :]).ravel(),
+                          np.broadcast_to(widths, (len(r), len(c))).ravel(),
+                          np.full(len(r) * len(c), lw)])
+    table = np.tile(per_frame, t)
+    table[1] += np.repeat(np.arange(t) * (lh * lw), len(r) * len(c))
+    table.setflags(write=False)
+    return table
+
+
+def _windows(rows, spec: TableSpec) -> np.ndarray:
+    """Every attention window of the grid ``rows`` in stock's order: a (len(WINDOW), windows) int64 host table (one
+    cached table per item size, then offsets: host work that grows with the items, not the windows)."""
     merge = spec.merge
     size = spec.window // merge // spec.patch  # window side in merged patches
-    start, place = 0, 0
-    for t, h, w in rows:
-        lh, lw = h // merge, w // merge
-        for frame in range(t):
-            for r in range(0, lh, size):
-                for c in range(0, lw, size):
-                    wh, ww = min(size, lh - r), min(size, lw - c)
-                    yield wh * ww, place, start + frame * lh * lw + r * lw + c, ww, lw
-                    place += wh * ww
-        start += t * lh * lw
+    parts = [_item_windows(t, h // merge, w // merge, size) for t, h, w in rows]
+    starts = np.cumsum([0] + [t * (h // merge) * (w // merge) for t, h, w in rows[:-1]])
+    sizes, source, width, stride = np.concatenate(parts, axis=1)
+    source = source + np.repeat(starts, [p.shape[1] for p in parts])
+    place = np.cumsum(sizes) - sizes  # each window's place in window order: the sizes before it
+    return np.stack([sizes, place, source, width, stride])
 
 
 def window_seqlens(rows, spec: TableSpec) -> list[int]:
     """Patches per attention window, in stock's order (``_windows``)."""
-    return [size * spec.merge ** 2 for size, *_ in _windows(rows, spec)]
+    return (_windows(rows, spec)[0] * spec.merge ** 2).tolist()
 
 
 # The columns of ``item_columns``' table: one row per column, one column per image or video (an (C, N) int64 tensor:
@@ -133,7 +146,7 @@ def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
 
 def window_columns(rows, spec: TableSpec) -> torch.Tensor:
     """The (len(WINDOW), windows) int64 host table of the grid ``rows``' attention windows (``_windows``)."""
-    return torch.tensor(list(zip(*_windows(rows, spec))), dtype=torch.long)
+    return torch.from_numpy(_windows(rows, spec))
 
 
 def _spread(table: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
