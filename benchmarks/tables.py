@@ -425,11 +425,12 @@ def render_host_cost() -> str:
         f"{b['model']}: {b['ms_1_thread']:.1f} → {a['ms_1_thread']:.1f} ms with 1 thread, "
         f"{b['ms_default_threads']:.1f} → {a['ms_default_threads']:.1f} ms with {now['default_threads']} threads"
         for b, a in zip(before_load["rows"], after_load["rows"]))
-    return (f"{now['method']}; 1 thread, {now['cpus']} CPU cores. The earlier plan built the per-patch tables on "
-            "the host and uploaded them (`host_cost_before.json`).\n\n"
+    return (f"{now['method']}; 1 thread, {now['cpus']} CPU cores. The earlier plan made Qwen2.5-VL's window table "
+            "window by window in Python and uploaded int64 positions and one checksum weight per token "
+            "(`host_cost_before.json`).\n\n"
             + _table(head, rows, "llrrrrr") + "\n" + _reproduce("host_cost.json")
-            + f"\nWith both cores kept busy by two other processes, the largest batch, earlier plan → now: {loaded} "
-            "(`host_cost_under_load.json`).\n")
+            + f"\nWith both cores kept busy by two other processes, the largest batch, when the per-patch tables moved "
+            f"to the device (host tables → device tables): {loaded} (`host_cost_under_load.json`).\n")
 
 
 def render_generate_syncs() -> str:

@@ -154,4 +154,6 @@ def main(preset: str = "qwen3-vl-tiny") -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    # An example that could not do its job says so in its exit status (2: Liger-Kernel cannot patch this model with
+    # the installed releases; the reason is printed above).
+    sys.exit(2 if "unavailable" in main(*sys.argv[1:]) else 0)

@@ -222,7 +222,7 @@ def traced_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module)
 
 
-def _checkpointing(model, kwargs: dict | None) -> None:
+def checkpointing(model, kwargs: dict | None) -> None:
     """Turn activation checkpointing on with ``kwargs`` (off with None), by the name the installed release has (the
     old name warns from 5.25)."""
     new_name = hasattr(model, "activation_checkpointing_enable")
@@ -240,7 +240,7 @@ def check_checkpointed_training_equals_stock(stock, patched, batch: dict, reentr
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     results = []
     for model, inputs in ((stock, batch), (patched, syncfree.prepare(batch, None, patched))):
-        _checkpointing(model, {"use_reentrant": reentrant})
+        checkpointing(model, {"use_reentrant": reentrant})
         model.train()
         model.zero_grad()
         try:
@@ -251,7 +251,7 @@ def check_checkpointed_training_equals_stock(stock, patched, batch: dict, reentr
         except Exception as err:  # (whatever stock raises, the patched model must raise it too)
             results.append(err)
         finally:
-            _checkpointing(model, None)
+            checkpointing(model, None)
             model.eval()
             model.zero_grad(set_to_none=True)
     if isinstance(results[0], Exception) or isinstance(results[1], Exception):

@@ -65,8 +65,11 @@ def test_audit_compare_writes_every_variant(tmp_path):
 
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["audit", "--model", "no-such-model"]) == 2
-    err = capsys.readouterr().err
-    assert "unknown model 'no-such-model'" in err and "qwen3-vl-8b" in err
+    err = capsys.readouterr().err.strip()
+    assert "unknown model 'no-such-model'" in err and "syncfree audit --help" in err
+    assert "\n" not in err and len(err) <= 300, err  # one short line, not every preset
+    assert main(["audit", "--model", "qwen3-vl-8"]) == 2
+    assert "did you mean 'qwen3-vl-8b'?" in capsys.readouterr().err
 
 
 def test_audit_compare_for_qwen2_5_vl_window_attention(tmp_path):

@@ -27,3 +27,20 @@ def test_liger_and_syncfree_compose_in_either_order(preset):
                                 "loss equal": True, "prepared syncs": 0, "seen by syncfree's rewrites": True}, order
         if preset.startswith("qwen3"):  # (Qwen3-VL: the text's and the vision tower's rotary functions)
             assert replaced == ["apply_rotary_pos_emb", "apply_rotary_pos_emb_vision"]
+
+
+def test_the_example_exits_nonzero_where_liger_cannot_run():
+    """Where the installed Liger-Kernel cannot patch the model, the example prints why and exits 2, not 0."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from syncfree.presets import load_config
+
+    example = load_example("liger_with_syncfree")
+    reason = example.liger_unavailable(load_config("qwen3-vl-tiny").model_type)
+    path = Path(__file__).parents[1] / "examples" / "liger_with_syncfree.py"
+    run = subprocess.run([sys.executable, str(path), "qwen3-vl-tiny"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == (2 if reason else 0), run.stdout[-500:] + run.stderr[-500:]
+    if reason:
+        assert reason in run.stdout

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import syncfree
+from family_checks import checkpointing
 from syncfree.audit import emulate_cuda
 from syncfree.compare.train import labels_for
 from syncfree.inputs import build_inputs, named_layout
@@ -29,7 +30,7 @@ def _batch(preset: str, layout: str = "mixed") -> dict:
 def _model(preset: str, grad_ckpt: str | None = None):
     model = build_model(preset, attn="sdpa", dtype=torch.float32, seed=0).train()
     if grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": grad_ckpt == "reentrant"})
+        checkpointing(model, {"use_reentrant": grad_ckpt == "reentrant"})
     return model
 
 

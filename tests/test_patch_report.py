@@ -88,6 +88,7 @@ def test_the_report_command_finds_nothing_left_in_a_fully_supported_bf16_moe(cap
     out = capsys.readouterr().out
     assert "ernie4_5_vl_moe, full support" in out and "patched+prepare 0 (0 blocking copies)" in out
     assert out.rstrip().endswith("left (patched+prepare):\n(nothing)")
+    assert "syncfree patch --report --model MODEL" not in out  # (it does not send the user to the command they ran)
 
 
 @pytest.mark.parametrize("argv, words", [(["patch", "--model", "kimi_k25"], "add --report"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import syncfree
+from family_checks import checkpointing
 from syncfree.audit import emulate_cuda
 from syncfree.compare.forward import AuditSpec
 from syncfree.compare.train import labels_for, run_train_compare, train_step
@@ -48,7 +49,7 @@ def test_assert_no_sync_holds_for_a_reentrant_checkpointed_step():
                          pad_token_id=PRESETS[preset].pad_token_id)
     labels = labels_for(batch)
     model = build_model(preset, attn="sdpa", dtype=torch.float32, seed=0).train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    checkpointing(model, {"use_reentrant": True})
     with emulate_cuda():
         model.to("cuda")
         syncfree.patch(model)
@@ -71,7 +72,7 @@ LAYOUTS = {
 def _grads(preset: str, batch: dict, patched: bool, grad_ckpt: bool):
     model = build_model(preset, attn="sdpa", dtype=torch.float32, seed=0).train()
     if grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing(model, {"use_reentrant": False})
     if patched:
         syncfree.patch(model)
         batch = syncfree.prepare(batch, "cpu", model)

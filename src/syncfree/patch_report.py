@@ -42,7 +42,9 @@ class PatchDescription:
     functions: tuple[PatchedFunction, ...]  # the model's own modules
     shared: tuple[PatchedFunction, ...]  # Transformers' module-level functions, patched for every model
 
-    def lines(self) -> list[str]:
+    def lines(self, audit_hint: bool = True) -> list[str]:
+        """The description, a line per function; ``audit_hint``: end with how to list the syncs left (not where the
+        caller is that command, which lists them next)."""
         if self.support == "none":
             return [f"syncfree: {self.model} ({', '.join(self.model_types) or 'no model type'}) is not patched"]
         kind = f"{self.family}, full support" if self.support == "full" else f"{', '.join(self.model_types)}, generic fix"
@@ -50,8 +52,9 @@ class PatchDescription:
         out += [f"  {f.line()}" for f in self.functions + self.shared]
         if self.support == "generic":
             out.append(f"  left as stock: {GENERIC_NOTE.split('; ', 1)[1]}")
-        out.append("  (syncfree patch --report --model MODEL audits a forward on the emulated device and lists every "
-                   "sync left, by source line)")
+        if audit_hint:
+            out.append("  (syncfree patch --report --model MODEL audits a forward on the emulated device and lists "
+                       "every sync left, by source line)")
         return out
 
 

@@ -108,7 +108,7 @@ def run_patch_command(args: argparse.Namespace, dtypes: dict) -> int:
         print(f"not patched: {run.refused}")
         print(f"\nsyncs in one stock forward on the emulated device: {len(run.reports['stock'].syncs)}")
         return 0
-    print("\n".join(run.description.lines()))
+    print("\n".join(run.description.lines(audit_hint=False)))  # (this is that command: the syncs left come next)
     counts = " -> ".join(f"{variant} {len(r.syncs)} ({len(r.blocking_copies)} blocking copies)"
                          for variant, r in run.reports.items())
     print(f"\nsyncs in one forward on the emulated device: {counts}; outputs "

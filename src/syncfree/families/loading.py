@@ -7,6 +7,7 @@ config values; a local checkpoint folder (one holding ``config.json``) is loaded
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 
 import torch
@@ -38,6 +39,12 @@ def _checkpoint_model_type(folder: str) -> str:
     return model_type
 
 
+def _did_you_mean(name: str) -> str:
+    """`` (did you mean 'x'?)`` for the preset closest to ``name`` (difflib), or nothing where none is close."""
+    close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
     """A Transformers config for a preset name or a local checkpoint folder.
 
@@ -48,7 +55,6 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
     """
     from transformers import AutoConfig
 
-    presets = ", ".join(PRESETS)
     if model in PRESETS:
         values = copy.deepcopy(PRESETS[model].values)
         model_type = values.pop("model_type")
@@ -61,16 +67,14 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
         _checkpoint_model_type(model)  # before Transformers reads it: its error for a BERT folder comes much later
         config = AutoConfig.from_pretrained(model, local_files_only=True)
     elif os.path.exists(model):
-        raise ValueError(f"model {model!r} is a file; give a preset ({presets}) or a checkpoint folder that "
-                         "holds a config.json")
+        raise ValueError(f"model {model!r} is a file; give a preset (`syncfree audit --help` lists them) or a "
+                         "checkpoint folder that holds a config.json")
     elif _looks_like_a_path(model):
-        raise ValueError(f"model folder {model!r} does not exist (and it is no preset: {presets}); nothing is "
-                         "downloaded, so a Hub checkpoint must be downloaded first and its folder given")
+        raise ValueError(f"model folder {model!r} does not exist (and it is no preset{_did_you_mean(model)}); nothing "
+                         "is downloaded, so a Hub checkpoint must be downloaded first and its folder given")
     else:
-        raise ValueError(
-            f"unknown model {model!r}: no such preset ({presets}), and no folder of that name exists; give a "
-            "preset or a local checkpoint folder that holds a config.json (nothing is downloaded)"
-        )
+        raise ValueError(f"unknown model {model!r}: no preset{_did_you_mean(model)} and no folder of that name "
+                         "(nothing is downloaded); `syncfree audit --help` lists the presets")
     if text_layers is not None:
         if text_layers < 1:
             raise ValueError(f"text_layers must be at least 1, got {text_layers}")

@@ -135,20 +135,23 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
     row_start[run_row[first_of_row]] = before[first_of_row]
     base = before - row_start[run_row]
 
-    # Per kept token: its offset in its run, and its run's values.
-    k = np.arange(kept_types.shape[0]) - np.repeat(starts, lengths)
+    # Per kept token: its offset in its run, and its run's values. (In int32 where it fits, as it does for any
+    # batch a model takes: division is the costly op per token, and int32 division is several times int64's.)
+    small = np.int32 if kept_types.shape[0] < 2**31 and (hm * wm).max(initial=0) < 2**31 else np.int64
+    k = np.arange(kept_types.shape[0], dtype=small) - np.repeat(starts.astype(small), lengths)
     token_base = np.repeat(base, lengths)
-    area, width = np.repeat(hm * wm, lengths), np.repeat(wm, lengths)
-    frame, rest = k // area, k % area
+    area, width = np.repeat((hm * wm).astype(small), lengths), np.repeat(wm.astype(small), lengths)
+    frame, rest = np.divmod(k, area)
     if step is not None:  # video frames sit step apart in time (truncated like stock's .long())
         token_step = np.repeat(step, lengths)
         scaled = (frame.astype(token_step.dtype) * token_step).astype(np.int64)
         frame = np.where(np.repeat(kinds == 2, lengths), scaled, frame)
     token_vision, token_text = np.repeat(vision, lengths), np.repeat(kinds == 0, lengths)
     along = np.where(token_text, k, 0)  # text: all three axes advance together
+    row, col = np.divmod(rest, width)
     t_pos = token_base + np.where(token_vision, frame, along)
-    h_pos = token_base + np.where(token_vision, rest // width, along)
-    w_pos = token_base + np.where(token_vision, rest % width, along)
+    h_pos = token_base + np.where(token_vision, row, along)
+    w_pos = token_base + np.where(token_vision, col, along)
     if keep is None:
         pos = np.stack([t_pos, h_pos, w_pos]).reshape(3, B, S)
     else:

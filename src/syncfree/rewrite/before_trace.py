@@ -11,6 +11,7 @@ makes anyway (a dict walk; no tensor op).
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -21,29 +22,39 @@ from .call_args import given_args, positional_names, taken_inputs
 
 __all__ = ["add_presence_check", "remove_presence_check"]
 
-_HANDLE = "_syncfree_presence_check"  # the hook's handle, in the module's __dict__ (removed by unpatch)
+
+@functools.lru_cache(maxsize=None)
+def _names(forward) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A forward's positional names and the control inputs it takes (once per forward function)."""
+    return positional_names(forward), taken_inputs(forward, plan_inputs())
+
+
+@torch.compiler.disable
+def check_before_trace(module, args, kwargs):
+    """The forward pre-hook: a prepared call's control inputs against its plan's (a module-level function, so a patched
+    model still pickles: ``torch.save``, ``copy.deepcopy``, DataLoader and multiprocessing workers)."""
+    names, taken = _names(type(module).forward)
+    given = given_args(names, args, kwargs)
+    anchor = given.get("input_ids")
+    plan = active.attached(anchor if anchor is not None else given.get("mm_token_type_ids"))
+    if plan is not None:
+        # (a control input the forward takes and the call leaves out is None there)
+        plan.check_present({**dict.fromkeys(taken), **given})
+
+
+def _has_check(model: torch.nn.Module) -> bool:
+    return any(hook is check_before_trace for hook in model._forward_pre_hooks.values())
 
 
 def add_presence_check(model: torch.nn.Module) -> None:
     """Register the check on ``model`` (the module a user calls and compiles), where its forward names the tokens."""
-    forward = type(model).forward
-    if _HANDLE in model.__dict__ or "input_ids" not in inspect.signature(forward).parameters:
+    if _has_check(model) or "input_ids" not in inspect.signature(type(model).forward).parameters:
         return
-    names, taken = positional_names(forward), taken_inputs(forward, plan_inputs())
-
-    @torch.compiler.disable
-    def check(module, args, kwargs):
-        given = given_args(names, args, kwargs)
-        anchor = given.get("input_ids")
-        plan = active.attached(anchor if anchor is not None else given.get("mm_token_type_ids"))
-        if plan is not None:
-            # (a control input the forward takes and the call leaves out is None there)
-            plan.check_present({**dict.fromkeys(taken), **given})
-
-    model.__dict__[_HANDLE] = model.register_forward_pre_hook(check, with_kwargs=True)
+    model.register_forward_pre_hook(check_before_trace, with_kwargs=True)
 
 
 def remove_presence_check(model: torch.nn.Module) -> None:
-    handle = model.__dict__.pop(_HANDLE, None)
-    if handle is not None:
-        handle.remove()
+    for key, hook in list(model._forward_pre_hooks.items()):
+        if hook is check_before_trace:
+            del model._forward_pre_hooks[key]
+            model._forward_pre_hooks_with_kwargs.pop(key, None)
