@@ -30,6 +30,7 @@ import torch
 import transformers
 
 import syncfree
+from syncfree.census.inputs import image_unit
 from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan.batch import PLAN_KEY
 from syncfree.presets import load_config
@@ -59,16 +60,6 @@ def _light_pixels(batch: dict) -> dict:
     return batch
 
 
-def _unit(config) -> int:
-    """Patch x merge: image sides are multiples of it (the merge is named differently across families)."""
-    vc = config.vision_config
-    for name in ("spatial_merge_size", "merge_size", "merge_kernel_size"):
-        merge = getattr(vc, name, None)
-        if merge is not None:
-            return vc.patch_size * (merge[0] if isinstance(merge, (list, tuple)) else merge)
-    return vc.patch_size
-
-
 def family_rows(repeats: int) -> list[dict]:
     """Every fully supported family's plan at its largest standard layout (``--families``)."""
     import importlib.util
@@ -86,7 +77,7 @@ def family_rows(repeats: int) -> list[dict]:
         config = load_config(tiny[model_type])
         if getattr(config, "vision_config", None) is None:
             continue  # (an audio-only family: no image layout)
-        side = 32 * _unit(config)
+        side = 32 * image_unit(config)
         row = [Text(16)] + [x for _ in range(4) for x in (Image(side, side), Text(8))]
         try:
             batch = _light_pixels(dict(processor_batch(config, [row] * 8)))

@@ -353,12 +353,9 @@ def tiny_family_params() -> list:
 
 def unit_of(config) -> int:
     """Image sides are multiples of patch x merge (the merge is named differently across families)."""
-    vc = config.vision_config
-    for name in ("spatial_merge_size", "merge_size", "merge_kernel_size"):
-        merge = getattr(vc, name, None)
-        if merge is not None:
-            return vc.patch_size * (merge[0] if isinstance(merge, (list, tuple)) else merge)
-    return vc.patch_size
+    from syncfree.census.inputs import image_unit
+
+    return image_unit(config)
 
 
 def two_rows(config, preset: str) -> dict:

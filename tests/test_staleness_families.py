@@ -181,23 +181,25 @@ def _logits(model, batch: dict):
         return err
 
 
-def _check(stock, patched, edit: Edit, edited: dict) -> str | None:
-    """None when the outcome is allowed, else what went wrong."""
-    got = _logits(patched, edited)
+def _check(stock, patched, edit: Edit, edited: dict, outputs=None) -> str | None:
+    """None when the outcome is allowed, else what went wrong. ``outputs(model, batch)``: what is compared (the
+    logits; the inner model's hidden states), or the exception raised."""
+    outputs = outputs or _logits
+    got = outputs(patched, edited)
     if isinstance(got, Exception) and _names(got, edit.name):
         return None
     if not isinstance(got, Exception) and edit.collision:
         return "accepted an edit that keeps the linear checksum"
-    want = _logits(stock, batch_to({k: v for k, v in edited.items() if k != PLAN_KEY}, "cpu"))
+    want = outputs(stock, batch_to({k: v for k, v in edited.items() if k != PLAN_KEY}, "cpu"))
     if isinstance(got, Exception):
         if isinstance(want, Exception) and type(want) is type(got):
             return None  # stock refuses the batch too
         return f"raised {type(got).__name__}: {str(got)[:200]} (stock: {type(want).__name__})"
     if isinstance(want, Exception):
-        return f"gave logits where stock raised {type(want).__name__}: {str(want)[:200]}"
+        return f"gave outputs where stock raised {type(want).__name__}: {str(want)[:200]}"
     got = got.to("cpu")
     if not torch.equal(got, want):
-        return f"logits differ from stock by {(got - want).abs().max().item():.3g} without an error"
+        return f"outputs differ from stock by {(got - want).abs().max().item():.3g} without an error"
     return None
 
 
@@ -312,23 +314,6 @@ def _hidden(model, batch: dict):
         return err
 
 
-def _check_inner(stock, patched, edit: Edit, edited: dict) -> str | None:
-    got = _hidden(patched, edited)
-    if isinstance(got, Exception) and _names(got, edit.name):
-        return None
-    want = _hidden(stock, batch_to(edited, "cpu"))
-    if isinstance(got, Exception):
-        if isinstance(want, Exception) and type(want) is type(got):
-            return None
-        return f"raised {type(got).__name__}: {str(got)[:200]} (stock: {type(want).__name__})"
-    if isinstance(want, Exception):
-        return f"gave hidden states where stock raised {type(want).__name__}: {str(want)[:200]}"
-    got = got.to("cpu")
-    if not torch.equal(got, want):
-        return f"hidden states differ from stock by {(got - want).abs().max().item():.3g} without an error"
-    return None
-
-
 @pytest.mark.parametrize("model_type", tiny_family_params())
 def test_the_inner_model_called_directly_matches_the_batch_as_given_or_is_refused(model_type):
     """``model.model(**prepare(batch, device, model))`` with a control tensor removed, set to None or edited: the
@@ -346,7 +331,7 @@ def test_the_inner_model_called_directly_matches_the_batch_as_given_or_is_refuse
             for edit in inner_edits(base):
                 batch = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in base.items()}
                 edited = edit.apply(syncfree.prepare(batch, DEVICE, patched))
-                problem = _check_inner(stock, patched, edit, edited)
+                problem = _check(stock, patched, edit, edited, _hidden)
                 if problem is not None:
                     failures.append(f"{edit.what}: {problem}")
         finally:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Packing", "PACKINGS", "census_batch", "qwen_vl_style_batch", "vision_field"]
+__all__ = ["Packing", "PACKINGS", "census_batch", "qwen_vl_style_batch", "vision_field", "image_unit"]
 
 # Config field spellings, first match wins: the same thing is named differently across families.
 _MERGE = ("spatial_merge_size", "merge_size", "merge_kernel_size")
@@ -32,6 +32,13 @@ def vision_field(vc, names: tuple[str, ...], default: int) -> int:
         if isinstance(value, int) and value > 0:
             return value
     return default
+
+
+def image_unit(config) -> int:
+    """Patch x merge of ``config``'s vision tower, in pixels: image sides are multiples of it (the merge is named
+    differently across families; none: 1)."""
+    vc = config.vision_config
+    return vc.patch_size * vision_field(vc, _MERGE, 1)
 
 
 def _qwen_tokens(t: int, h: int, w: int, merge: int) -> int:

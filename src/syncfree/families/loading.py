@@ -70,8 +70,9 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
         raise ValueError(f"model {model!r} is a file; give a preset (`syncfree audit --help` lists them) or a "
                          "checkpoint folder that holds a config.json")
     elif _looks_like_a_path(model):
-        raise ValueError(f"model folder {model!r} does not exist (and it is no preset{_did_you_mean(model)}); nothing "
-                         "is downloaded, so a Hub checkpoint must be downloaded first and its folder given")
+        raise ValueError(f"model folder {model!r} does not exist (and it is no preset{_did_you_mean(model)}: "
+                         "`syncfree audit --help` lists them); nothing is downloaded, so a Hub checkpoint must be "
+                         "downloaded first and its folder given")
     else:
         raise ValueError(f"unknown model {model!r}: no preset{_did_you_mean(model)} and no folder of that name "
                          "(nothing is downloaded); `syncfree audit --help` lists the presets")
