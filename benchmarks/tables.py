@@ -59,23 +59,23 @@ _WHY_LEFT = {
 
 # The command that writes each recorded file (the files that record their own command are read from it).
 COMMANDS = {
-    "census.json": "syncfree census --out benchmarks/results",
+    "census.json": "syncfree census --out results",
     "bench-cpu.json": "syncfree bench --device cpu --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --budget 8 "
-                      "--repeats 3 --name bench-cpu",
+                      "--repeats 3 --out results --name bench-cpu",
     "bench-cpu-compiled.json": "syncfree bench --device cpu --models qwen3-vl-2b --scenarios image-448 "
                                "images-8x224 --scopes vision --compile --repeats 3 --budget 8 "
-                               "--name bench-cpu-compiled",
+                               "--out results --name bench-cpu-compiled",
     "bench-cpu-whole-compiled.json": "syncfree bench --device cpu --models qwen3-vl-2b qwen2.5-vl-7b --scenarios "
                                      "image-448 --scopes full --compile --text-layers 2 --repeats 5 --budget 20 "
-                                     "--no-graph-breaks --name bench-cpu-whole-compiled",
+                                     "--no-graph-breaks --out results --name bench-cpu-whole-compiled",
     "bench-cpu-train.json": "syncfree bench --device cpu --models qwen3-vl-2b --scenarios image-448 images-8x224 "
-                            "--scopes train --repeats 3 --budget 8 --name bench-cpu-train",
-    "launch_counts.json": "python benchmarks/launch_counts.py --out benchmarks/results/launch_counts.json",
-    "attention_crossover.json": "python benchmarks/attention_crossover.py --out-dir benchmarks/results",
-    "host_cost.json": "python benchmarks/host_cost.py --repeats 20 --syncs --out benchmarks/results/host_cost.json",
-    "generate_syncs.json": "python benchmarks/generate_syncs.py --out benchmarks/results/generate_syncs.json",
+                            "--scopes train --repeats 3 --budget 8 --out results --name bench-cpu-train",
+    "launch_counts.json": "python benchmarks/launch_counts.py --out results/launch_counts.json",
+    "attention_crossover.json": "python benchmarks/attention_crossover.py --out-dir results",
+    "host_cost.json": "python benchmarks/host_cost.py --repeats 20 --syncs --out results/host_cost.json",
+    "generate_syncs.json": "python benchmarks/generate_syncs.py --out results/generate_syncs.json",
     "emulation_overhead.json": "python benchmarks/emulation_overhead.py "
-                               "--out benchmarks/results/emulation_overhead.json",
+                               "--out results/emulation_overhead.json",
 }
 
 _SCENARIOS = {
@@ -447,7 +447,7 @@ def render_generate_syncs() -> str:
 
 def _phase_row(label: str, doc: dict, variant: str) -> tuple:
     phases, summary = doc[variant]["phases"], doc[variant]["summary"]
-    return (label, *(phases[p]["syncs"] for p in ("forward", "recompute", "backward", "optimizer")),
+    return (label, *(phases.get(p, {"syncs": 0})["syncs"] for p in ("forward", "recompute", "backward", "optimizer")),
             _bold_zero(summary["syncs"]), summary["blocking_copies"])
 
 
@@ -598,9 +598,14 @@ def update(root: str = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RESULTS
     parser = argparse.ArgumentParser(description="Render README.md's and docs/'s tables from benchmarks/results.")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from its data")
+    parser.add_argument("--results", default=RESULTS, metavar="DIR",
+                        help="the folder the tables render from (default: the recorded benchmarks/results; a "
+                             "reproduced run's folder, e.g. results/, which its commands write to)")
     args = parser.parse_args(argv)
+    RESULTS = os.path.abspath(args.results)
     if args.check:
         differ = stale()
         for line in differ:

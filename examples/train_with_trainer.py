@@ -39,6 +39,20 @@ class Collate:
         return batch
 
 
+def _statement(where, most: int = 80) -> str:
+    """The statement at a sync's line, its continuation lines joined (a line alone may be only ``if (``)."""
+    import linecache
+
+    text, lineno = where.code.strip(), where.lineno
+    while text.count("(") + text.count("[") > text.count(")") + text.count("]") and len(text) < most:
+        lineno += 1
+        more = linecache.getline(where.filename, lineno).strip()
+        if not more:
+            break
+        text += " " + more
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 class SyncsPerStep(TrainerCallback):
     """Audits each step from its start to the next one's (forward, backward, optimizer, and the Trainer's
     logging after it), and prints its syncs by phase with the lines that made them."""
@@ -52,7 +66,7 @@ class SyncsPerStep(TrainerCallback):
             return
         report = self.audit.__exit__(None, None, None) or self.report
         phases = {p: n["syncs"] for p, n in report.by_phase().items()}
-        lines = sorted({f"{e.line} ({e.where.function}: {e.where.code[:50]})" for e in report.syncs})
+        lines = sorted({f"{e.line} ({e.where.function}: {_statement(e.where)})" for e in report.syncs})
         self.steps.append({"step": step, "phases": phases, "lines": lines})
         print(f"step {step}: {sum(phases.values())} syncs {phases}")
         for line in lines:

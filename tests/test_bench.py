@@ -186,7 +186,7 @@ def test_a_training_cell_times_the_step_and_counts_its_syncs_by_phase(tmp_path):
     assert all(r["latency_ms"] > 0 for r in by_variant.values())
     stock, patched = by_variant["stock"]["syncs_by_phase"], by_variant["patched"]["syncs_by_phase"]
     assert stock["backward"] > 0 and sum(stock.values()) == by_variant["stock"]["syncs"]
-    assert patched == {"forward": 0, "recompute": 0, "backward": 0, "optimizer": 0}
+    assert patched == {"forward": 0, "recompute": 0, "backward": 0, "optimizer": 0, "trainer": 0}
 
 
 @pytest.mark.slow
@@ -221,3 +221,16 @@ def test_families_beyond_qwen_bench_sync_free_and_skip_what_they_cannot_take(mod
     assert all(p["patched_syncs"] == 0 and p["stock_syncs"] > 0 for p in result["pairs"])
     assert {s["scenario"] for s in result["skipped"]} == {"image+video", "video-16x448"} - ran
     assert ("skipped" in capsys.readouterr().out) == bool(result["skipped"])
+
+
+def test_a_run_without_out_never_writes_the_recorded_results():
+    """Reproducing a table must not dirty the checkout: without --out a full run writes to the temp folder."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from syncfree.bench.command import FULL_OUT
+
+    recorded = Path(__file__).parents[1] / "benchmarks" / "results"
+    assert not Path(os.path.abspath(FULL_OUT)).is_relative_to(recorded.parent.parent)
+    assert Path(FULL_OUT).is_relative_to(tempfile.gettempdir())

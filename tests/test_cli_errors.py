@@ -335,3 +335,11 @@ def test_every_command_is_suggested_and_its_help_ends_with_examples_that_parse(c
     for line, _ in _EXAMPLES[command]:
         args = _parser().parse_args(line.split()[1:])
         assert args.command == command
+
+
+def test_audio_inputs_for_a_model_without_audio_print_only_the_error():
+    """Refused before the work starts, and before the audit's header line: the user sees only why."""
+    result = _syncfree("audit", "--inputs", "audio", *FAST)
+    line = _refused(result)
+    assert "--inputs audio needs an Omni thinker" in line
+    assert result.stdout == ""

@@ -26,3 +26,7 @@ def test_trainer_steps_sync_only_in_trainer_logging():
         for line in step["lines"]:  # every read left is Trainer's logging (at logging_steps and at the end)
             assert line.startswith("transformers/trainer.py:") and line.split("(")[1].split(":")[0] in TRAINER_LOGGING
     assert [sum(s["phases"].values()) == 0 for s in steps] == [True, False, True, False]  # logging_steps=2
+    # ... and booked as the trainer's own, not the forward's
+    assert all(s["phases"]["trainer"] == sum(s["phases"].values()) for s in steps)
+    # the statement each line shows is whole (a line of a multi-line statement alone may read "if (")
+    assert all(not line.rstrip(")").endswith("(") for s in steps for line in s["lines"])

@@ -17,7 +17,9 @@ from ..rewrite.attention import BACKENDS
 
 __all__ = ["add_bench_args", "run_bench", "quick_out", "FULL_OUT"]
 
-FULL_OUT = os.path.join("benchmarks", "results")  # where the recorded matrices live, in the checkout
+# Where a run writes without --out: the temp folder, so reproducing a recorded table never overwrites the checkout's
+# tracked results (benchmarks/results); --out names the folder (the docs' commands use results/).
+FULL_OUT = os.path.join(tempfile.gettempdir(), "syncfree-bench-results")
 
 
 def quick_out() -> str:

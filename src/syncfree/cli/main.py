@@ -194,7 +194,7 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
         check_json_path,
         check_vision_attention,
     )
-    from ..compare.forward import VARIANTS, AuditSpec, run_compare
+    from ..compare.forward import VARIANTS, AuditSpec, check_input_kind, run_compare
     from ..compare.progress import ProgressLine
     from ..presets import load_config
 
@@ -217,6 +217,7 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
                      image_side=args.image_side, vision_attention=args.vision_attention)
+    check_input_kind(spec, load_config(args.model))  # (before the header: a refused request prints only its error)
     what = (f"training step ({args.optimizer or 'adamw'}; gradient checkpointing: {args.grad_ckpt or 'off'})"
             if train else f"scope={spec.scope}")
     print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, {what}", flush=True)

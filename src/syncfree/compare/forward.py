@@ -26,7 +26,7 @@ from .checks import check_image_side, image_unit
 from .progress import layer_progress
 from .towers import tower_call
 
-__all__ = ["AuditSpec", "run_audit", "run_compare", "spec_batch", "SCOPES", "VARIANTS"]
+__all__ = ["AuditSpec", "run_audit", "run_compare", "spec_batch", "check_input_kind", "SCOPES", "VARIANTS"]
 
 SCOPES = ("vision", "rope", "full")
 
@@ -96,18 +96,23 @@ def _forward(model, batch: dict, scope: str) -> None:
         model(**batch)
 
 
+def check_input_kind(spec: AuditSpec, config) -> None:
+    """Refuse an input kind the model cannot take (audio for a model without an audio encoder), before any work."""
+    if not is_audio_only(config) and not is_omni(config) and spec.inputs in ("audio", "audio-in-video"):
+        raise ValueError(f"--inputs {spec.inputs} needs an Omni thinker (e.g. --model qwen3-omni-tiny); "
+                         f"{spec.model} takes no audio")
+
+
 def spec_batch(spec: AuditSpec, config) -> dict:
     """The processor-style CPU batch a spec describes (its input kind at its image side), checked first."""
     pad = PRESETS[spec.model].pad_token_id if spec.model in PRESETS else None
     if is_audio_only(config):  # Qwen3-ASR: clips only, no image side
         return processor_batch(config, asr_layout(spec.inputs), seed=spec.seed, pad_token_id=pad)
     check_image_side(spec.image_side, config)
+    check_input_kind(spec, config)
     unit = image_unit(config)
     if is_omni(config):  # an Omni thinker: audio too
         samples = omni_layout(spec.inputs, spec.side(unit), unit)
-    elif spec.inputs in ("audio", "audio-in-video"):
-        raise ValueError(f"--inputs {spec.inputs} needs an Omni thinker (e.g. --model qwen3-omni-tiny); "
-                         f"{spec.model} takes no audio")
     else:
         samples = named_layout(spec.inputs, spec.side(unit), unit)
     batch = processor_batch(config, samples, seed=spec.seed, pad_token_id=pad)
