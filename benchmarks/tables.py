@@ -253,7 +253,8 @@ def _device_work_headlines(census: list[dict]) -> list[tuple]:
     return rows
 
 
-def render_headlines() -> str:
+def _headline_rows() -> list[tuple[str, str, str, str]]:
+    """Each headline: what, stock → syncfree, the command that recorded it, the versions it ran on."""
     bench = _load("bench-cpu.json")["pairs"]
     vision = [p for p in bench if p["stock_graph_breaks"] is not None]
     ratios = [p["ratio"] for p in bench]
@@ -306,7 +307,55 @@ def render_headlines() -> str:
         ("the emulated device's time / a plain CPU forward (outputs bit-identical)", f"{emulation['ratio']:.2f}",
          "`python benchmarks/emulation_overhead.py`"),
     ]
-    return _table(("measure", "stock → syncfree", "reproduce with"), rows)
+    sources = (["bench-cpu.json"] * 2 + ["census.json"] * (1 + len(_device_work_headlines(census)))
+               + ["audit-*.json", "generate_syncs.json", "train-qwen3-vl-2b.json", "launch_counts.json",
+                  "bench-cpu.json", "host_cost.json", "emulation_overhead.json"])
+    return [(*row, _versions_of(source)) for row, source in zip(rows, sources)]
+
+
+def _versions_of(name: str) -> str:
+    """``torch X, Transformers Y`` of a recorded file (the first of a glob), or what it records of them."""
+    paths = sorted(glob.glob(os.path.join(RESULTS, name)))
+    if not paths:
+        return ""
+    with open(paths[0]) as f:
+        doc = json.load(f)
+    found: dict = {}
+    todo = [doc]
+    while todo and len(found) < 2:
+        d = todo.pop(0)
+        if isinstance(d, dict):
+            for key, value in d.items():
+                if key in ("torch", "transformers") and isinstance(value, str):
+                    found.setdefault(key, value.split("+")[0])
+                elif isinstance(value, dict):
+                    todo.append(value)
+    return ", ".join(f"{'PyTorch' if k == 'torch' else 'Transformers'} {found[k]}" for k in ("torch", "transformers")
+                     if k in found)
+
+
+# The README keeps these headlines (by their measure's first words); the benchmarks page has them all.
+_README_HEADLINES = ("host syncs per forward: Qwen3-VL", "host syncs per forward: each of",
+                     "graph breaks of the whole forward", "host syncs per training step",
+                     "host syncs per `generate()`", "host time of `prepare()`")
+
+
+def render_headlines() -> str:
+    """README: the headline rows, without their commands (the benchmarks page lists each with its command and
+    versions)."""
+    rows = [(m, v) for m, v, _, _ in _headline_rows() if m.startswith(_README_HEADLINES)]
+    return (_table(("measure", "stock → syncfree"), rows)
+            + "\nEach with the command that reproduces it and the versions it ran on: "
+              "[Benchmarks](docs/benchmarks.md#headlines).\n")
+
+
+def render_headlines_full() -> str:
+    """Benchmarks page: every headline, its command and versions."""
+    rows = [(m.replace("](docs/", "]("), v, c, ver) for m, v, c, ver in _headline_rows()]  # (links from docs/)
+    return _table(("measure", "stock → syncfree", "reproduce with", "measured on"), rows)
+
+
+
 
 
 # ---- benchmarks page -------------------------------------------------------------------------------------
@@ -528,6 +577,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "families": render_families,
     "device-work": render_device_work,
     "headlines": render_headlines,
+    "headlines-full": render_headlines_full,
     "bench-cpu": render_bench_cpu,
     "bench-cpu-compiled": render_bench_compiled,
     "bench-cpu-train": render_bench_train,

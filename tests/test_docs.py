@@ -127,6 +127,8 @@ def test_every_family_of_the_census_is_in_the_readme_and_the_families_page():
 def test_the_readme_is_a_two_minute_read():
     lines = README.read_text().count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/ (at most {README_MAX_LINES})"
+    words = len(README.read_text().split())  # (as wc -w counts them)
+    assert words <= 1200, f"README.md has {words} words; move detail into docs/ (at most 1,200)"
 
 
 @pytest.mark.parametrize("page", PRODUCT_PAGES, ids=_name)
