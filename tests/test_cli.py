@@ -66,7 +66,7 @@ def test_audit_compare_writes_every_variant(tmp_path):
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["audit", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "unknown model 'no-such-model'" in err and "syncfree audit --help" in err
+    assert "unknown model 'no-such-model'" in err and "syncfree presets" in err
     assert "\n" not in err and len(err) <= 300, err  # one short line, not every preset
     assert main(["audit", "--model", "qwen3-vl-8"]) == 2
     assert "did you mean 'qwen3-vl-8b'?" in capsys.readouterr().err
@@ -256,3 +256,38 @@ def test_audit_of_a_tower_alone_hands_it_what_its_model_would(preset, tmp_path):
     data = json.loads(path.read_text())
     assert data["stock"]["summary"]["syncs"] > 0
     assert (data["patched+prepare"]["summary"]["syncs"], data["patched+prepare"]["summary"]["blocking_copies"]) == (0, 0)
+
+
+def test_the_option_names_are_their_registries():
+    """The command line offers its names as literals (its help must not import torch); they are the registries'."""
+    from syncfree.cli.names import INPUT_KINDS, VISION_BACKENDS
+    from syncfree.inputs import LAYOUT_NAMES, OMNI_LAYOUT_NAMES
+    from syncfree.rewrite.attention import BACKENDS
+
+    assert INPUT_KINDS == tuple(dict.fromkeys(LAYOUT_NAMES + OMNI_LAYOUT_NAMES))
+    assert VISION_BACKENDS == BACKENDS
+
+
+@pytest.mark.parametrize("command", ["", "demo", "audit", "bench", "census", "patch", "doctor", "presets"])
+def test_help_imports_neither_torch_nor_transformers(command):
+    """``syncfree --help`` and ``syncfree COMMAND --help``, as ``python -X importtime`` lists the imports."""
+    import subprocess
+    import sys
+
+    argv = ["syncfree", *command.split(), "--help"]
+    code = f"import sys; sys.argv = {argv!r}; from syncfree.cli import main; main()"
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "usage: syncfree" in run.stdout, run.stderr[-500:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert not imported & {"torch", "transformers", "numpy"}, sorted(imported & {"torch", "transformers", "numpy"})
+
+
+def test_presets_lists_every_preset(capsys):
+    from syncfree.presets import PRESETS
+
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in PRESETS)
+    assert main(["presets", "--tiny"]) == 0
+    tiny = capsys.readouterr().out
+    assert "qwen3-vl-tiny" in tiny and "qwen3-vl-8b" not in tiny

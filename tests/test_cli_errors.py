@@ -105,7 +105,7 @@ def test_a_checkpoint_of_an_unsupported_model_type_names_the_type_and_the_suppor
 def test_a_model_path_that_does_not_exist_says_so(tmp_path):
     missing = str(tmp_path / "no-such-checkpoint")
     line = _refused(_syncfree("audit", "--model", missing, "--scope", "vision"))
-    assert f"model folder {missing!r} does not exist" in line and "`syncfree audit --help` lists them" in line
+    assert f"model folder {missing!r} does not exist" in line and "`syncfree presets` lists them" in line
 
 
 def test_a_folder_without_config_json_says_so(tmp_path):

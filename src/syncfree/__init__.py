@@ -14,22 +14,54 @@ Importing syncfree never initializes CUDA and never imports a Transformers
 ``modeling_*`` module; those load when a verb needs them.
 """
 
-from .audit import (
-    CudaUnavailable,
-    EmulationUnavailable,
-    Report,
-    SyncError,
-    assert_no_sync,
-    audit,
-    emulate_cuda,
-)
-from .collate import planning_collator
-from .compile_vision import compile_vision
-from .forks import register_family
-from .patching import FamilyLeftStock, UnsupportedTransformers, is_patched, patch, unpatch
-from .prepare import prepare
-from .rewrite.targets import Family, Target
-from .trainer_hook import planning_trainer
+import importlib
+import types
+
+# Each public name and the module it lives in, imported on first use: ``import syncfree`` (and ``syncfree --help``)
+# imports neither torch nor Transformers; a verb's first call does.
+_EXPORTS = {
+    "CudaUnavailable": ".audit", "EmulationUnavailable": ".audit", "Report": ".audit", "SyncError": ".audit",
+    "assert_no_sync": ".audit", "audit": ".audit", "emulate_cuda": ".audit",
+    "planning_collator": ".collate",
+    "compile_vision": ".compile_vision",
+    "register_family": ".forks",
+    "FamilyLeftStock": ".patching", "UnsupportedTransformers": ".patching", "is_patched": ".patching",
+    "patch": ".patching", "unpatch": ".patching",
+    "prepare": ".prepare",
+    "Family": ".rewrite.targets", "Target": ".rewrite.targets",
+    "planning_trainer": ".trainer_hook",
+}
+
+
+def _export(name: str):
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = globals()[name] = _export(name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """``syncfree.audit``, ``syncfree.prepare`` and ``syncfree.compile_vision`` are functions named like the
+    subpackages they live in. Importing a subpackage sets the package's attribute of its name to the module; as
+    properties of the package's class these three names stay the functions (what ``from .audit import audit``
+    gave when everything was imported at once)."""
+
+    audit = property(lambda self: _export("audit"), lambda self, module: None)
+    prepare = property(lambda self: _export("prepare"), lambda self, module: None)
+    compile_vision = property(lambda self: _export("compile_vision"), lambda self, module: None)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _Package
 
 __version__ = "0.1.0"
 

@@ -10,67 +10,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tempfile
 
-from ..compare.checks import at_least_one, positive_seconds
-from ..rewrite.attention import BACKENDS
+from ..compare.outputs import bench_out
 
-__all__ = ["add_bench_args", "run_bench", "quick_out", "FULL_OUT"]
+__all__ = ["run_bench", "quick_out", "FULL_OUT"]
 
-# Where a run writes without --out: the temp folder, so reproducing a recorded table never overwrites the checkout's
-# tracked results (benchmarks/results); --out names the folder (the docs' commands use results/).
-FULL_OUT = os.path.join(tempfile.gettempdir(), "syncfree-bench-results")
+# Where a run writes without --out (``compare.outputs``: the temp folder, never the checkout's tracked results).
+FULL_OUT = bench_out(quick=False)
 
 
 def quick_out() -> str:
-    """Where ``--quick`` writes by default: the temp folder, so a smoke run leaves the checkout alone."""
-    return os.path.join(tempfile.gettempdir(), "syncfree-bench")
+    """Where ``--quick`` writes by default."""
+    return bench_out(quick=True)
 
 # (defaults of the full run, defaults of --quick)
 _DEFAULTS = {"repeats": (5, 2), "budget": (20.0, 1.0), "text_layers": (2, 2), "dtype": ("float32", "float32")}
 
 _QUICK_NOTE = ("bench --quick: tiny models and inputs, a smoke test of the whole pipeline; its timings are not a "
                "measurement (patched/stock ratios of forwards this short are noise)")
-
-
-def add_bench_args(bench: argparse.ArgumentParser, dtypes: dict) -> None:
-    bench.add_argument("--quick", action="store_true",
-                       help="tiny models and reduced inputs: a smoke run of under a minute (timings are not a "
-                            "measurement); explicit options below still apply")
-    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
-    bench.add_argument("--models", nargs="+", help="presets or checkpoint folders (default: the real shapes; "
-                                                    "with --quick the tiny ones)")
-    bench.add_argument("--scenarios", nargs="+", help="scenario names (default: all)")
-    bench.add_argument("--attn", nargs="+",
-                       help="attention implementations: sdpa, eager, flash_attention_2 (when installed), or varlen "
-                            "(PyTorch's flash kernel for the vision tower, CUDA only); default: sdpa, and sdpa and "
-                            "eager on cuda (sdpa with --quick)")
-    bench.add_argument("--vision-attention", default="split", choices=BACKENDS,
-                       help="how the patched vision attention runs its segments: split (as stock), grouped, "
-                            "block_diagonal, varlen (CUDA, bf16/fp16) or auto (default: split)")
-    bench.add_argument("--compile", action="store_true",
-                       help="also time compiled forwards: the vision tower (vision scope), the whole model (full, "
-                            "train: patched and prepared as one graph where the family traces whole, stock as "
-                            "Transformers does)")
-    bench.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default=None,
-                       help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs on a GPU)")
-    bench.add_argument("--scopes", nargs="+", default=["vision", "full"], choices=("vision", "full", "train"),
-                       help="vision tower alone, the full prefill, and/or a training step (forward with labels, "
-                            "backward, optimizer step; syncs also by phase) (default: vision full)")
-    bench.add_argument("--dtype", choices=sorted(dtypes), help="model dtype (default float32)")
-    bench.add_argument("--repeats", type=at_least_one, help="timed runs per variant (default 5; 2 with --quick)")
-    bench.add_argument("--budget", type=positive_seconds,
-                       help="seconds per variant before repeats are cut (default 20; 1 with --quick)")
-    bench.add_argument("--text-layers", type=at_least_one, help="text layers for the full scope (default 2)")
-    bench.add_argument("--out", help=f"output folder (default {FULL_OUT}; with --quick {quick_out()})")
-    bench.add_argument("--name", help="file name stem (default bench-<device>[-quick])")
-    bench.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
-    bench.add_argument("--no-graph-breaks", action="store_true",
-                       help="skip counting the vision tower's graph breaks (torch._dynamo.explain)")
-    bench.add_argument("--deadline", type=positive_seconds, metavar="SECONDS",
-                       help="start no new scenario after this many seconds; the rest are listed as not run")
-    bench.add_argument("--keep-going", action="store_true",
-                       help="record a failing scenario and go on (the exit status is then 1)")
 
 
 def _given(args: argparse.Namespace, name: str):

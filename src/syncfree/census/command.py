@@ -6,28 +6,18 @@ import argparse
 import csv
 import json
 import os
-import tempfile
 import time
 
+from ..compare.outputs import census_out
 from ..display import step_progress, text_table
 from .plot import plot_census
 from .run import CensusRow, as_dicts, discover, run_census
 
-__all__ = ["add_census_args", "run_census_command", "table", "default_out"]
+__all__ = ["run_census_command", "table", "default_out"]
 
 
 def default_out() -> str:
-    return os.path.join(tempfile.gettempdir(), "syncfree-census")
-
-
-def add_census_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--families", nargs="+", metavar="MODEL_TYPE",
-                   help="model types to run (default: every family found in the installed Transformers)")
-    p.add_argument("--out", default=None,
-                   help=f"output folder for census.json, census.csv and census.png (default: {default_out()})")
-    p.add_argument("--name", default="census", help="file name stem (default: census)")
-    p.add_argument("--no-graph-breaks", action="store_true",
-                   help="skip counting the whole forward's graph breaks (torch._dynamo.explain, the slowest part)")
+    return census_out()
 
 
 def _cell(value) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-__all__ = ["DoctorRow", "diagnose", "add_doctor_args", "run_doctor_command", "NEWEST_TESTED"]
+__all__ = ["DoctorRow", "diagnose", "run_doctor_command", "NEWEST_TESTED"]
 
 # The newest Transformers release syncfree was tested against (the oldest is 5.17.0).
 NEWEST_TESTED = "5.25.0"
@@ -97,11 +97,6 @@ def report(rows: list[DoctorRow]) -> str:
     lines.append(f"{counts['matches']} fully supported and matching, {counts['CHANGED']} changed, {counts['generic']} "
                  f"with the generic fix only, {counts['none']} not supported, {counts['absent']} not in this release")
     return "\n".join(lines)
-
-
-def add_doctor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--families", nargs="+", metavar="MODEL_TYPE",
-                   help="only these model types (default: every family syncfree knows or finds)")
 
 
 def run_doctor_command(args: argparse.Namespace) -> int:

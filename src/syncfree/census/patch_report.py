@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PatchRun", "run_patch_report", "add_patch_args", "run_patch_command"]
+__all__ = ["PatchRun", "run_patch_report", "run_patch_command"]
 
 
 @dataclass
@@ -83,18 +83,6 @@ def run_patch_report(model: str, *, inputs: str = "images", dtype: torch.dtype =
                 built.model.rope_deltas = None  # (cached by the forward: an emulated tensor otherwise)
     same = all(o.shape == outputs["stock"].shape and torch.equal(o, outputs["stock"]) for o in outputs.values())
     return PatchRun(description, reports, same, what)
-
-
-def add_patch_args(p: argparse.ArgumentParser, dtypes: dict) -> None:
-    p.add_argument("--report", action="store_true",
-                   help="say what syncfree.patch rewrites in the model and audit what it leaves (the command's one job)")
-    p.add_argument("--model", required=True,
-                   help="a preset, a local checkpoint folder, or a model type of the installed Transformers with the "
-                        "packed vision split (e.g. kimi_k25: a tiny one is built from its config)")
-    p.add_argument("--inputs", default="images", choices=("image", "images", "video", "mixed"),
-                   help="input kind for a preset or checkpoint (default: images); a model type gets two images")
-    p.add_argument("--dtype", default="float32", choices=sorted(dtypes), help="default: float32")
-    p.add_argument("--text-layers", type=int, default=None, help="shorten the text model of a large preset to N layers")
 
 
 def run_patch_command(args: argparse.Namespace, dtypes: dict) -> int:

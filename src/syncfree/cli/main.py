@@ -1,4 +1,7 @@
-"""The ``syncfree`` command: ``demo``, ``audit``, ``bench``, ``census``, ``patch`` and ``doctor``.
+"""The ``syncfree`` command: ``demo``, ``audit``, ``bench``, ``census``, ``patch``, ``doctor`` and ``presets``.
+
+Its options are declared without torch or Transformers (``options``), so ``--help`` is instant; each command imports
+its work when it runs.
 
 Every option is checked before the work starts (``syncfree.compare.checks``), and every failure is one
 line on stderr with a nonzero exit status (``syncfree.cli.errors``).
@@ -10,8 +13,8 @@ import argparse
 import json
 import sys
 
-from ..compare.checks import at_least_one
 from .errors import debug_from_env, one_line, run_command
+from .options import add_audit_args, add_bench_args, add_census_args, add_doctor_args, add_patch_args, add_presets_args
 
 __all__ = ["main"]
 
@@ -19,9 +22,10 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
            "float16": "float16", "fp16": "float16"}
 
 _DESCRIPTION = """\
-Qwen-VL models in Hugging Face Transformers without host-device syncs, and the
-auditor that proves it: on a GPU, or on a CPU-only machine through an emulated
-CUDA device."""
+Vision-language models in Hugging Face Transformers (the Qwen-VL family and the
+families that share its vision code) without host-device syncs, and the auditor
+that proves it: on a GPU, or on a CPU-only machine through an emulated CUDA
+device."""
 
 _EPILOG = """\
 examples:
@@ -30,11 +34,12 @@ examples:
   syncfree bench --quick      # a smoke run of the benchmark on tiny models
   syncfree census             # every family with the vision split: syncs
   syncfree doctor             # after upgrading Transformers: do patches match?
+  syncfree presets            # the models --model takes (random weights)
 
 Errors are one line; add --debug (or set SYNCFREE_DEBUG=1) to see the traceback."""
 
 
-_COMMANDS = ("demo", "audit", "bench", "census", "patch", "doctor")
+_COMMANDS = ("demo", "audit", "bench", "census", "patch", "doctor", "presets")
 
 # Each subcommand's --help ends with examples (the command line, what it does).
 _EXAMPLES = {
@@ -51,6 +56,8 @@ _EXAMPLES = {
               ("syncfree patch --report --model kimi_k25", "a tiny model of a model type")],
     "doctor": [("syncfree doctor", "every family: does the patch match this release?"),
                ("syncfree doctor --families qwen3_vl", "one family")],
+    "presets": [("syncfree presets", "every preset --model takes, with its model type"),
+                ("syncfree presets --tiny", "the tiny ones (one per family)")],
 }
 
 
@@ -85,6 +92,14 @@ class _Parser(argparse.ArgumentParser):
     _argv: list[str] = []  # the command line being parsed (set by main)
 
 
+class _Version(argparse.Action):
+    """``--version``, which imports torch (its version string names the build) only when asked."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version())
+        parser.exit()
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -102,47 +117,6 @@ def _version() -> str:
 def _add_debug(p: argparse.ArgumentParser, default) -> None:
     p.add_argument("--debug", action="store_true", default=default,
                    help="show the traceback of an error instead of one line (also: SYNCFREE_DEBUG=1)")
-
-
-def _add_audit_args(p: argparse.ArgumentParser, model: str, inputs: str, text_layers: int | None) -> None:
-    from ..compare.checks import ATTNS
-    from ..inputs import LAYOUT_NAMES, OMNI_LAYOUT_NAMES
-    from ..presets import PRESETS
-    from ..rewrite.attention import BACKENDS
-
-    p.add_argument("--model", default=model,
-                   help=f"a preset ({', '.join(PRESETS)}) or a local checkpoint folder (default: {model})")
-    kinds = tuple(dict.fromkeys(LAYOUT_NAMES + OMNI_LAYOUT_NAMES))
-    p.add_argument("--inputs", default=inputs, choices=kinds,
-                   help=f"input kind (default: {inputs}); audio and audio-in-video for Omni thinkers")
-    p.add_argument("--attn", default="sdpa",
-                   help=f"attention implementation: {', '.join(ATTNS)} (flash_attention_2 needs flash-attn; varlen, "
-                        "PyTorch's flash kernel in the vision tower, a CUDA GPU and bf16/fp16) (default: sdpa)")
-    p.add_argument("--scope", default="full", choices=("vision", "rope", "full"),
-                   help="what to run: the vision tower, the rope index, or the whole prefill (default: full)")
-    p.add_argument("--text-layers", type=at_least_one, default=text_layers,
-                   help="shorten the text model to N layers (widths stay real); default: "
-                   + ("all" if text_layers is None else str(text_layers)))
-    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="model dtype (default: float32)")
-    p.add_argument("--image-side", type=int, default=None,
-                   help="image side in pixels, a multiple of patch x merge size (32 for Qwen3-VL, 28 for "
-                        "Qwen2/2.5-VL); default: 448, or two of those units for a tiny preset")
-    p.add_argument("--engine", default="auto", choices=("auto", "emulated", "cuda"),
-                   help="auto: the real GPU if there is one, else the emulated device")
-    p.add_argument("--vision-attention", default="split", choices=BACKENDS,
-                   help="how the patched vision attention runs its segments: split (as stock), grouped, "
-                        "block_diagonal, varlen (a real GPU, bf16/fp16) or auto (default: split)")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
-    if p.prog.endswith("audit"):
-        p.add_argument("--compare", action="store_true",
-                       help="audit stock and syncfree-patched forwards side by side")
-        p.add_argument("--train", action="store_true",
-                       help="audit one training step instead of a forward (forward with labels, backward, AdamW "
-                            "step, zero_grad), stock and patched side by side, by phase")
-        p.add_argument("--grad-ckpt", choices=("reentrant", "non-reentrant"), default=None,
-                       help="with --train: gradient checkpointing, as Transformers enables it")
-        p.add_argument("--optimizer", choices=("adamw", "sgd"), default=None,
-                       help="with --train: adamw (default) or sgd (no optimizer state: for large shapes)")
 
 
 _LABELS = {
@@ -264,24 +238,21 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ..bench.command import add_bench_args
-    from ..census.command import add_census_args
-
     parser = _Parser(prog="syncfree", description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_debug(parser, default=False)
-    parser.add_argument("--version", action="version", version=_version(),
+    parser.add_argument("--version", action=_Version, nargs=0,
                         help="print syncfree's version and the torch and Transformers it runs with")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
     demo = _sub(sub, "demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
                           description="Audit three forwards of a Qwen3-VL-2B-shaped model with random weights "
                                       "(stock, patched, patched with prepare) and list every sync by source line.")
-    _add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2)
+    add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2, dtypes=_DTYPES)
     _add_debug(demo, default=argparse.SUPPRESS)
     aud = _sub(sub, "audit", help="every host sync and copy of one forward, by source line",
                          description="List every host sync and host/device copy of one forward, by source line.")
-    _add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None)
+    add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None, dtypes=_DTYPES)
     _add_debug(aud, default=argparse.SUPPRESS)
     bench = _sub(sub, "bench", help="stock vs patched latency, syncs, graph breaks per scenario",
                            description="Stock vs patched, side by side in one run: latency, host syncs, graph "
@@ -294,16 +265,12 @@ def _parser() -> argparse.ArgumentParser:
                                         "forward stock and patched on the emulated device.")
     add_census_args(census)
     _add_debug(census, default=argparse.SUPPRESS)
-    from ..census.patch_report import add_patch_args
-
     patch = _sub(sub, "patch", help="what syncfree.patch rewrites in a model, and the syncs it leaves",
                            description="Say what syncfree.patch rewrites in one model (any family with the packed "
                                        "vision split: a preset, a checkpoint folder or a model type) and audit a "
                                        "forward on the emulated device: every sync left, by source line.")
     add_patch_args(patch, _DTYPES)
     _add_debug(patch, default=argparse.SUPPRESS)
-    from ..census.doctor import add_doctor_args
-
     doctor = _sub(sub, "doctor", help="after upgrading Transformers: which families' patches still match",
                             description="For the installed torch and Transformers, one line per family: fully "
                                         "supported and matching, changed (the function, and the installed code "
@@ -311,7 +278,22 @@ def _parser() -> argparse.ArgumentParser:
                                         "release. Exit status 1 where a fully supported family no longer matches.")
     add_doctor_args(doctor)
     _add_debug(doctor, default=argparse.SUPPRESS)
+    presets = _sub(sub, "presets", help="the presets --model takes: published shapes and tiny test models",
+                   description="List the presets --model takes (random weights, nothing downloaded): each with its "
+                               "model type and whether it is a tiny test model or a published shape.")
+    add_presets_args(presets)
+    _add_debug(presets, default=argparse.SUPPRESS)
     return parser
+
+
+def _list_presets(args: argparse.Namespace) -> int:
+    from ..display import text_table
+    from ..presets import PRESETS
+
+    rows = [(name, p.values["model_type"], "tiny" if name.endswith("-tiny") else "published shape")
+            for name, p in PRESETS.items() if not args.tiny or name.endswith("-tiny")]
+    print(text_table(("preset", "model type", "kind"), rows))
+    return 0
 
 
 def _user_paths(args: argparse.Namespace) -> list[str]:
@@ -341,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def work() -> int:
             return run_doctor_command(args)
+    elif args.command == "presets":
+        def work() -> int:
+            return _list_presets(args)
     elif args.command == "patch":
         from ..census.patch_report import run_patch_command
 

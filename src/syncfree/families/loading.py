@@ -67,15 +67,15 @@ def load_config(model: str, text_layers: int | None = None, attn: str = "sdpa"):
         _checkpoint_model_type(model)  # before Transformers reads it: its error for a BERT folder comes much later
         config = AutoConfig.from_pretrained(model, local_files_only=True)
     elif os.path.exists(model):
-        raise ValueError(f"model {model!r} is a file; give a preset (`syncfree audit --help` lists them) or a "
+        raise ValueError(f"model {model!r} is a file; give a preset (`syncfree presets` lists them) or a "
                          "checkpoint folder that holds a config.json")
     elif _looks_like_a_path(model):
         raise ValueError(f"model folder {model!r} does not exist (and it is no preset{_did_you_mean(model)}: "
-                         "`syncfree audit --help` lists them); nothing is downloaded, so a Hub checkpoint must be "
+                         "`syncfree presets` lists them); nothing is downloaded, so a Hub checkpoint must be "
                          "downloaded first and its folder given")
     else:
         raise ValueError(f"unknown model {model!r}: no preset{_did_you_mean(model)} and no folder of that name "
-                         "(nothing is downloaded); `syncfree audit --help` lists the presets")
+                         "(nothing is downloaded); `syncfree presets` lists the presets")
     if text_layers is not None:
         if text_layers < 1:
             raise ValueError(f"text_layers must be at least 1, got {text_layers}")
