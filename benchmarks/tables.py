@@ -125,7 +125,8 @@ def _some_zero(values: list[int]) -> str:
 
 
 def _reproduce(name: str) -> str:
-    return f"Recorded in `benchmarks/results/{name}` by `{COMMANDS[name]}`.\n"
+    """Where a table's numbers were recorded, by which command, on which versions."""
+    return f"Recorded in `benchmarks/results/{name}` by `{COMMANDS[name]}`{_versions_note(name)}.\n"
 
 
 # ---- the census: which families syncfree supports, and what each still syncs -----------------------------
@@ -512,7 +513,13 @@ def render_train_steps() -> str:
     head = ("model: variant", "forward", "recompute", "backward", "optimizer", "total", "blocking copies")
     return (_table(head, rows, "lrrrrrr") + "\nRecorded in `benchmarks/results/train-*.json` by `syncfree audit "
             "--train --model MODEL --inputs image --text-layers 2 --dtype bfloat16 [--grad-ckpt non-reentrant] "
-            "[--optimizer sgd] --json PATH`.\n")
+            "[--optimizer sgd] --json PATH`" + _versions_note("train-*.json") + ".\n")
+
+
+def _versions_note(pattern: str) -> str:
+    """`` (PyTorch X, Transformers Y)`` of the recorded files matching ``pattern``, where they record them."""
+    versions = _versions_of(pattern)
+    return f" ({versions})" if versions else ""
 
 
 def _dtype(name: str, doc: dict) -> str:
@@ -535,8 +542,8 @@ def render_published_shapes() -> str:
     head = ("preset", "vision blocks", "inputs", "dtype", "grids (t×h×w)", "stock syncs (blocking copies)", "patched",
             "patched + `prepare`")
     return (_table(head, rows, "lrlllrrr") + "\nRecorded in `benchmarks/results/audit-*.json` by `syncfree audit "
-            "--compare --model PRESET --inputs KIND --text-layers 2 [--dtype bfloat16] [--image-side N] --json PATH`."
-            "\n")
+            "--compare --model PRESET --inputs KIND --text-layers 2 [--dtype bfloat16] [--image-side N] --json PATH`"
+            + _versions_note("audit-*.json") + ".\n")
 
 
 def render_emulation_overhead() -> str:
