@@ -318,7 +318,7 @@ def test_audit_train_prints_the_step_by_phase(tmp_path):
     data = json.loads(out.read_text())
     assert data["run"]["scope"] == "train"
     assert data["patched+prepare"]["summary"]["syncs"] == 0
-    assert set(data["stock"]["phases"]) == {"forward", "recompute", "backward", "optimizer"}
+    assert set(data["stock"]["phases"]) == {"forward", "recompute", "backward", "optimizer", "trainer"}
 
 
 @pytest.mark.parametrize("command", ["demo", "audit", "bench", "census", "patch", "doctor"])
