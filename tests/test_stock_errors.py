@@ -170,6 +170,8 @@ def test_every_family_raises_what_stock_raises_or_gives_stocks_logits(model_type
 def test_prepare_without_a_model_refuses_a_batch_that_does_not_mark_its_placeholders():
     """Without a model the placeholder ids come from ``mm_token_type_ids``; an Ovis2.5 batch has none, and Qwen3-VL's
     ids would count none of its placeholders. Refused in one line that says to pass the model."""
+    if "ovis2_5" not in TINY:
+        pytest.skip("this Transformers release has no Ovis2.5")
     stock, _ = model_pair(TINY["ovis2_5"])
     batch = two_rows(stock.config, TINY["ovis2_5"])
     assert "mm_token_type_ids" not in batch
