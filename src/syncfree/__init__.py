@@ -1,4 +1,5 @@
-"""syncfree: a host-sync-free multimodal forward for Qwen-VL models in Transformers, and the proof.
+"""syncfree: host-sync-free vision-language models in Transformers (the Qwen-VL family and the families that share
+its vision code), and the proof.
 
     model = syncfree.patch(model)                     # same outputs, no host syncs in the forward
     kwargs = syncfree.prepare(processor_out, "cuda", model)
@@ -10,8 +11,8 @@
     Trainer(..., data_collator=syncfree.planning_collator(collator, model))   # plans made in the DataLoader
     syncfree.planning_trainer(GRPOTrainer)(model=model, ...)                # plans made where the trainer moves
 
-Importing syncfree never initializes CUDA and never imports a Transformers
-``modeling_*`` module; those load when a verb needs them.
+Importing syncfree imports neither torch nor Transformers (each public name loads on first use), never
+initializes CUDA and never imports a Transformers ``modeling_*`` module; those load when a verb needs them.
 """
 
 import importlib
