@@ -118,3 +118,20 @@ def test_python_dash_m_syncfree_is_the_command():
     run = subprocess.run([sys.executable, "-m", "syncfree", "--version"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout == _cli("--version").stdout
+
+
+def test_the_verbs_named_like_their_modules_stay_functions_and_can_be_replaced(monkeypatch):
+    """``syncfree.audit``, ``prepare`` and ``compile_vision`` load on first use and stay the functions after their
+    modules are imported; a user's replacement (``monkeypatch``, ``mock.patch``) holds, and undoing it restores them."""
+    import importlib
+
+    import syncfree
+
+    importlib.import_module("syncfree.audit.emulate")
+    importlib.import_module("syncfree.prepare")
+    assert callable(syncfree.audit) and callable(syncfree.prepare) and callable(syncfree.compile_vision)
+    original = syncfree.prepare
+    monkeypatch.setattr(syncfree, "prepare", lambda *a, **k: "replaced")
+    assert syncfree.prepare() == "replaced"
+    monkeypatch.undo()
+    assert syncfree.prepare is original

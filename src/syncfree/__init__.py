@@ -49,15 +49,30 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
+_assigned: dict = {}  # a function named like its module, assigned by the user (``mock.patch("syncfree.prepare")``)
+
+
+def _named_like_its_module(name: str) -> property:
+    """``syncfree.<name>``: the function, whatever the import system assigns when it imports the module of that name
+    (a module is ignored; anything else a user assigns is kept, as on any module)."""
+
+    def assign(self, value) -> None:
+        if isinstance(value, types.ModuleType):
+            return
+        _assigned[name] = value
+
+    return property(lambda self: _assigned[name] if name in _assigned else _export(name), assign)
+
+
 class _Package(types.ModuleType):
     """``syncfree.audit``, ``syncfree.prepare`` and ``syncfree.compile_vision`` are functions named like the
     subpackages they live in. Importing a subpackage sets the package's attribute of its name to the module; as
     properties of the package's class these three names stay the functions (what ``from .audit import audit``
     gave when everything was imported at once)."""
 
-    audit = property(lambda self: _export("audit"), lambda self, module: None)
-    prepare = property(lambda self: _export("prepare"), lambda self, module: None)
-    compile_vision = property(lambda self: _export("compile_vision"), lambda self, module: None)
+    audit = _named_like_its_module("audit")
+    prepare = _named_like_its_module("prepare")
+    compile_vision = _named_like_its_module("compile_vision")
 
 
 import sys as _sys  # noqa: E402
