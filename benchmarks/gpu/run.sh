@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU part of the syncfree bench matrix: one H200, at most 8 minutes in all. Usage:
+# The GPU part of the syncfree bench matrix: one H200, at most 505 s of step caps (about 8.5 minutes). Usage:
 #   benchmarks/gpu/run.sh OUT_DIR
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
