@@ -64,17 +64,17 @@ def family_rows(repeats: int) -> list[dict]:
     """Every fully supported family's plan at its largest standard layout (``--families``)."""
     import importlib.util
 
-    from syncfree.families import FAMILIES, PRESETS, processor_batch
+    from syncfree.families import FAMILIES, processor_batch, tiny_preset
 
-    tiny = {}
-    for name, preset in PRESETS.items():
-        if name.endswith("-tiny"):
-            tiny.setdefault(preset.values["model_type"], name)
     rows = []
     for model_type, family in FAMILIES.items():
-        if model_type not in tiny or importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None:
+        if importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is None:
             continue
-        config = load_config(tiny[model_type])
+        try:
+            preset = tiny_preset(model_type)
+        except ValueError:
+            continue  # (a family this release registers no preset of)
+        config = load_config(preset)
         if getattr(config, "vision_config", None) is None:
             continue  # (an audio-only family: no image layout)
         side = 32 * image_unit(config)
@@ -87,7 +87,7 @@ def family_rows(repeats: int) -> list[dict]:
             print(f"{model_type:24} {rows[-1]['error']}", flush=True)
             continue
         tokens = int(batch["input_ids"].numel())
-        found = {"family": model_type, "preset": tiny[model_type], "tokens": tokens, "plan_bytes": plan.nbytes(),
+        found = {"family": model_type, "preset": preset, "tokens": tokens, "plan_bytes": plan.nbytes(),
                  "bytes_per_token": plan.nbytes() / tokens,
                  "ms_1_thread": 1e3 * time_prepare(batch, config, repeats, 1)}
         rows.append(found)

@@ -58,11 +58,9 @@ class DeviceFields:
             and -2**31 <= int(t.min()) and int(t.max()) < 2**31  # (host tensors: no device read)
 
     def to(self, device):
-        moved = {}
-        for f, t in self._present(self._TENSORS).items():
-            on_device = device is not None and torch.device(device).type != "cpu"
-            moved[f] = move(t.to(torch.int32), device).to(torch.int64) if on_device and self._narrowed(f, t) \
-                else move(t, device)
+        on_device = device is not None and torch.device(device).type != "cpu"
+        moved = {f: move(t.to(torch.int32), device).to(torch.int64) if on_device and self._narrowed(f, t)
+                 else move(t, device) for f, t in self._present(self._TENSORS).items()}
         moved.update({f: part.to(device) for f, part in self._present(self._PARTS).items()})
         return dataclasses.replace(self, **moved, device=str(torch.device(device)))
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,8 +127,8 @@ class VisionPlan(DeviceFields):
 
 
 def _cumulative(sizes) -> torch.Tensor:
-    """(len + 1,) int32 cumulative sizes from 0, as stock's cu_seqlens (one host op)."""
-    return torch.from_numpy(np.fromiter(itertools.accumulate(sizes, initial=0), dtype=np.int32))
+    """(len + 1,) int32 cumulative sizes from 0, as stock's cu_seqlens (a tuple or an array of sizes; one host op)."""
+    return torch.from_numpy(np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).astype(np.int32))
 
 
 def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw", temporal_merge: int = 1,
@@ -152,8 +151,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         table = window_columns(rows, table_spec)  # (one host table per window: window_seqlens' sizes its first row)
         sizes = table[0].numpy() * table_spec.merge ** 2
         windows = tuple(sizes.tolist())
-        extra.update(cu_window_seqlens=torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)),
-                     window_seqlens=windows, max_window_seqlen=max(windows), windows=table)
+        extra.update(cu_window_seqlens=_cumulative(sizes), window_seqlens=windows, max_window_seqlen=max(windows),
+                     windows=table)
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (a merger that adds a newline per row, begin and end)
