@@ -177,7 +177,8 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     check_attn(args.attn, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
     check_vision_attention(args.vision_attention, device="cuda" if use_gpu else "emulated", dtype=_DTYPES[args.dtype])
     check_json_path(args.json)
-    check_image_side(args.image_side, load_config(args.model))  # (also: unknown model, folder, model type)
+    config = load_config(args.model)  # (also: unknown model, folder, model type)
+    check_image_side(args.image_side, config)
     if not use_gpu:
         check_emulation()
 
@@ -191,7 +192,7 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     spec = AuditSpec(model=args.model, inputs=args.inputs, attn=args.attn, scope=args.scope,
                      text_layers=args.text_layers, dtype=getattr(torch, _DTYPES[args.dtype]),
                      image_side=args.image_side, vision_attention=args.vision_attention)
-    check_input_kind(spec, load_config(args.model))  # (before the header: a refused request prints only its error)
+    check_input_kind(spec, config)  # (before the header: a refused request prints only its error)
     what = (f"training step ({args.optimizer or 'adamw'}; gradient checkpointing: {args.grad_ckpt or 'off'})"
             if train else f"scope={spec.scope}")
     print(f"{title}: {spec.model}, {spec.inputs} inputs, attn={spec.attn}, {what}", flush=True)
