@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import torch
 
 from .plan import active
+from .plan.dynamic_dims import mark_layout_dims
 from .plan.batch import PLAN_KEY, Plan, draft_plan, finish_plan, plan_inputs
 from .plan.spec import ModelSpec
 from .plan.validate import check_batch, check_inputs
@@ -111,7 +112,9 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
                 and target.type != "cpu"):
             value = value.pin_memory().to(target, non_blocking=True)
         moved[name] = value
-    active.register(plan.to(target) if plan.device != str(target) else plan, moved)
+    placed = plan.to(target) if plan.device != str(target) else plan
+    active.register(placed, moved)
+    mark_layout_dims(moved, placed)  # (for torch.compile: which sizes follow the layout)
     return moved
 
 

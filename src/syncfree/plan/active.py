@@ -134,6 +134,8 @@ class Entry:
     # halved crop sizes), each with what the plan knows of it: ``(tensor, vision plan or None, rows)``. Found again by
     # identity, as the call's own tensors are in ``given`` (``note`` / ``known``).
     derived: list = field(default_factory=list)
+    # In a traced forward: the pixels it was given, by input name (what sizes the traced tables and features).
+    pixels: dict = field(default_factory=dict)
 
     def note(self, tensor, vision_plan, rows: tuple) -> None:
         """Make ``tensor`` known to this call: the vision plan it is the grid of (None where it is no plan's), and its

@@ -88,6 +88,9 @@ class Plan(DeviceFields):
     # steps), and the prompt's length; ``image`` then plans the grids its tower sees.
     decode_position_ids: torch.Tensor | None = None
     prefill_len: int | None = None
+    # Counts a traced forward reads, each as the size of an empty host tensor (``dynamic_dims.size_carriers``): a
+    # size Dynamo keeps symbolic, where an int attribute would be a constant it guards on (a graph per value).
+    carriers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     _TENSORS = ("position_ids", "rope_deltas", "checksums", "decode_position_ids")
     _NARROW = ("position_ids", "decode_position_ids")
@@ -178,7 +181,7 @@ class Plan(DeviceFields):
         return build_plan(self.spec, **expand(self, k)).to(self.device)
 
     def check_model(self, spec: ModelSpec) -> None:
-        if spec != self.spec:
+        if spec.key != self.spec.key if spec.key is not None and self.spec.key is not None else spec != self.spec:
             differ = [f"{f.name}={getattr(self.spec, f.name)!r} (model: {getattr(spec, f.name)!r})"
                       for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(self.spec, f.name)]
             raise ValueError(

@@ -175,10 +175,12 @@ def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
                              "syncfree plan was built for; call syncfree.prepare() on the batch you pass")
         if value.dtype.is_floating_point != kept.dtype.is_floating_point:
             raise StalePlan(stale(name, f"became {value.dtype} (the plan was built from {kept.dtype})"))
-        groups.setdefault((value.device, _length(value)), []).append((i, name, value))
+        # (a traced forward sums each tensor alone: grouping by length would make the graph depend on the lengths)
+        alone = torch.compiler.is_compiling()
+        groups.setdefault((value.device, i if alone else _length(value)), []).append((i, name, value))
     if not groups:
         return
-    weights = _weights_of(plan, max(length for _, length in groups))
+    weights = _weights_of(plan, max(_length(value) for group in groups.values() for _, _, value in group))
     for group in groups.values():
         for (_, name, _), same in zip(group, _checksums_equal(group, table, weights)):
             torch._assert_async(same, f"syncfree: {name} differs from the batch its plan was built for (edited, "

@@ -128,6 +128,19 @@ def layout_of(model_type: str) -> Layout | None:
     return _LAYOUTS.get(model_type)
 
 
+def _key(value) -> str:
+    """A string equal for equal specs, in every process: the compared fields' values, a nested dataclass by its own
+    fields, a function by its qualified name (the same function in a DataLoader worker and in the main process)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ",".join(_key(getattr(value, f.name)) for f in dataclasses.fields(value) if f.compare)
+        return f"{type(value).__qualname__}({fields})"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_key(v) for v in value) + ")"
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The config values a plan depends on (checked against the model at forward time)."""
@@ -169,6 +182,13 @@ class ModelSpec:
     hooks: PlanHooks = PlanHooks()  # (Layout.plan: what the family adds to the plan)
     values: tuple = ()  # the config values the family's hooks read, as sorted (name, value) pairs (PlanHooks.values)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
+    # The compared fields as one string: what a traced forward compares (under dynamic shapes Dynamo takes the int
+    # fields as symbols, whose equality it cannot decide while tracing; a string is a constant).
+    key: str = dataclasses.field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # (None for a spec made while Dynamo traces, which compares by the fields: see Plan.check_model)
+        object.__setattr__(self, "key", None if torch.compiler.is_compiling() else _key(self))
 
     @classmethod
     def from_config(cls, config) -> "ModelSpec":

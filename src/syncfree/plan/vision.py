@@ -55,6 +55,22 @@ class VisionPlan(DeviceFields):
     segment_prefix: int = 0
     # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
     tables_made: dict = field(default_factory=dict, compare=False, repr=False)
+    # ``seqlens`` (with ``segment_prefix``) and ``window_seqlens`` as host int64 tensors, made with the plan: what a
+    # traced forward hands the vision attention (``traced_kwargs``), whose sizes Dynamo keeps dynamic.
+    host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    host_window_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    # Whether the features of all items together are the patches over the merge squared (no tokens added, none
+    # pooled away): then a traced forward sizes its one piece of features by its pixels (``helpers``).
+    features_follow_patches: bool = field(default=False, compare=False, repr=False)
+    # ``max_seqlen`` and ``max_window_seqlen`` for a traced forward, as sizes (see ``Plan.carriers``).
+    carriers: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.host_seqlens is None:
+            self.host_seqlens = torch.tensor([s + self.segment_prefix for s in self.seqlens], dtype=torch.int64)
+        if self.host_window_seqlens is None and self.window_seqlens:
+            self.host_window_seqlens = torch.tensor(self.window_seqlens, dtype=torch.int64)
 
     _TENSORS = ("cu_seqlens", "device_grid", "items", "cu_window_seqlens", "windows")
 
@@ -65,7 +81,7 @@ class VisionPlan(DeviceFields):
     def to(self, device) -> "VisionPlan":
         return dataclasses.replace(super().to(device), tables_made={})
 
-    def tables(self) -> dict:
+    def tables(self, patches=None) -> dict:
         """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (with
         ``Layout.temporal_position_ids``);
         Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table;
@@ -74,7 +90,9 @@ class VisionPlan(DeviceFields):
         if self.tables_made:
             return self.tables_made
         if self.tables_by_device:
-            tables = device_tables(self.items, self.num_patches, self.table_spec, self.windows)
+            # (``patches``: the patch count as the traced forward's pixels give it, a size Dynamo keeps dynamic)
+            tables = device_tables(self.items, self.num_patches if patches is None else patches, self.table_spec,
+                                   self.windows)
         else:
             tables = {k: move(v, self.device)
                       for k, v in host_tables(self.grid_thw, self.table_spec, **merge_kwargs(self.merge_sizes)).items()}
@@ -106,15 +124,17 @@ class VisionPlan(DeviceFields):
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_seqlens": self.seqlens_by_length()}
 
-    def vision_kwargs(self) -> dict:
+    def vision_kwargs(self, patches=None) -> dict:
         """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
-        tables = self.tables()
-        kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen, "position_ids": tables["position_ids"]}
+        tables = self.tables(patches)
+        longest = {n: c.shape[0] for n, c in self.carriers.items()} if patches is not None else {}
+        kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": longest.get("max_seqlen", self.max_seqlen),
+                  "position_ids": tables["position_ids"]}
         if "interp_indices" in tables:
             kwargs.update(interp_indices=tables["interp_indices"], interp_weights=tables["interp_weights"])
         if self.has_windows:
             kwargs.update(window_index=tables["window_index"], cu_window_seqlens=self.cu_window_seqlens,
-                          max_window_seqlen=self.max_window_seqlen)
+                          max_window_seqlen=longest.get("max_window_seqlen", self.max_window_seqlen))
         if "pixel_shuffle_index" in tables:  # (a tower that pixel-shuffles after its encoder)
             kwargs["pixel_shuffle_index"] = tables["pixel_shuffle_index"]
         if "frame_index" in tables:  # temporal pooling: the merged-token count is the split sizes' sum (a host integer)
@@ -122,7 +142,8 @@ class VisionPlan(DeviceFields):
                 tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
             kwargs["frame_lengths"] = list(self.seqlens)
-        kwargs["syncfree_seqlens"] = self.seqlens_by_length()
+        if patches is None:  # (a traced forward hands over its own: see rewrite.segments.TracedSegments)
+            kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 
 
@@ -165,6 +186,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     return VisionPlan(
         grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
+        features_follow_patches=sum(split_sizes) * merge**2 == sum(seqlens) and not spec.segment_class_token,
         items=item_columns(rows, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )

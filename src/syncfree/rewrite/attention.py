@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .segments import segment_lengths
+from .segment_op import op_applies, segment_attention_op
+from .segments import HostLengths, TracedSegments, segment_lengths
 
 __all__ = ["BACKENDS", "AttentionChoice", "segment_attention", "segment_attention_with_weights", "split_segments",
            "check_backend"]
@@ -147,18 +148,30 @@ def split_segments(lengths, cu_seqlens, seqlens, choice, qkv, training: bool = F
     or None when the backend attends over the whole packed sequence and needs no split."""
     if choice is not None and choice.whole_sequence(qkv[0], training):
         return None
+    if isinstance(seqlens, TracedSegments) and (choice is None or choice.backend in ("split", "grouped")):
+        found = seqlens.find(cu_seqlens)
+        if found is not None:
+            return HostLengths(*found)  # (split by segment_attention: by the operator, or by these sizes)
     sizes = segment_lengths(lengths, cu_seqlens, seqlens)
     return [torch.split(tensor, sizes, dim=2) for tensor in qkv]
 
 
 def segment_attention(call, splits, qkv, cu_seqlens, choice, scaling=None, training: bool = False,
-                      eager: bool = False, max_seqlen=None) -> list[torch.Tensor]:
+                      eager: bool = False, max_seqlen=None, module=None) -> list[torch.Tensor]:
     """The per-segment attention outputs (stock's ``attn_outputs``), by the chosen backend.
 
     ``call(q, k, v, attention_mask=None)`` is stock's attention call; ``splits`` stock's q/k/v split by
     segment (None for the whole-sequence backends); ``qkv`` the unsplit q/k/v; the outputs are
     concatenated along the sequence by stock.
+
+    In a traced forward (``splits``: ``HostLengths``) the segments of the split backends run as one operator
+    (``segment_op``: the same calls, the graph independent of the layout) where it serves ``module``'s attention;
+    otherwise split by the plan's sizes as in eager.
     """
+    if isinstance(splits, HostLengths):
+        if module is not None and op_applies(module):
+            return [segment_attention_op(module, qkv, splits.host, scaling)]
+        splits = [torch.split(tensor, list(splits.sizes()), dim=2) for tensor in qkv]
     if choice is None or choice.backend == "split":
         return [call(q, k, v) for q, k, v in zip(*splits)]
     if splits is None:  # block_diagonal, or varlen
@@ -173,10 +186,12 @@ def segment_attention(call, splits, qkv, cu_seqlens, choice, scaling=None, train
 
 
 def segment_attention_with_weights(call, splits, qkv, cu_seqlens, choice, scaling=None, training: bool = False,
-                                   eager: bool = False, max_seqlen=None) -> tuple[list, list]:
+                                   eager: bool = False, max_seqlen=None, module=None) -> tuple[list, list]:
     """``segment_attention`` for an attention that also collects each segment's weights (``call`` returns
     ``(output, weights)``): stock's two lists with stock's split; other backends give no per-segment weights
     (None for each output: what SDPA gives stock too)."""
+    if isinstance(splits, HostLengths):  # (weights per segment: split by the plan's sizes, as in eager)
+        splits = [torch.split(tensor, list(splits.sizes()), dim=2) for tensor in qkv]
     if choice is None or choice.backend == "split":
         pairs = [call(q, k, v) for q, k, v in zip(*splits)]
         return [p[0] for p in pairs], [p[1] for p in pairs]

@@ -38,7 +38,7 @@ VISION_ATTENTION = (
                  dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen)"""),
+             max_seqlen=max_seqlen, module=self)"""),
 )
 
 # The same split where the per-segment calls are concatenated in one statement (a SigLIP-style
@@ -55,7 +55,7 @@ VISION_ATTENTION_CAT = VISION_ATTENTION[:2] + (
                  dropout=0.0 if not self.training else self.dropout, is_causal=False, **kwargs)[0],
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scale, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen), dim=1)"""),
+             max_seqlen=max_seqlen, module=self), dim=1)"""),
 )
 
 # The same split where the per-segment calls are a loop that also collects each segment's attention weights
@@ -74,7 +74,7 @@ VISION_ATTENTION_WEIGHTS = VISION_ATTENTION[:2] + (
                  dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs),
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen)"""),
+             max_seqlen=max_seqlen, module=self)"""),
 )
 
 # The same loop passing the attention's own mask argument and no dropout (a tower attention that takes one). Other backends
@@ -92,7 +92,7 @@ VISION_ATTENTION_WEIGHTS_MASKED = VISION_ATTENTION[:2] + (
                  **kwargs),
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen)"""),
+             max_seqlen=max_seqlen, module=self)"""),
 )
 
 # A tower that calls its blocks without its own **kwargs: the plan's segment sizes and the chosen attention backend,
@@ -120,6 +120,8 @@ PLACEHOLDER_MASK = (
          'n_image_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
     Edit("stmt", "n_video_tokens = special_video_mask.sum()",
          'n_video_tokens = _syncfree.placeholder_count(input_ids, special_video_mask, "video")'),
+    # (its messages formatted only when a check fails: a traced forward with dynamic shapes cannot format a size)
+    Edit("lazy", "torch_compilable_check", "", count=None),
 )
 
 # get_image_features / get_video_features split the tower's features per item by sizes read from the grid: a host

@@ -5,7 +5,7 @@ that call helpers of its own live in its folder with them (``syncfree.families.<
 
 from __future__ import annotations
 
-from .edits import VISION_ATTENTION
+from .edits import PLACEHOLDER_MASK, VISION_ATTENTION
 from .rewriter import Edit
 
 __all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL"]
@@ -23,7 +23,7 @@ VISION_ATTENTION_SCALING = VISION_ATTENTION[:2] + (
                  **(kwargs if attention_mask is None else {**kwargs, "attention_mask": attention_mask}))[0],
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen)"""),
+             max_seqlen=max_seqlen, module=self)"""),
 )
 
 # get_placeholder_mask checking the count by boolean select, ``inputs_embeds[mask].numel() == features.numel()``
@@ -34,4 +34,5 @@ PLACEHOLDER_NUMEL = (
          '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
     Edit("expr", "inputs_embeds[special_video_mask].numel()",
          '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
+    PLACEHOLDER_MASK[-1],  # (messages formatted only when a check fails)
 )

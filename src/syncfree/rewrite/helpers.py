@@ -89,10 +89,24 @@ def feature_split_sizes(grid_thw: torch.Tensor, merge_size: int):
     """``(grid_thw.prod(-1) // merge_size**2).tolist()``: the features of each image or video, computed from the
     plan's rows of that grid in a traced forward (a value Dynamo could not take out of the tensor); stock's
     expression otherwise."""
-    rows = traced_grid_rows(grid_thw)
-    if rows is None or not isinstance(merge_size, int):
+    vp = traced_vision_plan(grid_thw)
+    if vp is None or not isinstance(merge_size, int):
         return (grid_thw.prod(-1) // merge_size**2).tolist()
-    return [t * h * w // merge_size**2 for t, h, w in rows]
+    pixels = _traced_pixels(vp)
+    if pixels is not None and vp.features_follow_patches:
+        # One piece, the whole features: the forward concatenates the pieces again, and a graph whose split follows
+        # the number of images would be one graph per image count (the size: the pixels' own, kept dynamic).
+        return [pixels.shape[0] // merge_size**2]
+    return [t * h * w // merge_size**2 for t, h, w in vp.rows]
+
+
+def _traced_pixels(vp):
+    """The pixels a traced forward was given for the vision plan ``vp`` (its images' or its videos'), or None."""
+    entry = active.current()
+    for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+        if getattr(entry.plan, kind) is vp:
+            return entry.pixels.get(name)
+    return None
 
 
 def grid_rows(grid_thw: torch.Tensor):
@@ -116,6 +130,9 @@ def grid_products(grid_thw: torch.Tensor):
 
 
 def _placeholders(plan, kind: str) -> int:
+    carrier = plan.carriers.get(f"n_{kind}_tokens") if _compiling() else None
+    if carrier is not None:  # (traced: the count as a size Dynamo keeps symbolic, see Plan.carriers)
+        return carrier.shape[0]
     return {"image": plan.n_image_tokens, "video": plan.n_video_tokens, "audio": plan.n_audio_tokens}[kind]
 
 

@@ -41,17 +41,22 @@ class Edit:
     ``kind``: ``"expr"`` replaces every expression whose normalized source is ``old``;
     ``"stmt"`` replaces every statement whose normalized source is ``old`` by the statements
     in ``new``; ``"prepend"`` puts the statements in ``new`` first in the body (``old`` empty).
+    ``"lazy"`` makes the message argument (the second) of every call of the function named ``old`` a
+    ``lambda`` returning it, where that argument is an f-string: Transformers' ``torch_compilable_check``
+    takes either and formats a callable's only when the check fails (the same message), and a traced
+    forward then never formats a symbolic size into a string, which Dynamo cannot do.
     ``count`` is how many matches the stock code must have (Transformers releases that add or
-    drop an occurrence are refused rather than half-patched).
+    drop an occurrence are refused rather than half-patched); None: any number (an edit that only
+    helps where the code is there).
     """
 
     kind: str
     old: str
     new: str
-    count: int = 1
+    count: int | None = 1
 
     def normalized_old(self) -> str:
-        return _normalize(self.old, self.kind)
+        return self.old if self.kind == "lazy" else _normalize(self.old, self.kind)
 
 
 def _normalize(code: str, kind: str) -> str:
@@ -71,6 +76,7 @@ class _Replacer(ast.NodeTransformer):
     def __init__(self, edits: list[Edit]) -> None:
         self.expr = {e.normalized_old(): e for e in edits if e.kind == "expr"}
         self.stmt = {e.normalized_old(): e for e in edits if e.kind == "stmt"}
+        self.lazy = {e.old: e for e in edits if e.kind == "lazy"}
         self.hits = {e: 0 for e in edits if e.kind != "prepend"}
         self.lines: dict[Edit, list[int]] = {e: [] for e in self.hits}  # where each match stands in the stock file
 
@@ -85,6 +91,15 @@ class _Replacer(ast.NodeTransformer):
                     for sub in ast.walk(n):
                         ast.copy_location(sub, node)
                 return new
+        if isinstance(node, ast.Call) and self.lazy and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.JoinedStr):
+            edit = self.lazy.get(ast.unparse(node.func))
+            if edit is not None:
+                self.hits[edit] += 1
+                self.lines[edit].append(node.lineno)
+                message = node.args[1]
+                node.args[1] = ast.copy_location(ast.Lambda(args=ast.arguments(
+                    posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]), body=message), message)
         if isinstance(node, ast.expr) and self.expr:
             edit = self.expr.get(ast.unparse(node))
             if edit is not None:
@@ -207,7 +222,8 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     replacer = _Replacer(edits)
     node.body = [replacer.visit(stmt) for stmt in node.body]
     node.body = [s for item in node.body for s in (item if isinstance(item, list) else [item])]
-    problems = [_miscount(plain, filename, e, n, replacer.lines[e]) for e, n in replacer.hits.items() if n != e.count]
+    problems = [_miscount(plain, filename, e, n, replacer.lines[e]) for e, n in replacer.hits.items()
+                if e.count is not None and n != e.count]
     if problems:
         raise RewriteError("; ".join(problems))
     prepend = [s for e in edits if e.kind == "prepend" for s in ast.parse(textwrap.dedent(e.new)).body]

@@ -7,7 +7,32 @@ import weakref
 
 import torch
 
-__all__ = ["segment_lengths"]
+__all__ = ["segment_lengths", "TracedSegments", "HostLengths"]
+
+
+class TracedSegments:
+    """What a traced forward's tower hands its attention layers instead of the plan's size tuples: for each
+    segmentation (full, windows), the ``cu_seqlens`` tensor the layers are given and the segment lengths as a host
+    tensor (``VisionPlan.host_seqlens``) and as the plan's tuple. A layer finds its segmentation by the identity of
+    the ``cu_seqlens`` it is handed, which a traced forward keeps."""
+
+    def __init__(self, pairs) -> None:
+        # ((cu_seqlens, host lengths, the sizes as a function: read only where the operator does not serve), ...)
+        self.pairs = tuple(pairs)
+
+    def find(self, cu_seqlens):
+        for cu, host, sizes in self.pairs:
+            if cu is cu_seqlens:
+                return host, sizes
+        return None
+
+
+class HostLengths:
+    """The split a traced attention layer leaves to the segment operator: the host lengths, and the plan's sizes
+    for an attention the operator does not serve (``split`` then splits by them, as the eager path does)."""
+
+    def __init__(self, host: torch.Tensor, sizes) -> None:
+        self.host, self.sizes = host, sizes  # (sizes: a function returning the tuple)
 
 
 _read_lengths: dict[int, tuple] = {}  # id(cu_seqlens) -> (weakref, _version, sizes): one read per tensor
@@ -21,6 +46,11 @@ def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) ->
     once per ``cu_seqlens`` tensor (a tower hands the same one to every block) and kept while that
     tensor lives unchanged: one wait per tower call instead of three per block.
     """
+    if isinstance(seqlens, TracedSegments):
+        found = seqlens.find(cu_seqlens)
+        if found is not None:
+            return list(found[1]())
+        seqlens = None
     if seqlens is not None:
         sizes = seqlens.get(cu_seqlens.shape[0]) if isinstance(seqlens, dict) else seqlens
         if sizes is not None and len(sizes) + 1 == cu_seqlens.shape[0]:

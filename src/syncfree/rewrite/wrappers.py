@@ -37,6 +37,7 @@ from .call_args import call_device, call_shape, fits, given_args, positional_nam
 from .helpers import host_padding_mask, traced_vision_plan
 from .host_read import read_to_host_syncs_once, send_plan_back
 from .roles import TOWER, wrapper
+from .segments import TracedSegments
 from .vision_in_step import vision_in_step
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
@@ -102,6 +103,7 @@ def traced_entry(model, given: dict, explicit: Plan | None, taken) -> active.Ent
     assert_given_match(plan, given, host_too=True)
     entry = active.Entry(plan, input_ids, given.get("attention_mask"))
     entry.given = {n: given.get(n) for n in plan_inputs() if n in given}
+    entry.pixels = {n: given[n] for n in ("pixel_values", "pixel_values_videos") if given.get(n) is not None}
     return entry
 
 
@@ -310,7 +312,15 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         if buckets_ok and getattr(self, "_syncfree_buckets", None) and set(kwargs) <= {"return_dict"} and not args:
             # compile_vision(): one static graph per bucket
             return run_bucketed(self, hidden_states, vp, kwargs)
-        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs()
+        traced = torch.compiler.is_compiling()
+        # (traced: the tables sized by the pixels' own patch count and the segments handed over as host tensors,
+        # sizes that Dynamo keeps dynamic, so the graph does not depend on the layout)
+        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(hidden_states.shape[0] if traced else None)
+        if traced:
+            extra["syncfree_seqlens"] = TracedSegments(
+                [(vp.cu_seqlens, vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])]
+                + ([(vp.cu_window_seqlens, vp.host_window_seqlens, lambda: vp.window_seqlens)] if vp.has_windows
+                   else []))
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)
@@ -333,7 +343,9 @@ def make_get_rope_index(stock):
     def get_rope_index(self, *args, **kwargs):
         given = given_args(names, args, kwargs)
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
-        entry = None if torch.compiler.is_compiling() else active.current()
+        # (in a traced forward, the plan's positions too: graph inputs whose shapes follow the batch, where the index
+        # computed in the graph would be sized by the grid's values)
+        entry = active.current()
         if entry is not None and entry.owns(input_ids) and entry.plan.stock_rope:
             return stock(self, *args, **kwargs)  # a batch only stock's own index answers as stock does
         if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \

@@ -1,0 +1,114 @@
+"""Which dimensions of a prepared batch and its plan follow the layout, told to Dynamo before it traces.
+
+A stream of batches differs in its number of images, their sizes, the text lengths and the padding: those sizes are
+dimensions of the tensors a traced forward is handed (the batch's and the plan's), never values it reads. Left to
+itself, Dynamo first compiles every dimension static, then makes the ones that changed dynamic, one recompile per
+newly changing dimension; it gives dimensions that happen to be equal one symbol ("duck sizing"), so a grid of 3
+images and its 3 columns share one, which the next batch of 4 images breaks; and it compiles sizes 0 and 1 apart
+(one image). Marking them here avoids all three:
+
+- token dimensions (``input_ids``' batch and length, wherever a tensor ends with them) and the pixels' patch
+  dimension: dynamic from the first compile (``maybe_mark_dynamic``, a hint Dynamo may still overrule);
+- per-item and per-segment dimensions (grid rows, the plan's per-item tables, segment lengths) and the counts a
+  traced forward reads (placeholders, longest segment: ``size_carriers``): unbacked (``mark_unbacked``), with one
+  symbol per quantity (``shape_id``), so no coincidence of values and no 0 or 1 makes another graph;
+- every other dimension (columns, channels, rotary axes, table rows): static (``mark_static``).
+
+These are attributes of the tensor objects that only Dynamo reads: an eager forward does not see them. On a PyTorch
+whose ``mark_unbacked`` has no ``shape_id`` the per-item dimensions are marked dynamic instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+__all__ = ["mark_layout_dims", "size_carriers"]
+
+# The plan's counts a traced forward reads, by name: carried as the first size of an empty host tensor.
+_PLAN_COUNTS = ("n_image_tokens", "n_video_tokens", "n_audio_tokens")
+_VISION_COUNTS = ("max_seqlen", "max_window_seqlen")
+
+
+def _shape_ids() -> bool:
+    from torch._dynamo.decorators import mark_unbacked
+
+    return "shape_id" in inspect.signature(mark_unbacked).parameters
+
+
+def _mark(t: torch.Tensor, dynamic: tuple[int, ...] = (), per_item: dict | None = None) -> None:
+    """``dynamic``: dims marked dynamic; ``per_item``: dim -> shape id of dims marked unbacked; the rest static."""
+    from torch._dynamo.decorators import mark_static, mark_unbacked, maybe_mark_dynamic
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):  # (Dynamo marks no tensor subclass: the emulated device's, say)
+        return
+    per_item = per_item or {}
+    for d in range(t.dim()):
+        if d in per_item:
+            if _shape_ids():
+                mark_unbacked(t, d, shape_id=per_item[d])
+            else:
+                maybe_mark_dynamic(t, d)
+        elif d in dynamic:
+            maybe_mark_dynamic(t, d)
+        else:
+            mark_static(t, d)
+
+
+def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None) -> None:
+    if t.dim() == 0:
+        return
+    if tokens is not None and t.dim() >= 2 and tuple(t.shape[-2:]) == tokens:
+        _mark(t, dynamic=(t.dim() - 2, t.dim() - 1))
+    elif t.dtype.is_floating_point and t.dim() >= 2:  # pixels, features: (patches, channels...)
+        _mark(t, dynamic=(0,))
+    else:  # grids and other per-item inputs: (items, columns), (items,)
+        _mark(t, per_item={0: f"syncfree.{name}"})
+
+
+def size_carriers(counts: dict) -> dict:
+    """An empty host tensor of shape (n, 0) for each count n: a size, not a value, for Dynamo."""
+    return {name: torch.empty((n, 0)) for name, n in counts.items() if isinstance(n, int)}
+
+
+def mark_layout_dims(inputs: dict, plan) -> None:
+    """Mark the dimensions of the prepared ``inputs`` and of ``plan``'s tensors (see the module's rules), and give
+    the plan its size carriers."""
+    ids = inputs.get("input_ids")
+    tokens = tuple(ids.shape) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else tuple(plan.batch_shape)
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            _by_role(name, value, tokens)
+    for name, value in plan.host.items():
+        if isinstance(value, torch.Tensor):
+            _by_role(name, value, tokens)
+    for name in ("position_ids", "rope_deltas"):
+        value = getattr(plan, name, None)
+        if isinstance(value, torch.Tensor):
+            _by_role(name, value, tokens)
+    if isinstance(plan.checksums, torch.Tensor):
+        _mark(plan.checksums)  # (one per control input, then the seed and key: fixed for a set of inputs)
+    plan.carriers = size_carriers({n: getattr(plan, n, None) for n in _PLAN_COUNTS})
+    for name, carrier in plan.carriers.items():
+        _mark(carrier, per_item={0: f"syncfree.{name}"})
+    for kind in ("image", "video", "video_frames"):
+        vp = getattr(plan, kind, None)
+        if vp is None:
+            continue
+        items = {0: f"syncfree.{kind}_grid_thw"}  # (the grid's rows: the input's own shape id, see _by_role)
+        for name in ("grid_thw", "device_grid", "merge_sizes"):
+            value = getattr(vp, name, None)
+            if isinstance(value, torch.Tensor):
+                _mark(value, per_item=items)
+        if isinstance(vp.items, torch.Tensor):  # (one row per quantity, one column per item)
+            _mark(vp.items, per_item={1: items[0]})
+        for name, each in (("cu_seqlens", "segments+1"), ("host_seqlens", "segments"), ("windows", "windows"),
+                           ("cu_window_seqlens", "windows+1"), ("host_window_seqlens", "windows")):
+            value = getattr(vp, name, None)
+            if isinstance(value, torch.Tensor):
+                _mark(value, per_item={value.dim() - 1: f"syncfree.{kind}.{each}"})
+        vp.carriers = size_carriers({n: getattr(vp, n, None) or None for n in _VISION_COUNTS})
+        for name, carrier in vp.carriers.items():
+            _mark(carrier, per_item={0: f"syncfree.{kind}.{name}"})
