@@ -8,6 +8,8 @@ as that processor lays it out; the builders live with their families (``syncfree
 
 from __future__ import annotations
 
+import random
+
 from .families import batch_to, processor_batch
 from .families.omni.inputs import (
                                    OMNI_LAYOUT_NAMES,
@@ -25,4 +27,24 @@ from .families.qwen_vl.inputs import LAYOUT_NAMES, Image, Item, Text, Video, bui
 __all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "VideoWithAudio", "build_inputs",
            "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs", "audio_tokens", "is_omni",
            "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES",
-           "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only"]
+           "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only", "stream_layouts"]
+
+
+def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, seed: int = 0) -> list:
+    """``count`` batches' samples as a training stream varies them: each of ``rows`` samples has text of 2-6 tokens
+    and 0-3 images (sides of 1-3 ``unit`` by 2-3: at least two tokens each) or, where ``videos``, short videos (2 or
+    4 frames), with text between; so the batches differ in image count and sizes, text length, padding, and in
+    text-only rows. The same ``seed``, the same stream."""
+    rng = random.Random(seed)
+
+    def sample() -> list:
+        items = [Text(rng.randint(2, 6))]
+        for _ in range(rng.randint(0, 3)):
+            if videos and rng.random() < 0.2:
+                items.append(Video(2 * rng.randint(1, 2), rng.randint(1, 3) * unit, rng.randint(1, 3) * unit))
+            else:
+                items.append(Image(rng.randint(1, 3) * unit, rng.randint(2, 3) * unit))
+            items.append(Text(rng.randint(2, 4)))
+        return items
+
+    return [[sample() for _ in range(rows)] for _ in range(count)]

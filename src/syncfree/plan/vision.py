@@ -124,10 +124,12 @@ class VisionPlan(DeviceFields):
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_seqlens": self.seqlens_by_length()}
 
-    def vision_kwargs(self, patches=None) -> dict:
-        """Keyword arguments for the vision tower: the stock helpers take these instead of computing them."""
+    def vision_kwargs(self, patches=None, traced: bool = False) -> dict:
+        """Keyword arguments for the vision tower: the stock helpers take these instead of computing them.
+        ``traced``: for a forward Dynamo traces (the longest segments as sizes, ``carriers``; the segment sizes are
+        the caller's, ``rewrite.segments.TracedSegments``); ``patches``: the patch count there, as the pixels give it."""
         tables = self.tables(patches)
-        longest = {n: c.shape[0] for n, c in self.carriers.items()} if patches is not None else {}
+        longest = {n: c.shape[0] for n, c in self.carriers.items()} if traced else {}
         kwargs = {"cu_seqlens": self.cu_seqlens, "max_seqlen": longest.get("max_seqlen", self.max_seqlen),
                   "position_ids": tables["position_ids"]}
         if "interp_indices" in tables:
@@ -142,7 +144,7 @@ class VisionPlan(DeviceFields):
                 tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
             kwargs["frame_lengths"] = list(self.seqlens)
-        if patches is None:  # (a traced forward hands over its own: see rewrite.segments.TracedSegments)
+        if not traced:
             kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 

@@ -160,6 +160,8 @@ def scatter_features(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: 
 def _visual_count(entry, mask: torch.Tensor) -> int | None:
     if entry is None or entry.input_ids is None or mask.dtype != torch.bool or not entry.covers(mask):
         return None
+    if _compiling() and entry.plan.carriers:  # (traced: sizes Dynamo keeps symbolic, see Plan.carriers)
+        return _placeholders(entry.plan, "image") + _placeholders(entry.plan, "video")
     return entry.plan.n_visual_tokens
 
 

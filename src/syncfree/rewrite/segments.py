@@ -16,9 +16,12 @@ class TracedSegments:
     tensor (``VisionPlan.host_seqlens``) and as the plan's tuple. A layer finds its segmentation by the identity of
     the ``cu_seqlens`` it is handed, which a traced forward keeps."""
 
-    def __init__(self, pairs) -> None:
+    def __init__(self, pairs, by_length) -> None:
         # ((cu_seqlens, host lengths, the sizes as a function: read only where the operator does not serve), ...)
         self.pairs = tuple(pairs)
+        # The plan's sizes keyed by how many segments a ``cu_seqlens`` describes (``VisionPlan.seqlens_by_length``), as
+        # a function: for a ``cu_seqlens`` the tower derived (a class token per segment), found as in eager.
+        self.by_length = by_length
 
     def find(self, cu_seqlens):
         for cu, host, sizes in self.pairs:
@@ -50,7 +53,7 @@ def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) ->
         found = seqlens.find(cu_seqlens)
         if found is not None:
             return list(found[1]())
-        seqlens = None
+        seqlens = seqlens.by_length()
     if seqlens is not None:
         sizes = seqlens.get(cu_seqlens.shape[0]) if isinstance(seqlens, dict) else seqlens
         if sizes is not None and len(sizes) + 1 == cu_seqlens.shape[0]:

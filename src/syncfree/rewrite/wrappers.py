@@ -315,12 +315,15 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         traced = torch.compiler.is_compiling()
         # (traced: the tables sized by the pixels' own patch count and the segments handed over as host tensors,
         # sizes that Dynamo keeps dynamic, so the graph does not depend on the layout)
-        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(hidden_states.shape[0] if traced else None)
+        # (a tower handed flattened patches, (patches, channels), as the Qwen-VL towers are; other layouts keep the
+        # plan's count)
+        patches = hidden_states.shape[0] if traced and hidden_states.dim() == 2 else None
+        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced:
             extra["syncfree_seqlens"] = TracedSegments(
                 [(vp.cu_seqlens, vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])]
                 + ([(vp.cu_window_seqlens, vp.host_window_seqlens, lambda: vp.window_seqlens)] if vp.has_windows
-                   else []))
+                   else []), vp.seqlens_by_length)
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)

@@ -1,0 +1,100 @@
+"""One compiled model for a whole stream of layouts: ``torch.compile(model, fullgraph=True)`` fed batch after batch of
+varied layouts from ``syncfree.prepare`` (images of any count and size, videos, text-only rows, padding), with
+Dynamo's default automatic dynamic shapes and with ``dynamic=True``, in inference and in a training step.
+
+Each batch's outputs equal the eager patched forward's (``torch.equal``: the ``eager`` and ``aot_eager`` backends run
+the graph's own ops, the same kernels); the graphs, counted by a counting backend, do not grow with the stream.
+What still makes a graph of its own is the set of inputs a batch passes (images only, with videos, text only) and
+stock's own ``rope_deltas`` kept on the model after the first multimodal call.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+
+import syncfree
+from syncfree.census.run import discover
+from syncfree.families import FAMILIES, PRESETS
+from syncfree.inputs import processor_batch, stream_layouts
+from syncfree.plan.spec import layout_of
+from syncfree.presets import build_model
+
+from family_checks import TINY, unit_of
+
+ONE_GRAPH = [f for f in discover() if f in FAMILIES and f in TINY and layout_of(f) is not None
+             and layout_of(f).one_graph]
+_QUICK = {"qwen2_5_vl"}
+_MOST_GRAPHS = 4  # (input sets: images, images and videos, text only; and stock's rope_deltas cached once)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def _stream(model, preset: str, count: int, training: bool = False):
+    vocab = model.config.get_text_config().vocab_size
+    videos = getattr(model.config, "video_token_id", None) is not None
+    for samples in stream_layouts(count, unit_of(model.config), videos=videos):
+        batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+        if training:
+            batch["labels"] = torch.where(batch["input_ids"] < vocab, batch["input_ids"], -100)
+        yield batch
+
+
+def _model(family: str, training: bool = False):
+    preset = TINY[family]
+    model = syncfree.patch(build_model(preset))
+    model.train(training)
+    return model, preset
+
+
+def _params(quick: set) -> list:
+    return [pytest.param(f, marks=[] if f in quick else [pytest.mark.slow]) for f in ONE_GRAPH]
+
+
+@pytest.mark.parametrize("dynamic", [pytest.param(None, id="automatic"),
+                                     pytest.param(True, id="dynamic", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", _params(_QUICK))
+def test_one_compiled_model_runs_a_stream_of_16_layouts_with_the_eager_logits(family, dynamic):
+    if dynamic and family not in _QUICK:
+        pytest.skip("dynamic=True is checked on one family")
+    model, preset = _model(family)
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend=counter)
+    with torch.no_grad():
+        for i, batch in enumerate(_stream(model, preset, 16)):
+            expected = model(**syncfree.prepare(batch, "cpu", model)).logits
+            got = compiled(**syncfree.prepare(batch, "cpu", model)).logits
+            assert torch.equal(got, expected), f"batch {i}"
+    assert counter.frame_count <= _MOST_GRAPHS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ONE_GRAPH)
+def test_one_compiled_training_step_runs_a_stream_of_16_layouts_with_the_eager_loss_and_gradients(family):
+    # (aot_eager: AOTAutograd traces the backward too, the segment operator's included)
+    model, preset = _model(family, training=True)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    for i, batch in enumerate(_stream(model, preset, 16, training=True)):
+        loss = model(**syncfree.prepare(batch, "cpu", model)).loss
+        loss.backward()
+        expected = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        got = compiled(**syncfree.prepare(batch, "cpu", model)).loss
+        got.backward()
+        assert torch.equal(got, loss), f"batch {i}"
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert grads.keys() == expected.keys()
+        for name, grad in grads.items():  # (the graph sums a parameter's contributions in its own order)
+            torch.testing.assert_close(grad, expected[name], msg=f"batch {i}: {name}")
+        model.zero_grad(set_to_none=True)
+    assert counter.frame_count <= _MOST_GRAPHS
