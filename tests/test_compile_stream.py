@@ -17,13 +17,12 @@ import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 import syncfree
+from family_checks import TINY, unit_of
 from syncfree.census.run import discover
 from syncfree.families import FAMILIES, PRESETS
 from syncfree.inputs import processor_batch, stream_layouts
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
-
-from family_checks import TINY, unit_of
 
 ONE_GRAPH = [f for f in discover() if f in FAMILIES and f in TINY and layout_of(f) is not None
              and layout_of(f).one_graph]

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import torch
 
 from .plan import active
-from .plan.dynamic_dims import mark_layout_dims
 from .plan.batch import PLAN_KEY, Plan, draft_plan, finish_plan, plan_inputs
+from .plan.dynamic_dims import mark_layout_dims
 from .plan.spec import ModelSpec
 from .plan.validate import check_batch, check_inputs
 
