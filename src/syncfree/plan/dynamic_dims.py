@@ -14,12 +14,16 @@ images and its 3 columns share one, which the next batch of 4 images breaks; and
   symbol per quantity (``shape_id``), so no coincidence of values and no 0 or 1 makes another graph;
 - every other dimension (columns, channels, rotary axes, table rows): static (``mark_static``).
 
-These are attributes of the tensor objects that only Dynamo reads: an eager forward does not see them. On a PyTorch
-whose ``mark_unbacked`` has no ``shape_id`` the per-item dimensions are marked dynamic instead.
+The unbacked marks and the carriers only for a family whose traced forward was shown to take them
+(``Layout.stream``): code that branches on a per-item size cannot be traced with an unbacked one. Elsewhere, and on a
+PyTorch whose ``mark_unbacked`` has no ``shape_id``, the per-item dimensions are marked dynamic (Dynamo may still
+specialize them: a graph per count). These are attributes of the tensor objects that only Dynamo reads: an eager
+forward does not see them.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -31,23 +35,25 @@ _PLAN_COUNTS = ("n_image_tokens", "n_video_tokens", "n_audio_tokens")
 _VISION_COUNTS = ("max_seqlen", "max_window_seqlen")
 
 
-def _shape_ids() -> bool:
-    from torch._dynamo.decorators import mark_unbacked
-
-    return "shape_id" in inspect.signature(mark_unbacked).parameters
-
-
-def _mark(t: torch.Tensor, dynamic: tuple[int, ...] = (), per_item: dict | None = None) -> None:
-    """``dynamic``: dims marked dynamic; ``per_item``: dim -> shape id of dims marked unbacked; the rest static."""
+@functools.cache
+def _markers():
+    """Dynamo's markers (imported on first use: importing syncfree loads no Dynamo), and whether ``mark_unbacked``
+    takes a ``shape_id``."""
     from torch._dynamo.decorators import mark_static, mark_unbacked, maybe_mark_dynamic
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    if is_traceable_wrapper_subclass(t):  # (Dynamo marks no tensor subclass: the emulated device's, say)
-        return
+    return mark_static, mark_unbacked, maybe_mark_dynamic, "shape_id" in inspect.signature(mark_unbacked).parameters
+
+
+def _mark(t: torch.Tensor, dynamic: tuple[int, ...] = (), per_item: dict | None = None, unbacked: bool = True) -> None:
+    """``dynamic``: dims marked dynamic; ``per_item``: dim -> shape id of dims marked unbacked (dynamic where not
+    ``unbacked``); the rest static."""
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return  # (Dynamo marks no tensor subclass: the emulated device's, say)
+    mark_static, mark_unbacked, maybe_mark_dynamic, shape_ids = _markers()
     per_item = per_item or {}
     for d in range(t.dim()):
         if d in per_item:
-            if _shape_ids():
+            if shape_ids and unbacked:
                 mark_unbacked(t, d, shape_id=per_item[d])
             else:
                 maybe_mark_dynamic(t, d)
@@ -57,7 +63,7 @@ def _mark(t: torch.Tensor, dynamic: tuple[int, ...] = (), per_item: dict | None 
             mark_static(t, d)
 
 
-def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None) -> None:
+def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None, unbacked: bool) -> None:
     if t.dim() == 0:
         return
     if tokens is not None and t.dim() >= 2 and tuple(t.shape[-2:]) == tokens:
@@ -65,7 +71,7 @@ def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None) -> None
     elif t.dtype.is_floating_point and t.dim() >= 2:  # pixels, features: (patches, channels...)
         _mark(t, dynamic=(0,))
     else:  # grids and other per-item inputs: (items, columns), (items,)
-        _mark(t, per_item={0: f"syncfree.{name}"})
+        _mark(t, per_item={0: f"syncfree.{name}"}, unbacked=unbacked)
 
 
 def size_carriers(counts: dict) -> dict:
@@ -74,23 +80,29 @@ def size_carriers(counts: dict) -> dict:
 
 
 def mark_layout_dims(inputs: dict, plan) -> None:
-    """Mark the dimensions of the prepared ``inputs`` and of ``plan``'s tensors (see the module's rules), and give
-    the plan its size carriers."""
+    """Mark the dimensions of the prepared ``inputs`` and of ``plan``'s tensors (see the module's rules); for a family
+    whose layout says one graph serves a stream (``Layout.stream``), per-item dimensions unbacked and the plan's
+    counts as size carriers, elsewhere per-item dimensions dynamic."""
+    from .spec import layout_of
+
+    layout = layout_of(plan.spec.model_type)
+    stream = layout is not None and layout.stream
     ids = inputs.get("input_ids")
     tokens = tuple(ids.shape) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else tuple(plan.batch_shape)
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
-            _by_role(name, value, tokens)
+            _by_role(name, value, tokens, stream)
     for name, value in plan.host.items():
         if isinstance(value, torch.Tensor):
-            _by_role(name, value, tokens)
+            _by_role(name, value, tokens, stream)
     for name in ("position_ids", "rope_deltas"):
         value = getattr(plan, name, None)
         if isinstance(value, torch.Tensor):
-            _by_role(name, value, tokens)
+            _by_role(name, value, tokens, stream)
     if isinstance(plan.checksums, torch.Tensor):
         _mark(plan.checksums)  # (one per control input, then the seed and key: fixed for a set of inputs)
-    plan.carriers = size_carriers({n: getattr(plan, n, None) for n in _PLAN_COUNTS})
+    if stream:
+        plan.carriers = size_carriers({n: getattr(plan, n, None) for n in _PLAN_COUNTS})
     for name, carrier in plan.carriers.items():
         _mark(carrier, per_item={0: f"syncfree.{name}"})
     for kind in ("image", "video", "video_frames"):
@@ -101,14 +113,16 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         for name in ("grid_thw", "device_grid", "merge_sizes"):
             value = getattr(vp, name, None)
             if isinstance(value, torch.Tensor):
-                _mark(value, per_item=items)
+                _mark(value, per_item=items, unbacked=stream)
         if isinstance(vp.items, torch.Tensor):  # (one row per quantity, one column per item)
-            _mark(vp.items, per_item={1: items[0]})
+            _mark(vp.items, per_item={1: items[0]}, unbacked=stream)
         for name, each in (("cu_seqlens", "segments+1"), ("host_seqlens", "segments"), ("windows", "windows"),
                            ("cu_window_seqlens", "windows+1"), ("host_window_seqlens", "windows")):
             value = getattr(vp, name, None)
             if isinstance(value, torch.Tensor):
-                _mark(value, per_item={value.dim() - 1: f"syncfree.{kind}.{each}"})
+                _mark(value, per_item={value.dim() - 1: f"syncfree.{kind}.{each}"}, unbacked=stream)
+        if not stream:
+            continue
         vp.carriers = size_carriers({n: getattr(vp, n, None) or None for n in _VISION_COUNTS})
         for name, carrier in vp.carriers.items():
             _mark(carrier, per_item={0: f"syncfree.{kind}.{name}"})

@@ -105,6 +105,10 @@ class Layout:
     # call the plan (``rewrite.wrappers.traced_entry``). Only where that was shown (tests/test_one_graph.py); elsewhere a
     # traced call runs stock's code, breaks and all.
     one_graph: bool = False
+    # And one graph serves a stream of layouts: ``prepare`` marks the per-item sizes unbacked for Dynamo and hands the
+    # traced forward its counts as sizes (``plan.dynamic_dims``). Only where that was shown (tests/test_compile_stream.py);
+    # elsewhere those sizes are marked dynamic (Dynamo may still specialize them) and the counts are constants.
+    stream: bool = False
     # What the family adds to the shared plan (its inputs, grids, positions, fields): ``hooks.PlanHooks``.
     plan: PlanHooks = PlanHooks()
 

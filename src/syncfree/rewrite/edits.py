@@ -120,8 +120,6 @@ PLACEHOLDER_MASK = (
          'n_image_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
     Edit("stmt", "n_video_tokens = special_video_mask.sum()",
          'n_video_tokens = _syncfree.placeholder_count(input_ids, special_video_mask, "video")'),
-    # (its messages formatted only when a check fails: a traced forward with dynamic shapes cannot format a size)
-    Edit("lazy", "torch_compilable_check", "", count=None),
 )
 
 # get_image_features / get_video_features split the tower's features per item by sizes read from the grid: a host

@@ -5,7 +5,7 @@ that call helpers of its own live in its folder with them (``syncfree.families.<
 
 from __future__ import annotations
 
-from .edits import PLACEHOLDER_MASK, VISION_ATTENTION
+from .edits import VISION_ATTENTION
 from .rewriter import Edit
 
 __all__ = ["VISION_ATTENTION_SCALING", "PLACEHOLDER_NUMEL"]
@@ -34,5 +34,4 @@ PLACEHOLDER_NUMEL = (
          '_syncfree.placeholder_numel(inputs_embeds, special_image_mask, input_ids, "image")'),
     Edit("expr", "inputs_embeds[special_video_mask].numel()",
          '_syncfree.placeholder_numel(inputs_embeds, special_video_mask, input_ids, "video")'),
-    PLACEHOLDER_MASK[-1],  # (messages formatted only when a check fails)
 )

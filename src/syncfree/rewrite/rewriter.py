@@ -203,6 +203,11 @@ def _miscount(plain, filename: str, edit: Edit, found: int, lines: list[int]) ->
     return f"{said}; nearest installed code: {near.describe()}" if near is not None else said
 
 
+# Every rewritten function's check messages formatted only when a check fails (``"lazy"``): the same message, and a
+# forward traced with dynamic shapes never formats a symbolic size (which Dynamo cannot).
+LAZY_CHECK_MESSAGES = Edit("lazy", "torch_compilable_check", "", count=None)
+
+
 def rewrite(stock, edits: list[Edit], helpers, where: str):
     """The stock function ``stock`` (decorated or not) with ``edits`` applied to its innermost function.
 
@@ -219,7 +224,7 @@ def rewrite(stock, edits: list[Edit], helpers, where: str):
     if unknown:
         raise RewriteError(f"{where} uses closure variables {sorted(unknown)}")
     node, filename, _ = _function_node(plain)
-    replacer = _Replacer(edits)
+    replacer = _Replacer([*edits, LAZY_CHECK_MESSAGES])
     node.body = [replacer.visit(stmt) for stmt in node.body]
     node.body = [s for item in node.body for s in (item if isinstance(item, list) else [item])]
     problems = [_miscount(plain, filename, e, n, replacer.lines[e]) for e, n in replacer.hits.items()

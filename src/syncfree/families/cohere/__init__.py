@@ -21,7 +21,7 @@ __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASS
 
 FAMILIES: tuple[Family, ...] = (
     Family("cohere_compass", qwen3_vl_targets("CohereCompass"), Layout(family_module("cohere_compass"), **QWEN3_LAYOUT,
-                                                                                       one_graph=True)),
+                                                                                       one_graph=True, stream=True)),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2, an 8x8 learned table, three

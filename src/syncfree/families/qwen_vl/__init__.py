@@ -42,7 +42,8 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
 
 
 QWEN3_LAYOUT = dict(table=PositionTable(), frames_as_runs=True)
-ONE_GRAPH = dict(one_graph=True)  # (every family here traces whole: Layout.one_graph)
+# (every family here traces whole, and one graph serves a stream of layouts: Layout.one_graph, Layout.stream)
+ONE_GRAPH = dict(one_graph=True, stream=True)
 
 FAMILIES: tuple[Family, ...] = (
     _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH),
