@@ -31,7 +31,7 @@ from syncfree.presets import build_model
 
 
 def _tiny_preset(family: str) -> str:
-    return next(name for name, p in PRESETS.items() if p.model_type == family and name.endswith("-tiny"))
+    return next(name for name, p in PRESETS.items() if p.values["model_type"] == family and name.endswith("-tiny"))
 
 
 def _compile_seconds() -> float:

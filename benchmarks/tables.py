@@ -60,6 +60,8 @@ _WHY_LEFT = {
 # The command that writes each recorded file (the files that record their own command are read from it).
 COMMANDS = {
     "census.json": "syncfree census --out results",
+    "compile_stream.json": "python benchmarks/compile_stream.py --families qwen2_5_vl --batches 16 "
+                           "--out results/compile_stream.json",
     "bench-cpu.json": "syncfree bench --device cpu --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --budget 8 "
                       "--repeats 3 --out results --name bench-cpu",
     "bench-cpu-compiled.json": "syncfree bench --device cpu --models qwen3-vl-2b --scenarios image-448 "
@@ -579,6 +581,25 @@ def render_hf_tests() -> str:
             + "".join("\n" + line for line in releases))
 
 
+def render_compile_stream() -> str:
+    """docs/benchmarks.md: one compiled model over a stream of varied layouts, stock against patched."""
+    doc = _load("compile_stream.json")
+    meta = doc.get("meta", {})
+    rows = []
+    for row in doc["rows"]:
+        stock, patched = row["stock"], row["patched"]
+        after = ("error: " + patched["error"]) if "error" in patched else None
+        rows.append((display_name(row["family"]), row["batches"],
+                     f"{stock['graphs']} → " + (after or f"**{patched['graphs']}**"),
+                     f"{stock['compile_s']:.1f} → " + (after or f"**{patched['compile_s']:.1f}**"),
+                     f"{stock['wall_s']:.1f} → " + (after or f"{patched['wall_s']:.1f}")))
+    head = ("family", "batches", "graphs, stock → patched", "compile s, stock → patched", "whole stream s")
+    note = (f"Stock: `torch.compile(model)` on the processor's batches (graph breaks allowed); patched: "
+            f"`torch.compile(model, fullgraph=True)` on batches from `syncfree.prepare`; the same stream of varied "
+            f"layouts; backend {meta.get('backend', 'inductor')}, {meta.get('threads', 1)} thread, 2 CPU cores.\n\n")
+    return note + _table(head, rows, "lrrrr") + "\n" + _reproduce("compile_stream.json")
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "support": render_support,
     "families": render_families,
@@ -592,6 +613,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "launch-counts": render_launch_counts,
     "attention-crossover": render_attention_crossover,
     "host-cost": render_host_cost,
+    "compile-stream": render_compile_stream,
     "generate-syncs": render_generate_syncs,
     "train-steps": render_train_steps,
     "published-shapes": render_published_shapes,

@@ -14,7 +14,7 @@ import syncfree
 from syncfree.audit import emulate_cuda
 from syncfree.inputs import batch_to, build_inputs, named_layout
 from syncfree.plan.batch import PLAN_KEY, plan_inputs
-from syncfree.plan.checksum import _checksum, _host_checksum, assert_given_match, device_weights, host_weights
+from syncfree.plan.checksum import _GAMMA, _checksum, _host_checksum, assert_given_match, device_weights, host_weights
 from syncfree.presets import build_model
 
 
@@ -42,7 +42,7 @@ def test_every_control_tensor_is_checked():
     model = build_model("qwen3-vl-tiny")
     plan = syncfree.prepare(build_inputs(model.config, named_layout("mixed", side=64)), None, model)[PLAN_KEY]
     assert tuple(plan.host) == plan_inputs()
-    assert plan.checksums.numel() == len(plan_inputs()) + 2  # (then the weights' seed and key: nothing token-sized)
+    assert plan.checksums.numel() == len(plan_inputs()) + 3  # (then the weights' step, seed and key: nothing token-sized)
 
 
 @settings(max_examples=100, deadline=None)
@@ -82,7 +82,7 @@ def test_the_device_makes_the_hosts_weights_from_the_seed_and_key(n):
     from syncfree.plan import checksum
 
     seed, key, weights = host_weights(n)
-    table = torch.tensor([0, seed, key], dtype=torch.int64)
+    table = torch.tensor([0, _GAMMA, seed, key], dtype=torch.int64)
     assert np.array_equal(device_weights(table, n).numpy(), weights)
     assert checksum._SEED == -2 and checksum._KEY == -1
 
@@ -168,11 +168,29 @@ def test_a_device_tensor_that_became_float_is_refused_on_the_host():
             assert_given_match(plan, moved)
 
 
-def test_the_table_is_the_sums_then_seed_and_key():
+def test_the_table_is_the_sums_then_step_seed_and_key():
     from syncfree.plan.checksum import host_checksums
 
     host = {"input_ids": torch.zeros(2, 5, dtype=torch.long), "second_per_grid_ts": torch.ones(7)}
     table = host_checksums(host)
-    assert table.numel() == len(host) + 2
+    assert table.numel() == len(host) + 3
     weights = device_weights(table, 14)  # (7 floats: 14 halves, the longest)
     assert int(table[1]) == _host_checksum(host["second_per_grid_ts"], weights.numpy())
+
+
+def test_the_weights_and_checksum_inductor_compiles_are_the_eager_ones():
+    # (Inductor folded the weights' first step, a fresh arange times SplitMix64's step, at compile time and corrupted
+    # memory: a whole-graph compile then refused every prepared batch as stale, or crashed)
+    from syncfree.plan.checksum import _checksum, device_weights, host_checksums, weights_length
+
+    ids = torch.randint(0, 150_000, (2, 37), generator=torch.Generator().manual_seed(0))
+    table = host_checksums({"input_ids": ids})
+    n = weights_length({"input_ids": ids})
+
+    def checksum(values, table):
+        return _checksum(values, device_weights(table, n))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(checksum, fullgraph=True)(ids, table)
+    torch._dynamo.reset()
+    assert compiled == table[0] == checksum(ids, table)

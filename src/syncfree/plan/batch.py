@@ -74,7 +74,7 @@ class Plan(DeviceFields):
     n_audio_tokens: int = 0
     use_audio_in_video: bool = False
     rope_cache: dict = dataclasses.field(default_factory=dict)  # flag -> positions made on demand (the other flag)
-    # One keyed checksum per control tensor (``checksum.host_checksums``), then the seed and key of the plan's own
+    # One keyed checksum per control tensor (``checksum.host_checksums``), then the step, seed and key of the plan's own
     # random weights, so a forward given device tensors can check them against the plan on the device, without a wait
     # (``checksum.assert_given_match``), and the weights once made there (cached: every step of generate() checks).
     checksums: torch.Tensor | None = None

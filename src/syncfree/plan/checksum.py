@@ -41,8 +41,11 @@ from .tensors import host_array
 __all__ = ["host_checksums", "assert_given_match", "device_weights", "weights_length"]
 
 # The table has one checksum per control tensor the plan keeps (``Plan.host``, in its order: ``hooks.plan_inputs()``
-# when the plan was made), then the seed and the key of its weights (``_SEED``, ``_KEY``: offsets from its end).
-_SEED, _KEY = -2, -1
+# when the plan was made), then SplitMix64's step and the seed and the key of its weights (``_STEP``, ``_SEED``,
+# ``_KEY``: offsets from its end). The step travels with the table although it is a constant: a graph that multiplies
+# a fresh ``arange`` by a constant this large is folded at compile time by Inductor, which corrupts memory (PyTorch
+# 2.13, CPU); multiplied by a value of the table, the product is made when the graph runs.
+_STEP, _SEED, _KEY = -3, -2, -1
 
 # SplitMix64 (Steele, Lea and Flood 2014): a step of the golden ratio per place, then a finalizer that mixes every
 # bit into every bit. Its constants are above 2**63: written here as the int64 of the same bits.
@@ -55,11 +58,11 @@ def _shr(x, s: int):
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
-def _mixed(places, seed, key):
+def _mixed(places, seed, key, step=None):
     """The weights of ``places`` (int64 counters): SplitMix64 of ``seed`` stepped ``places`` times, XOR ``key``, odd.
     The same ops, bit for bit, on NumPy arrays (host) and PyTorch tensors (device; ``seed`` and ``key`` 0-d
     tensors there, so a traced graph does not specialise on them)."""
-    z = places * _GAMMA + seed
+    z = places * (_GAMMA if step is None else step) + seed
     z = (z ^ _shr(z, 30)) * _M1
     z = (z ^ _shr(z, 27)) * _M2
     return (z ^ _shr(z, 31) ^ key) | 1
@@ -139,7 +142,7 @@ def device_weights(table: torch.Tensor, n: int) -> torch.Tensor:
     """The ``n`` weights of a plan's checksum table, made where the table lives (from its seed and key: no copy,
     no read)."""
     places = torch.arange(n, dtype=torch.int64, device=table.device)
-    return _mixed(places, table[_SEED], table[_KEY])
+    return _mixed(places, table[_SEED], table[_KEY], table[_STEP])
 
 
 def weights_length(host: dict) -> int:
@@ -149,11 +152,11 @@ def weights_length(host: dict) -> int:
 
 def host_checksums(host: dict) -> torch.Tensor:
     """The plan's checksum table, from its host copies: one keyed checksum per entry of ``host`` (0 where the plan
-    has no such tensor), then the seed and key of the plan's own random weights."""
+    has no such tensor), then the step, seed and key of the plan's own random weights."""
     kept = [t if _checkable(t) else None for t in host.values()]
     seed, key, weights = host_weights(weights_length(host))
     sums = [_host_checksum(t, weights) if t is not None else 0 for t in kept]
-    return torch.tensor([*sums, seed, key], dtype=torch.int64)
+    return torch.tensor([*sums, _GAMMA, seed, key], dtype=torch.int64)
 
 
 def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
