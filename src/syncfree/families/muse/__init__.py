@@ -80,7 +80,7 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
                                    swap_hw=True, padding="zeros"),
                tower_merge=1, tower_holds_projector=False, merge_attr="merge_size", window_from_table=True,
                pixel_shuffle=True,
-               audio_tokens=audio, one_graph=True, stream=True, plan=PLAN if audio else PlanHooks()), helpers=audio_tokens)
+               audio_tokens=audio, one_graph=True, plan=PLAN if audio else PlanHooks()), helpers=audio_tokens)
 
 
 # Registered where the installed forward hands its tower the caller's kwargs and takes encoder outputs (Transformers
