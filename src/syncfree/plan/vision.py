@@ -138,6 +138,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does.
     ``merge_sizes``: a host (N,) tensor of each row's own merge size (``spec.item_merge_sizes``)."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
+    host = grid.numpy()
     if spec.item_merge_sizes and merge_sizes is not None:
         return _item_merge_plan(grid, rows, merge_sizes, spec, name)
     merge = spec.spatial_merge_size
@@ -153,19 +154,22 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         windows = tuple(sizes.tolist())
         extra.update(cu_window_seqlens=_cumulative(sizes), window_seqlens=windows, max_window_seqlen=max(windows),
                      windows=table)
-    seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
-    split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
+    # (Sizes per item in NumPy over the grid's columns, then one ``tolist``: a NaViT batch has thousands of crops.)
+    t, h, w = host.T
+    seqlens = np.repeat(h * w, t)
+    split_sizes = t * h * w // merge**2 // temporal_merge
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (a merger that adds a newline per row, begin and end)
-        split_sizes = tuple(t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
-                            for t, h, w in rows)
+        split_sizes = t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
     if spec.temporal_pooling is not None:  # a clip's frames averaged onto one frame's tokens
-        split_sizes = tuple(h * w // merge**2 for t, h, w in rows)
+        split_sizes = h * w // merge**2
     if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
-        seqlens = tuple(t * h * w for t, h, w in rows)
+        seqlens = t * h * w
+    cu_seqlens = _cumulative(seqlens)
+    seqlens, split_sizes = tuple(seqlens.tolist()), tuple(split_sizes.tolist())
     return VisionPlan(
         grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens, split_sizes=split_sizes,
-        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
-        items=item_columns(rows, table_spec), table_spec=table_spec,
+        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=cu_seqlens, device_grid=grid,
+        items=item_columns(host, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )
 
@@ -202,9 +206,11 @@ def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
     if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.is_complex():
         raise GridDtypeError(f"{name} must hold integers (torch.long), got {grid.dtype}")
     grid = grid.to("cpu", torch.long)
+    values = grid.numpy()  # (checked in NumPy, whole columns: a NaViT batch has thousands of rows)
+    if (values <= 0).any():
+        raise GridError(f"{name} must be positive everywhere, got {grid.tolist()}")
+    if (values[:, 1:] % merge).any():
+        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
+                        f"got {grid.tolist()}")
     rows = grid.tolist()  # host tensor: no device involved
-    if any(v <= 0 for row in rows for v in row):
-        raise GridError(f"{name} must be positive everywhere, got {rows}")
-    if any(h % merge or w % merge for _, h, w in rows):
-        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, got {rows}")
     return grid, rows
