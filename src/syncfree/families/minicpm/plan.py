@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...plan.hooks import PlanHooks
+from .canvas_rope import canvas_rope_index
 
 __all__ = ["PLAN"]
 
@@ -48,4 +49,5 @@ def feature_words(kind: str, tokens: int, features: int, spec) -> str:
 
 
 PLAN = PlanHooks(inputs=_SIZES, per_item=((_SIZES[0], "image"), (_SIZES[1], "video")), grid_inputs=_SIZES,
-                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS, feature_words=feature_words)
+                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS, feature_words=feature_words,
+                 rope_index=canvas_rope_index)
