@@ -57,6 +57,8 @@ class VisionPlan(DeviceFields):
     tables_made: dict = field(default_factory=dict, compare=False, repr=False)
 
     _TENSORS = ("cu_seqlens", "device_grid", "items", "cu_window_seqlens", "windows")
+    # (The per-item and per-window tables travel narrowed: a NaViT batch has thousands of crops, 27 values each.)
+    _NARROW = ("items", "windows")
 
     @property
     def num_patches(self) -> int:
