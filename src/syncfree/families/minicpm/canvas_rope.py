@@ -195,23 +195,18 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
         slice_h[has], slice_w[has] = lh[first_slice], lw[first_slice]
         canvas_h[has], canvas_w[has] = rows * slice_h[has], cols[has] * slice_w[has]
 
-    # Origins: text tokens before the frame in its row, plus each earlier frame's advance.
+    # One prefix sum over the row: a text token advances the position by one, a frame's span by its canvas' larger
+    # side + 1, booked on its last token; so every token of a span sits at the frame's origin (its base coat), and a
+    # text token at its own position.
     in_frame = np.zeros(K + 1, dtype=np.int64)
     np.add.at(in_frame, fs, 1)
     np.add.at(in_frame, end, -1)
-    text = np.cumsum(in_frame[:K]) == 0
-    text_before = np.concatenate(([0], np.cumsum(text)))
-    advance = np.maximum(canvas_h, canvas_w) + 1
-    advanced = np.concatenate(([0], np.cumsum(advance)))
-    row_first_frame = np.searchsorted(frow, np.arange(row_begin.shape[0]))
-    origin = text_before[fs] - text_before[row_begin[frow]] + advanced[:-1] - advanced[row_first_frame[frow]]
-
-    token = np.arange(K)
-    frames_before = np.searchsorted(fs, token, side="right")  # frames whose span starts at or before each token
-    text_pos = (text_before[:K] - text_before[row_begin[row_of]] + advanced[frames_before]
-                - advanced[row_first_frame[row_of]])
-    owner = np.maximum(frames_before - 1, 0)
-    positions[:] = np.where(text, text_pos, origin[owner] if F else 0)  # text, and each frame's base coat
+    advance = (np.cumsum(in_frame[:K]) == 0).astype(np.int64)
+    advance[end - 1] = np.maximum(canvas_h, canvas_w) + 1
+    before = np.cumsum(advance) - advance
+    pos = before - np.append(before, 0)[row_begin][row_of]  # (a row with no kept token begins at K)
+    positions[:] = pos
+    origin = pos[fs]
 
     def marker(where, h, w, keep=None):
         where, h, w = (where, h, w) if keep is None else (where[keep], h[keep], w[keep])
