@@ -62,7 +62,11 @@ def grid_rope_numpy(spec, host: dict) -> dict | None:
         keep = host_array(mask) == 1
     else:
         keep = np.ones((B, S), dtype=bool)
-    xs, row_of = x[keep], np.nonzero(keep)[0]
+    padded = not keep.all()
+    if padded:
+        xs, row_of = x[keep], np.nonzero(keep)[0]
+    else:  # (no padding: the rows as they are, and no scatter back)
+        xs, row_of = x.reshape(-1), np.repeat(np.arange(B), S)
     kept = keep.sum(1)
     if not kept.all():
         return None  # (a row with no kept token: left to stock)
@@ -94,15 +98,23 @@ def grid_rope_numpy(spec, host: dict) -> dict | None:
     before = total - advance
     pos = before - before[row_begin][row_of]
     positions = np.broadcast_to(pos, (3, K)).copy()
+    # (int32 per token: division is the costly op there; none for the frame where every image is one frame)
     length = e - s
-    place = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    small = np.int32 if K < 2**31 else np.int64
+    place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
     tokens = np.repeat(s, length) + place
-    frame, rest = np.divmod(place, np.repeat(h * w, length))
-    row, col = np.divmod(rest, np.repeat(w, length))
+    if (t == 1).all():
+        frame, rest = 0, place
+    else:
+        frame, rest = np.divmod(place, np.repeat((h * w).astype(small), length))
+    row, col = np.divmod(rest, np.repeat(w.astype(small), length))
     origin = np.repeat(pos[s], length)
     positions[0, tokens], positions[1, tokens], positions[2, tokens] = origin + frame, origin + row, origin + col
-    out = np.ones((3, B, S), dtype=np.int64)
-    out[:, keep] = positions
+    if padded:
+        out = np.ones((3, B, S), dtype=np.int64)
+        out[:, keep] = positions
+    else:
+        out = positions.reshape(3, B, S)
     # Each sample's position after its prompt: its row's advances (stock's current_pos).
     final = np.add.reduceat(advance, row_begin)
 

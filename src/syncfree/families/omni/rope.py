@@ -84,11 +84,15 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
     counts = keep.sum(1)
     if not counts.all():
         return None  # (stock fails on a row with no kept token)
-    xs, row_of = x[keep], np.nonzero(keep)[0]
+    padded = not keep.all()
+    if padded:
+        xs, row_of = x[keep], np.nonzero(keep)[0]
+    else:  # (no padding: the rows as they are, and no scatter back)
+        xs, row_of = x.reshape(-1), np.repeat(np.arange(B), S)
     K = xs.shape[0]
     row_end = np.cumsum(counts)
     row_begin = row_end - counts
-    if np.isin(xs, (config.audio_token_id, config.audio_start_token_id)).any():
+    if ((xs == config.audio_token_id) | (xs == config.audio_start_token_id)).any():
         return None  # (audio: stock's own interleaving)
     start_id = config.vision_start_token_id
     kind = np.where(xs == config.image_token_id, 1, np.where(xs == config.video_token_id, 2, 0))
@@ -158,12 +162,17 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
     positions = np.broadcast_to(pos, (3, K)).copy()
     origin = pos[s - 1] + 1  # where each item's placeholders start
     positions[:, e] = origin + top + 1  # the closing token
+    # Each placeholder's place in its item, frame, row and column (int32: division is the costly op per token; no
+    # frame division where every item is one frame, as images are).
     length = e - s
-    place = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    small = np.int32 if K < 2**31 else np.int64
+    place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
     tokens = np.repeat(s, length) + place
-    area = np.repeat(lh * lw, length)
-    frame, rest = np.divmod(place, area)
-    row, col = np.divmod(rest, np.repeat(lw, length))
+    if (t == 1).all():
+        frame, rest = 0, place
+    else:
+        frame, rest = np.divmod(place, np.repeat((lh * lw).astype(small), length))
+    row, col = np.divmod(rest, np.repeat(lw.astype(small), length))
     first_frame = np.repeat(np.cumsum(t) - t, length)
     base = np.repeat(origin, length)
     positions[0, tokens] = base + offsets[first_frame + frame]
@@ -173,6 +182,9 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
         return None
     deltas = np.maximum.reduceat(positions.max(axis=0), row_begin) + 1 - counts
     dtype = np.float32 if qwen3 else np.int64
-    out = np.full((3, B, S), 0 if qwen3 else 1, dtype=dtype)
-    out[:, keep] = positions
+    if padded:
+        out = np.full((3, B, S), 0 if qwen3 else 1, dtype=dtype)
+        out[:, keep] = positions
+    else:
+        out = positions.reshape(3, B, S).astype(dtype, copy=False)
     return torch.from_numpy(out), torch.from_numpy(deltas.astype(dtype))[:, None]
