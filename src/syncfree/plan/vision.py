@@ -169,14 +169,14 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     cu_seqlens = _cumulative(seqlens)
     seqlens, split_sizes = tuple(seqlens.tolist()), tuple(split_sizes.tolist())
     return VisionPlan(
-        grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens, split_sizes=split_sizes,
+        grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=cu_seqlens, device_grid=grid,
         items=item_columns(host, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )
 
 
-def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpec, name: str) -> VisionPlan:
+def _item_merge_plan(grid: torch.Tensor, rows: tuple, merge_sizes, spec: ModelSpec, name: str) -> VisionPlan:
     """The plan of a grid whose rows have their own merge sizes: stock's split ``t*h*w // merge**2`` per row, the
     rotary ids made with each row's merge (no window, no learned table in such a tower)."""
     merges_name = name.replace("grid_thw", "merge_sizes")
@@ -187,11 +187,12 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
     merge_sizes = merge_sizes.to("cpu", torch.long)
     merges = merge_sizes.tolist()  # host tensor: no device involved
     if any(m <= 0 or h % m or w % m for (_, h, w), m in zip(rows, merges)):
-        raise GridError(f"{name} heights and widths must be multiples of their {merges_name}, got {rows} and {merges}")
+        raise GridError(f"{name} heights and widths must be multiples of their {merges_name}, got {grid.tolist()} and "
+                        f"{merges}")
     table_spec = TableSpec(spec.vision_module, 1, None, None, spec.patch_size, item_merges=True)
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     return VisionPlan(
-        grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens,
+        grid_thw=grid, rows=rows, seqlens=seqlens,
         split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         items=item_columns(rows, table_spec, merges), table_spec=table_spec,
@@ -199,7 +200,7 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
     )
 
 
-def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
+def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, tuple]:
     """The grid as int64 on the host, and its rows as Python ints (checked there: a few integers)."""
     if not isinstance(grid, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of shape (N, 3), got {type(grid).__name__}")
@@ -214,5 +215,16 @@ def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
     if (values[:, 1:] % merge).any():
         raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
                         f"got {grid.tolist()}")
-    rows = grid.tolist()  # host tensor: no device involved
-    return grid, rows
+    return grid, _rows_of(values)
+
+
+def _rows_of(values: np.ndarray) -> tuple:
+    """The grid's rows as a tuple of ``(t, h, w)`` tuples of Python ints, one tuple object per distinct row: a NaViT
+    batch has thousands of crops of a few sizes, and a tuple per row was a good part of its plan's host time."""
+    if values.shape[0] <= 64 or int(values.max()) >= 2**20:
+        return tuple(map(tuple, values.tolist()))
+    span = int(values.max()) + 1
+    _, first, inverse = np.unique((values[:, 0] * span + values[:, 1]) * span + values[:, 2], return_index=True,
+                                  return_inverse=True)
+    distinct = [tuple(row) for row in values[first].tolist()]
+    return tuple(map(distinct.__getitem__, inverse.reshape(-1).tolist()))
