@@ -153,8 +153,16 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     ts, te = cs[frame_crop], ce[frame_crop]
     fs = ts - 1
     # A frame's span ends past the markers after its last crop (stock's _frame_end_idx), at its row's end at most.
-    non_marker = np.append(np.flatnonzero(~np.isin(xs, markers)), K)
-    fe = np.minimum(non_marker[np.searchsorted(non_marker, ce[last_crop])], row_end[frow])
+    fe, limit = ce[last_crop].copy(), row_end[frow]
+    for _ in range(8):  # (a step per marker after the crop, over the frames: a frame closes with one or two)
+        going = np.flatnonzero(fe < limit)
+        going = going[np.isin(xs[fe[going]], markers)]
+        if not going.shape[0]:
+            break
+        fe[going] += 1
+    else:  # (a longer run of markers: the first non-marker after each frame, by one pass over the tokens)
+        non_marker = np.append(np.flatnonzero(~np.isin(xs, markers)), K)
+        fe = np.minimum(non_marker[np.searchsorted(non_marker, ce[last_crop])], limit)
     end = fe.copy()  # clipped where the next frame of the row begins: its writes come later in stock
     same_row = frow[1:] == frow[:-1]
     end[:-1][same_row] = np.minimum(end[:-1][same_row], fs[1:][same_row])
