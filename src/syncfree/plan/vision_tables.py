@@ -132,7 +132,7 @@ _W = {name: i for i, name in enumerate(WINDOW)}
 def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
     """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size).
 
-    Whole-column NumPy arithmetic, not a Python tuple per item: a NaViT batch (MiniCPM-V) has thousands of crops, and
+    Whole-column NumPy arithmetic, not a Python tuple per item: a NaViT batch has thousands of crops, and
     the per-item loop was most of its plan's host time."""
     grid = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
     t, h, w = grid.T
