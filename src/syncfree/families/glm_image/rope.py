@@ -87,22 +87,24 @@ def grid_rope_numpy(spec, host: dict) -> dict | None:
     if not (np.array_equal(e - s, t * h * w) and (s >= previous).all()):
         return None  # (stock's pieces would not tile the row as its tokens do)
 
-    # One prefix sum: text advances by one a token, an image by max(h, w) (booked on its first token).
-    advance = np.ones(K, dtype=np.int64)
-    spans = np.zeros(K + 1, dtype=np.int64)
-    np.add.at(spans, s, 1)
-    np.add.at(spans, e, -1)
-    advance[np.cumsum(spans[:K]) > 0] = 0
-    advance[s] = np.maximum(h, w)
-    total = np.cumsum(advance)
-    before = total - advance
-    pos = before - before[row_begin][row_of]
-    positions = np.broadcast_to(pos, (3, K)).copy()
-    # (int32 per token: division is the costly op there; none for the frame where every image is one frame)
+    # Each image token's place in its image (int32 per token: division is the costly op there; none for the frame
+    # where every image is one frame).
     length = e - s
     small = np.int32 if K < 2**31 else np.int64
     place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
     tokens = np.repeat(s, length) + place
+
+    # One prefix sum: text advances by one a token, an image by max(h, w) (booked on its first token).
+    advance = np.ones(K, dtype=np.int64)
+    advance[tokens] = 0
+    advance[s] = np.maximum(h, w)
+    total = np.cumsum(advance)
+    before = total - advance
+    if padded:
+        pos = before - before[row_begin][row_of]
+    else:  # (rows of S tokens: each row's start by broadcasting, not a gather per token)
+        pos = (before.reshape(B, S) - before[row_begin][:, None]).reshape(-1)
+    positions = np.broadcast_to(pos, (3, K)).copy()
     if (t == 1).all():
         frame, rest = 0, place
     else:

@@ -95,7 +95,7 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
     if ((xs == config.audio_token_id) | (xs == config.audio_start_token_id)).any():
         return None  # (audio: stock's own interleaving)
     start_id = config.vision_start_token_id
-    kind = np.where(xs == config.image_token_id, 1, np.where(xs == config.video_token_id, 2, 0))
+    kind = (xs == config.image_token_id).view(np.int8) + 2 * (xs == config.video_token_id).view(np.int8)
     row_starts = np.zeros(K, dtype=bool)
     row_starts[row_begin] = True
     starts, lengths = runs_of(kind, row_starts)
@@ -150,37 +150,43 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
             offsets[chosen] = found
     top = np.maximum(np.maximum.reduceat(offsets, np.cumsum(t) - t) if n else offsets[:0], np.maximum(lh, lw) - 1)
 
-    # One prefix sum: a text token advances by one, an item (from <vision_start> to its closing token) by top + 3.
-    advance = np.ones(K, dtype=np.int64)
-    spans = np.zeros(K + 1, dtype=np.int64)
-    np.add.at(spans, s - 1, 1)
-    np.add.at(spans, e + 1, -1)
-    advance[np.cumsum(spans[:K]) > 0] = 0
-    advance[s - 1] = top + 3
-    before = np.cumsum(advance) - advance
-    pos = before - before[row_begin][row_of]
-    positions = np.broadcast_to(pos, (3, K)).copy()
-    origin = pos[s - 1] + 1  # where each item's placeholders start
-    positions[:, e] = origin + top + 1  # the closing token
     # Each placeholder's place in its item, frame, row and column (int32: division is the costly op per token; no
     # frame division where every item is one frame, as images are).
     length = e - s
     small = np.int32 if K < 2**31 else np.int64
     place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
     tokens = np.repeat(s, length) + place
-    if (t == 1).all():
-        frame, rest = 0, place
+
+    # One prefix sum: a text token advances by one, an item (from <vision_start> to its closing token) by top + 3,
+    # booked on its <vision_start>.
+    advance = np.ones(K, dtype=np.int64)
+    advance[tokens] = 0
+    advance[e] = 0
+    advance[s - 1] = top + 3
+    before = np.cumsum(advance) - advance
+    if padded:
+        pos = before - before[row_begin][row_of]
+    else:  # (rows of S tokens: each row's start by broadcasting, not a gather per token)
+        pos = (before.reshape(B, S) - before[row_begin][:, None]).reshape(-1)
+    positions = np.broadcast_to(pos, (3, K)).copy()
+    origin = pos[s - 1] + 1  # where each item's placeholders start
+    positions[:, e] = origin + top + 1  # the closing token
+    first_frame = np.cumsum(t) - t
+    if (t == 1).all():  # (one frame an item: its time offset is the item's)
+        row, col = np.divmod(place, np.repeat(lw.astype(small), length))
+        base = np.repeat(origin, length)
+        positions[0, tokens] = np.repeat(origin + offsets[first_frame], length)
     else:
         frame, rest = np.divmod(place, np.repeat((lh * lw).astype(small), length))
-    row, col = np.divmod(rest, np.repeat(lw.astype(small), length))
-    first_frame = np.repeat(np.cumsum(t) - t, length)
-    base = np.repeat(origin, length)
-    positions[0, tokens] = base + offsets[first_frame + frame]
+        row, col = np.divmod(rest, np.repeat(lw.astype(small), length))
+        base = np.repeat(origin, length)
+        positions[0, tokens] = base + offsets[np.repeat(first_frame, length) + frame]
     positions[1, tokens] = base + row
     positions[2, tokens] = base + col
-    if qwen3 and np.abs(positions).max(initial=0) >= _EXACT:
+    top_of_token = positions.max(axis=0)
+    if qwen3 and (top_of_token.max(initial=0) >= _EXACT or ((offsets < 0).any() and -positions.min() >= _EXACT)):
         return None
-    deltas = np.maximum.reduceat(positions.max(axis=0), row_begin) + 1 - counts
+    deltas = np.maximum.reduceat(top_of_token, row_begin) + 1 - counts
     dtype = np.float32 if qwen3 else np.int64
     if padded:
         out = np.full((3, B, S), 0 if qwen3 else 1, dtype=dtype)
