@@ -212,7 +212,11 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     advance = (np.cumsum(in_frame[:K]) == 0).astype(np.int64)
     advance[end - 1] = np.maximum(canvas_h, canvas_w) + 1
     before = np.cumsum(advance) - advance
-    pos = before - np.append(before, 0)[row_begin][row_of]  # (a row with no kept token begins at K)
+    lengths_of_rows = row_end - row_begin
+    if (lengths_of_rows == lengths_of_rows[0]).all():  # (rows of one length: each row's start by broadcasting)
+        pos = (before.reshape(row_begin.shape[0], -1) - before[row_begin][:, None]).reshape(-1)
+    else:
+        pos = before - np.append(before, 0)[row_begin][row_of]  # (a row with no kept token begins at K)
     positions[:] = pos
     origin = pos[fs]
 
@@ -251,9 +255,10 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     crop_h_off[slice_idx], crop_w_off[slice_idx] = h_off, w_off
     base = origin[frame_of]
     length = ce - cs
-    place = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    small = np.int32 if K < 2**31 else np.int64
+    place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
     tokens = np.repeat(cs, length) + place
-    entry = np.repeat(table_start[inverse.reshape(-1)], length) + place
+    entry = np.repeat(table_start[inverse.reshape(-1)].astype(small), length) + place
     positions[1, tokens] = np.repeat(base + crop_h_off, length) + table[0, entry]
     positions[2, tokens] = np.repeat(base + crop_w_off, length) + table[1, entry]
 
