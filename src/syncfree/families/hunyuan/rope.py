@@ -77,12 +77,6 @@ def _scatter(positions: np.ndarray, B: int, S: int, keep) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _token_runs(starts, lengths):
-    """For each kept token: its run, and its place in the run."""
-    run = np.repeat(np.arange(starts.shape[0]), lengths)
-    return run, np.arange(int(lengths.sum())) - starts[run]
-
-
 def hunyuan_rope_index(spec, host: dict, mask):
     """HunYuan-VL's ``get_rope_index`` (``len(mrope_section)`` axes), as stock gives it; None where not modelled."""
     config = spec.config
@@ -108,9 +102,10 @@ def hunyuan_rope_index(spec, host: dict, mask):
         if not (framed | (length == tokens)).all():
             return None  # (stock raises: a run that is not its grid's tokens)
         first = starts[image] + framed
-        place = np.arange(int(tokens.sum())) - np.repeat(np.cumsum(tokens) - tokens, tokens)
+        small = np.int32 if K < 2**31 else np.int64  # (int32: division is the costly op per token)
+        place = np.arange(int(tokens.sum()), dtype=small) - np.repeat((np.cumsum(tokens) - tokens).astype(small), tokens)
         where = np.repeat(first, tokens) + place
-        row, col = np.divmod(place, np.repeat(lw + 1, tokens))
+        row, col = np.divmod(place, np.repeat((lw + 1).astype(small), tokens))
         offset = axes - 3
         positions[offset, where] = col
         positions[offset + 1, where] = row
@@ -150,12 +145,21 @@ def hyv4_rope_index(spec, host: dict, mask):
     before = np.cumsum(advance) - advance
     row_start = before[np.searchsorted(starts, row_begin)]
     base = before - row_start[run_row]  # where each run starts in its row
-    run, k = _token_runs(starts, lengths)
-    token_base = base[run]
-    frame, rest = np.divmod(k, np.maximum(frame_tokens[run], 1))
-    row, col = np.divmod(rest, lw[run] + 1)
-    token_vision = vision[run]
-    shift = token_base + np.where(token_vision, frame * block[run], k)
-    positions = np.stack([shift, shift + np.where(token_vision, row, 0), shift + np.where(token_vision, col, 0)])
+    # Per token, from its run's values by np.repeat (int32 where it fits: division is the costly op per token; no
+    # frame division where every image or video is one frame).
+    K = int(lengths.sum())
+    small = np.int32 if K < 2**31 else np.int64
+    k = np.arange(K, dtype=small) - np.repeat(starts.astype(small), lengths)
+    token_vision = np.repeat(vision, lengths)
+    if (t[vision] == 1).all():
+        frame_part, rest = 0, k
+    else:
+        frame, rest = np.divmod(k, np.repeat(np.maximum(frame_tokens, 1).astype(small), lengths))
+        frame_part = frame * np.repeat(block, lengths)
+    row, col = np.divmod(rest, np.repeat((lw + 1).astype(small), lengths))
+    positions = np.empty((3, K), dtype=np.int64)
+    np.add(np.repeat(base, lengths), np.where(token_vision, frame_part, k), out=positions[0])
+    np.add(positions[0], np.where(token_vision, row, 0), out=positions[1])
+    np.add(positions[0], np.where(token_vision, col, 0), out=positions[2])
     deltas = np.maximum.reduceat(positions.max(axis=0), row_begin) + 1 - counts
     return _scatter(positions, B, S, keep), torch.from_numpy(deltas.astype(np.int64))[:, None]
