@@ -75,6 +75,8 @@ COMMANDS = {
     "launch_counts.json": "python benchmarks/launch_counts.py --out results/launch_counts.json",
     "attention_crossover.json": "python benchmarks/attention_crossover.py --out-dir results",
     "host_cost.json": "python benchmarks/host_cost.py --repeats 20 --syncs --out results/host_cost.json",
+    "host_cost_families.json": "python benchmarks/host_cost.py --families --repeats 10 "
+                               "--out benchmarks/results/host_cost_families.json",
     "generate_syncs.json": "python benchmarks/generate_syncs.py --out results/generate_syncs.json",
     "emulation_overhead.json": "python benchmarks/emulation_overhead.py "
                                "--out results/emulation_overhead.json",
@@ -485,6 +487,26 @@ def render_host_cost() -> str:
             f"to the device (host tables → device tables): {loaded} (`host_cost_under_load.json`).\n")
 
 
+def render_host_cost_families() -> str:
+    """docs/benchmarks.md: every fully supported family's plan at its largest standard layout, before and after."""
+    now = _load("host_cost_families.json")
+    before = {r["family"]: r for r in _load("host_cost_families_before.json")["families"]}
+    rows = []
+    for r in now["families"]:
+        old = before.get(r["family"], {})
+        if "error" in r:
+            rows.append((r["family"], "", "", r["error"], "", ""))
+            continue
+        rows.append((r["family"], f"{r['tokens']:,}", f"{old['ms_1_thread']:.2f}" if "ms_1_thread" in old else "",
+                     f"{r['ms_1_thread']:.2f}", f"{old['bytes_per_token']:.1f}" if "bytes_per_token" in old else "",
+                     f"{r['bytes_per_token']:.1f}"))
+    head = ("family", "tokens", "ms before", "ms after", "B/token before", "B/token after")
+    return (f"Minimum of {now['repeats']} `prepare()` calls, 1 thread, {now['cpus']} CPU cores (shared: timings "
+            "move by a tenth of a millisecond from run to run); before: the earlier plan, measured by the same command "
+            "on the same machine just before (`host_cost_families_before.json`).\n\n"
+            + _table(head, rows, "lrrrrr") + "\n" + _reproduce("host_cost_families.json"))
+
+
 def render_generate_syncs() -> str:
     doc = _load("generate_syncs.json")
     rows = [(r["cache"], r["variant"], r["prefill"], _span(r["decode_steps"]), r["outside_forwards"], r["total"],
@@ -614,6 +636,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "attention-crossover": render_attention_crossover,
     "host-cost": render_host_cost,
     "compile-stream": render_compile_stream,
+    "host-cost-families": render_host_cost_families,
     "generate-syncs": render_generate_syncs,
     "train-steps": render_train_steps,
     "published-shapes": render_published_shapes,

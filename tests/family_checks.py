@@ -371,3 +371,29 @@ def two_rows(config, preset: str) -> dict:
     batch = processor_batch(config, samples, pad_token_id=PRESETS[preset].pad_token_id)
     assert batch["attention_mask"][1, 0] == 0 and batch["attention_mask"][0].all(), "the second row is left-padded"
     return batch
+
+
+def edited_first_row(batch: dict, edits) -> dict:
+    """``batch`` with its first row's kept tokens edited, ids and token types together (the other rows, and the
+    padding side, as they were; the mask keeps the edited row's tokens): ``edits`` as ``(op, at, type)`` with op
+    "drop" (the token at ``at``, modulo the row), "insert" (a text token, or a placeholder of ``type``, before it) or
+    "retype" (its type set to ``type``). For checking a host index on layouts no processor writes."""
+    ids, types, mask = (batch[n][0].tolist() for n in ("input_ids", "mm_token_type_ids", "attention_mask"))
+    row = [(i, t) for i, t, m in zip(ids, types, mask) if m]
+    for op, at, kind in edits:
+        at = at % (len(row) + 1)
+        if op == "drop" and at < len(row) and len(row) > 1:
+            del row[at]
+        elif op == "insert":
+            row.insert(at, (row[min(at, len(row) - 1)][0], kind))
+        elif op == "retype" and at < len(row):
+            row[at] = (row[at][0], kind)
+    left = mask[0] == 0
+    width = max(len(row), batch["input_ids"].shape[1])
+    out = dict(batch)
+    for name, first in (("input_ids", [i for i, _ in row]), ("mm_token_type_ids", [t for _, t in row]),
+                        ("attention_mask", [1] * len(row))):
+        rows = [first] + [batch[name][r].tolist() for r in range(1, batch[name].shape[0])]
+        rows = [([0] * (width - len(r)) + r) if left else (r + [0] * (width - len(r))) for r in rows]
+        out[name] = torch.tensor(rows, dtype=batch[name].dtype)
+    return out

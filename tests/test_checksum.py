@@ -194,3 +194,29 @@ def test_the_weights_and_checksum_inductor_compiles_are_the_eager_ones():
     compiled = torch.compile(checksum, fullgraph=True)(ids, table)
     torch._dynamo.reset()
     assert compiled == table[0] == checksum(ids, table)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensors=st.lists(st.tuples(st.sampled_from([torch.int64, torch.int32, torch.bool, torch.float32]),
+                                  st.lists(st.integers(-2**40, 2**40) | st.integers(0, 5), min_size=0, max_size=40)),
+                        min_size=1, max_size=4))
+def test_each_sum_in_the_table_is_the_keyed_checksum_of_its_halves(tensors):
+    """Every entry of ``host_checksums``' table (which takes small non-negative values by the even weights alone) is
+    the general keyed checksum of that tensor's halves with the plan's weights, as the device computes it: values
+    small and large, negative, booleans, floats, empty tensors."""
+    from syncfree.plan.checksum import host_checksums
+
+    host = {}
+    for i, (dtype, values) in enumerate(tensors):
+        t = torch.tensor(values, dtype=torch.int64)
+        if dtype is torch.bool:
+            t = t % 2 == 1
+        elif dtype is torch.int32:
+            t = t.clamp(-2**31, 2**31 - 1).to(torch.int32)
+        elif dtype is torch.float32:
+            t = t.to(torch.float32)
+        host[f"t{i}"] = t
+    table = host_checksums(host)
+    weights = device_weights(table, max(2 * t.numel() for t in host.values())).numpy()
+    for i, t in enumerate(host.values()):
+        assert int(table[i]) == _host_checksum(t, weights)

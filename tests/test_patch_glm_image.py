@@ -207,3 +207,67 @@ def test_the_audit_scopes(scope):
     reports, _ = run_compare(AuditSpec(model=NAME, inputs="images", scope=scope), "emulated")
     assert len(reports["stock"].syncs) > 0 and len(reports["patched+prepare"].syncs) == 0
     assert len(reports["patched"].syncs) <= (2 if scope == "vision" else 1)
+
+
+_EDITS = st.one_of(st.just([]), st.lists(st.tuples(
+    st.sampled_from(["drop", "insert", "replace"]), st.integers(0, 10**6),
+    st.sampled_from(["text", "image_start", "image_end", "image", "empty_image"])), min_size=1, max_size=3))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(drawn=_batches(), left=st.booleans(), seed=st.integers(0, 2**16), edits=_EDITS, per_sample=st.booleans(),
+       masked=st.booleans())
+def test_the_numpy_index_is_stocks(drawn, left, seed, edits, per_sample, masked):
+    """The plan's NumPy index (``families/glm_image/rope``) against stock's own ``get_rope_index`` run on the same host
+    tensors: positions, deltas, the decode positions it leaves on the model and the prefill length, over random
+    layouts (source images or none, either padding, with and without a mask or ``images_per_sample``) and the same
+    with a few ids dropped, inserted or replaced. Where it answers, every value is stock's; where it does not, the plan
+    runs stock's index. The processor's own layouts it must answer."""
+    from syncfree.families.glm_image.rope import grid_rope_numpy
+    from syncfree.plan.rope_stock import stock_on_host
+    from syncfree.plan.spec import ModelSpec
+
+    rows, target = drawn
+    config = _pair()[0].config
+    spec = ModelSpec.from_config(config)
+    batch = _inputs(config, rows, "left" if left else "right", seed, target)
+    if edits:
+        ids, mask = batch["input_ids"][0].tolist(), batch["attention_mask"][0].tolist()
+        row = [i for i, m in zip(ids, mask) if m]
+        token = {"text": 7, "image_start": config.image_start_token_id, "image_end": config.image_end_token_id,
+                 "image": config.image_token_id}
+        for op, at, what in edits:
+            at = at % (len(row) + 1)
+            if op == "drop" and at < len(row) and len(row) > 1:
+                del row[at]
+            elif op == "insert" and what == "empty_image":  # (an image with no tokens: one more pair than grids)
+                row[at:at] = [config.image_start_token_id, config.image_end_token_id]
+            elif op == "insert":
+                row.insert(at, token[what])
+            elif op == "replace" and at < len(row) and what != "empty_image":
+                row[at] = token[what]
+        width = max(len(row), batch["input_ids"].shape[1])
+        for name, first in (("input_ids", row), ("attention_mask", [1] * len(row))):
+            full = [first] + [batch[name][r].tolist() for r in range(1, batch[name].shape[0])]
+            full = [([0] * (width - len(r)) + r) if left else (r + [0] * (width - len(r))) for r in full]
+            batch[name] = torch.tensor(full, dtype=torch.long)
+    host = {n: batch.get(n) for n in ("input_ids", "image_grid_thw", "images_per_sample", "attention_mask")}
+    if not per_sample:
+        host["images_per_sample"] = None
+    if not masked and bool(batch["attention_mask"].all()):
+        host["attention_mask"] = None
+    got = grid_rope_numpy(spec, host)
+    if not edits and (per_sample or batch["input_ids"].shape[0] == 1):
+        assert got is not None  # (the processor's layouts: never left to stock's walk)
+    if got is None:
+        return
+    (positions, deltas), model = stock_on_host(spec.vision_module, spec.host_rope_class, config, "get_rope_index",
+                                               **host)
+    want = dict(position_ids=positions, rope_deltas=deltas, decode_position_ids=model._cached_decode_position_ids,
+                prefill_len=model._prefill_len)
+    assert got["prefill_len"] == want["prefill_len"]
+    for name in ("position_ids", "rope_deltas", "decode_position_ids"):
+        g, w = got[name], want[name]
+        assert (g is None) == (w is None)
+        if w is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)

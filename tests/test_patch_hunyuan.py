@@ -16,6 +16,7 @@ import syncfree
 from family_checks import (
     check_forward_equals_stock,
     check_prepared_prefill_is_sync_and_copy_free,
+    edited_first_row,
     model_pair,
     standard_layouts,
     tower_graph_breaks,
@@ -147,3 +148,34 @@ def test_the_patched_towers_graph_breaks_are_its_own_grid_reads():
     grid_reads = ["for t, h, w in grid_thw:", "split_sizes = grid_thw.prod(dim=-1).tolist()",
                   "for grid, item in zip(grid_thw.tolist(), split_items):"]
     assert lines and all(line in grid_reads for line in lines), lines
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), left=st.booleans(),
+       seed=st.integers(0, 2**16), masked=st.booleans(),
+       edits=st.lists(st.tuples(st.sampled_from(["drop", "insert", "retype"]), st.integers(0, 10**6),
+                                st.integers(0, 2)), max_size=3))
+def test_the_numpy_index_is_stocks(rows, left, seed, masked, edits):
+    """The plan's NumPy index (``families/hunyuan/rope.hunyuan_rope_index``) against stock's own ``get_rope_index`` run on
+    the same host tensors, over random layouts (either padding, with and without a mask, text-only rows) and the same
+    with a few tokens dropped, inserted or retyped: where it answers, every position and delta is stock's; where it
+    does not, the plan runs stock's own index. The processor's own layouts it must answer."""
+    from syncfree.families.hunyuan.rope import hunyuan_rope_index
+    from syncfree.plan.rope_stock import stock_rope_index
+    from syncfree.plan.spec import ModelSpec
+
+    config = _pair()[0].config
+    spec = ModelSpec.from_config(config)
+    batch = _inputs(config, rows, "left" if left else "right", seed)
+    if edits:
+        batch = edited_first_row(batch, edits)
+    host = {n: batch.get(n) for n in ("input_ids", "mm_token_type_ids", "image_grid_thw")}
+    mask = batch["attention_mask"] if masked or not bool(batch["attention_mask"].all()) else None
+    got = hunyuan_rope_index(spec, host, mask)
+    if not edits:
+        assert got is not None  # (the processor's layouts: never left to stock's walk)
+    if got is None:
+        return
+    want = stock_rope_index(spec.vision_module, spec.host_rope_class, config, attention_mask=mask, **host)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)

@@ -158,3 +158,68 @@ def test_a_call_without_token_types_falls_back_as_stock_does():
         with pytest.raises(ValueError, match="mm_token_type_ids` is missing") as got:
             patched(**batch)
     assert str(got.value) == str(want.value)
+
+
+# Token edits that break the processor's layout in the ways stock's walk reads it: a marker dropped or doubled, text
+# between frames or slices, a newline where a ``</slice>`` was, two crops made to touch, a crop at a row's start.
+_EDITS = st.lists(st.tuples(st.sampled_from(["drop", "insert", "replace"]), st.integers(0, 10**6),
+                            st.sampled_from(["text", *MARKERS])), max_size=3)
+
+
+def _edited(batch: dict, edits, config) -> dict:
+    """``batch`` with its first row's kept tokens edited (ids and types together; padding kept at its side)."""
+    ids, types, mask = (batch[n][0].tolist() for n in ("input_ids", "mm_token_type_ids", "attention_mask"))
+    kept = [i for i, m in enumerate(mask) if m]
+    row = [(ids[i], types[i]) for i in kept]
+    for op, at, what in edits:
+        token = (7, 0) if what == "text" else (MARKERS[what], 0)
+        at = at % (len(row) + 1)
+        if op == "drop" and at < len(row) and len(row) > 1:
+            del row[at]
+        elif op == "insert":
+            row.insert(at, token)
+        elif op == "replace" and at < len(row):
+            row[at] = token
+    S = max(len(row), batch["input_ids"].shape[1])
+    out = {k: v for k, v in batch.items()}
+    left = mask[0] == 0 or (mask[-1] == 1 and kept and kept[0] > 0)
+    new = {}
+    for name, values, pad in (("input_ids", [i for i, _ in row], 0), ("mm_token_type_ids", [t for _, t in row], 0),
+                              ("attention_mask", [1] * len(row), 0)):
+        rows = [values] + [batch[name][r].tolist() for r in range(1, batch[name].shape[0])]
+        widths = [len(r) for r in rows]
+        padded = [([pad] * (S - w) + r if left else r + [pad] * (S - w)) if i == 0 else
+                  ([pad] * (S - w) + r if left else r + [pad] * (S - w)) for i, (r, w) in enumerate(zip(rows, widths))]
+        new[name] = torch.tensor(padded, dtype=batch[name].dtype)
+    out.update(new)
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), left=st.booleans(),
+       seed=st.integers(0, 2**16), edits=_EDITS, masked=st.booleans())
+def test_the_numpy_canvas_index_is_stocks(rows, left, seed, edits, masked):
+    """The plan's NumPy canvas index (``families/minicpm/canvas_rope``) against stock's own ``get_rope_index`` run on
+    the same host tensors, over random layouts (thumbnails with and without slices, video frames, text-only rows,
+    either padding, with and without a mask) and the same with a few tokens dropped, inserted or replaced: where it
+    answers, every position and delta is stock's; where it does not (a layout it does not model), the plan runs stock's
+    own index. The processor's own layouts it must answer."""
+    from syncfree.families.minicpm.canvas_rope import canvas_rope_index
+    from syncfree.plan.rope_stock import stock_rope_index
+    from syncfree.plan.spec import ModelSpec
+
+    config = model_pair(PRESET)[0].config
+    spec = ModelSpec.from_config(config)
+    batch = build_minicpm_inputs(config, rows, padding_side="left" if left else "right", seed=seed)
+    if edits:
+        batch = _edited(batch, edits, config)
+    host = {n: batch.get(n) for n in ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos")}
+    mask = batch["attention_mask"] if masked or not bool(batch["attention_mask"].all()) else None
+    got = canvas_rope_index(spec, host, mask)
+    if not edits:
+        assert got is not None  # (the processor's layouts: never left to stock's walk)
+    if got is None:
+        return
+    want = stock_rope_index(spec.vision_module, spec.host_rope_class, config, attention_mask=mask, **host)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)

@@ -136,6 +136,84 @@ def test_planned_rope_index_equals_stock_on_random_layouts(rows, padding, name):
     assert all(torch.equal(g, w) for g, w in zip(_inner(patched).get_rope_index(*args), want))
 
 
+# Rows the NumPy index takes (text, images and videos at a few frame rates, with Qwen3-Omni's float time offsets
+# whole or not), and a few token edits that break the layout it models.
+vision_items = st.one_of(st.tuples(st.just("text"), st.integers(1, 4)),
+                         st.tuples(st.just("image"), st.integers(1, 3), st.integers(1, 3)),
+                         st.tuples(st.just("video"), st.integers(1, 3), st.integers(1, 2),
+                                   st.sampled_from([0.5, 1.0, 2.0, 3.0, 0.7])))
+_EDITS = st.one_of(st.just([]), st.lists(st.tuples(
+    st.sampled_from(["drop", "insert", "replace"]), st.integers(0, 10**6),
+    st.sampled_from(["text", "vision_start", "vision_end", "image", "video", "audio"])), min_size=1, max_size=2))
+
+
+def _vision_item(spec, u: int):
+    if spec[0] == "video":
+        return Video(2 * spec[1], u * spec[2], u, fps=spec[3])
+    return _item(spec, u)
+
+
+def _edit_ids(batch: dict, edits, config) -> dict:
+    """The first row's kept ids edited (the mask grown or shrunk with them, padding at its side)."""
+    ids, mask = batch["input_ids"][0].tolist(), batch["attention_mask"][0].tolist()
+    row = [i for i, m in zip(ids, mask) if m]
+    token = {"text": 7, "vision_start": config.vision_start_token_id, "vision_end": config.vision_end_token_id,
+             "image": config.image_token_id, "video": config.video_token_id, "audio": config.audio_token_id}
+    for op, at, what in edits:
+        at = at % (len(row) + 1)
+        if op == "drop" and at < len(row) and len(row) > 1:
+            del row[at]
+        elif op == "insert":
+            row.insert(at, token[what])
+        elif op == "replace" and at < len(row):
+            row[at] = token[what]
+    width = max(len(row), batch["input_ids"].shape[1])
+    left = mask[0] == 0
+    out = dict(batch)
+    for name, first in (("input_ids", row), ("attention_mask", [1] * len(row))):
+        rows = [first] + [batch[name][r].tolist() for r in range(1, batch[name].shape[0])]
+        rows = [([0] * (width - len(r)) + r) if left else (r + [0] * (width - len(r))) for r in rows]
+        out[name] = torch.tensor(rows, dtype=batch[name].dtype)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.lists(vision_items, min_size=1, max_size=4), min_size=1, max_size=3),
+       padding=st.sampled_from(["left", "right"]), name=st.sampled_from(PRESETS), edits=_EDITS,
+       flag=st.booleans())
+def test_the_numpy_index_is_stocks(rows, padding, name, edits, flag):
+    """The plan's NumPy index (``families/omni/rope``) against stock's own ``get_rope_index`` run on the same host
+    tensors, over random rows of text, images and videos (either padding, text-only rows, frame rates whose time
+    offsets are whole or not, either audio flag) and the same with a few ids dropped, inserted or replaced: where it
+    answers, every position and delta is stock's, dtype included; where it does not, the plan runs stock's index.
+    Rows as the processor writes them, with whole time offsets, it must answer."""
+    from syncfree.plan.rope_stock import stock_rope_on_host
+    from syncfree.plan.spec import ModelSpec
+
+    config = _pair(name)[0].config
+    spec = ModelSpec.from_config(config)
+    samples = [[_vision_item(item, _unit(_pair(name)[0])) for item in row] for row in rows]
+    batch = build_omni_inputs(config, samples, padding_side=padding)
+    if edits:
+        batch = _edit_ids(batch, edits, config)
+    host = {"input_ids": batch["input_ids"], "image_grid_thw": batch.get("image_grid_thw"),
+            "video_grid_thw": batch.get("video_grid_thw"), "video_second_per_grid": batch.get("video_second_per_grid")}
+    got = spec.hooks.rope_index(spec, host, batch["attention_mask"], use_audio_in_video=flag)
+    whole = all(item[0] != "video" or float(item[3] ** -1 * 2 * config.position_id_per_seconds).is_integer()
+                for row in rows for item in row)
+    videos = any(item[0] == "video" for row in rows for item in row)
+    if not edits and (host["image_grid_thw"] is not None or videos) and (whole or "2.5" in name) \
+            and not (flag and videos):
+        assert got is not None  # (the processor's layouts: never left to stock's walk)
+    if got is None:
+        return
+    want = stock_rope_on_host(spec.vision_module, spec.rope_class, config, batch["input_ids"],
+                              batch["attention_mask"], host["image_grid_thw"], host["video_grid_thw"], flag, None,
+                              host["video_second_per_grid"])
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+
+
 @pytest.mark.parametrize("name, dtype", [("qwen2.5-omni-tiny", torch.float32), ("qwen3-omni-tiny", torch.bfloat16)])
 @pytest.mark.parametrize("layout", ["everything, and a text-only row", "video with its audio"])
 def test_prepared_prefill_has_no_sync_and_moved_inputs_one(name, dtype, layout):

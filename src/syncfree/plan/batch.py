@@ -361,6 +361,10 @@ def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     if ((spec.mrope or spec.host_rope_class is not None) and ids is not None and mm_types is not None
             and ids.shape == mm_types.shape and has_vision and (given_mask is None or mask is not None)):
         if spec.host_rope_class is not None:  # the family's own index, as stock, on the host
+            # (Its NumPy form where the family declares one and it models the layout: stock's walk costs milliseconds.)
+            found = spec.hooks.rope_index(spec, host, mask) if spec.hooks.rope_index is not None else None
+            if found is not None:
+                return (*found, False)
             try:
                 return (*stock_rope_index(spec.vision_module, spec.host_rope_class, spec.config, input_ids=ids,
                                           mm_token_type_ids=mm_types, image_grid_thw=host["image_grid_thw"],

@@ -150,12 +150,43 @@ def weights_length(host: dict) -> int:
     return max([_length(t) for t in host.values() if _checkable(t)], default=0)
 
 
+def _small_values(t: torch.Tensor) -> np.ndarray | None:
+    """An integer or boolean host tensor's values as int64 where every one is in [0, 2**31) (token ids, types, a 0/1
+    mask): their high halves are 0 and their low halves the values themselves; else None."""
+    if t.dtype.is_floating_point:
+        return None
+    values = host_array(t).reshape(-1)
+    if values.shape[0] and (values.min() < 0 or values.max() >= 2**31):
+        return None
+    return values.astype(np.int64, copy=False)
+
+
 def host_checksums(host: dict) -> torch.Tensor:
     """The plan's checksum table, from its host copies: one keyed checksum per entry of ``host`` (0 where the plan
-    has no such tensor), then the step, seed and key of the plan's own random weights."""
+    has no such tensor), then the step, seed and key of the plan's own random weights.
+
+    A tensor whose values are all in [0, 2**31) has every high half 0: its checksum is the dot product of its values
+    with the even weights alone, the same number without splitting it into halves nor making the odd weights (the
+    token-sized tensors are such, and were most of the checksums' host time)."""
     kept = [t if _checkable(t) else None for t in host.values()]
-    seed, key, weights = host_weights(weights_length(host))
-    sums = [_host_checksum(t, weights) if t is not None else 0 for t in kept]
+    n = weights_length(host)
+    seed, table = _host_hash(n)
+    key = _random_int64()
+    mixed = np.int64(key)
+    small = [_small_values(t) if t is not None else None for t in kept]
+    full = None
+    if any(t is not None and v is None for t, v in zip(kept, small)):
+        full = table[:n] ^ mixed | np.int64(1)
+    even = table[0:n:2] ^ mixed | np.int64(1) if any(v is not None for v in small) else None
+    sums = []
+    with np.errstate(over="ignore"):
+        for t, values in zip(kept, small):
+            if t is None:
+                sums.append(0)
+            elif values is not None:
+                sums.append(int(np.dot(values, even[:values.shape[0]])))
+            else:
+                sums.append(_host_checksum(t, full))
     return torch.tensor([*sums, _GAMMA, seed, key], dtype=torch.int64)
 
 

@@ -109,6 +109,9 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         vp = getattr(plan, kind, None)
         if vp is None:
             continue
+        if stream:  # (the segment lengths the traced attention's operator reads on the host)
+            vp.host_seqlens = torch.tensor([s + vp.segment_prefix for s in vp.seqlens], dtype=torch.int64)
+            vp.host_window_seqlens = torch.tensor(vp.window_seqlens, dtype=torch.int64) if vp.window_seqlens else None
         items = {0: f"syncfree.{kind}_grid_thw"}  # (the grid's rows: the input's own shape id, see _by_role)
         for name in ("grid_thw", "device_grid", "merge_sizes"):
             value = getattr(vp, name, None)

@@ -43,6 +43,11 @@ class PlanHooks:
     # ``positions(spec, host) -> dict``: the family's own rotary positions as Plan fields (``position_ids``,
     # ``rope_deltas`` and what else its index leaves), instead of the Qwen-VL index.
     positions: Callable | None = None
+    # ``rope_index(spec, host, mask) -> (position_ids, rope_deltas) | None``: the family's own rotary index
+    # (``Layout.host_rope_class``) computed on the host copies without stock's token-by-token walk, exactly stock's
+    # numbers; None where it does not model the batch's layout (the plan then runs stock's own index on the host).
+    # An Omni thinker's (``Layout.rope_class``) is also given ``use_audio_in_video=``.
+    rope_index: Callable | None = None
     # ``fields(spec, host) -> dict``: Plan fields the family adds (its audio encoder's plan).
     fields: Callable | None = None
     # ``expand(plan, k) -> dict``: the inputs of a batch generate() expanded ``k`` times, where the shared rule

@@ -28,8 +28,13 @@ def items_per_row_by_count(runs: Runs, image: VisionPlan | None, video: VisionPl
         chosen = runs.kinds == kind
         tokens = np.bincount(runs.rows[chosen], weights=runs.lengths[chosen], minlength=runs.n_rows)
         sizes = kept_sizes(host, vp) if kind == 2 else vp.split_sizes  # (a compressed video: what it keeps)
-        ends, row_ends = np.cumsum(sizes), np.cumsum(tokens.astype(np.int64))
-        if np.isin(row_ends, np.concatenate(([0], ends))).all():
+        ends = np.cumsum(np.fromiter(sizes, np.int64, len(sizes)))
+        row_ends = np.cumsum(tokens.astype(np.int64))
+        # Each row must end where an item ends (or before the first): a lookup in the sorted ends, not ``np.isin``
+        # (which sorts both sides: a NaViT batch has thousands of crops).
+        bounds = np.concatenate(([0], ends))
+        at = np.minimum(np.searchsorted(bounds, row_ends), bounds.shape[0] - 1)
+        if (bounds[at] == row_ends).all():
             found[name] = tuple(np.diff(np.searchsorted(ends, row_ends, side="right"), prepend=0).tolist())
         else:
             found[name] = ()

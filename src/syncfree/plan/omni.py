@@ -5,8 +5,11 @@ Kept apart from ``plan.py`` (which builds the ``Plan``): what an Omni batch adds
 
 from __future__ import annotations
 
+import numpy as np
+
 from .audio import audio_plan
 from .rope_stock import mm_counts_per_row, stock_rope_on_host
+from .tensors import host_array
 
 __all__ = ["omni_rope", "omni_fields"]
 
@@ -16,6 +19,10 @@ def omni_rope(spec, host: dict, mask, use_audio_in_video: bool):
     ids = host["input_ids"]
     if ids is None or mask is None:  # (stock's compute_3d_position_ids needs both too)
         return None
+    if spec.hooks.rope_index is not None:  # (the family's NumPy form, where it models the batch: no token walk)
+        found = spec.hooks.rope_index(spec, host, mask, use_audio_in_video=use_audio_in_video)
+        if found is not None:
+            return found
     features = host.get("feature_attention_mask")
     try:
         return stock_rope_on_host(spec.vision_module, spec.rope_class, spec.config, ids, mask,
@@ -31,5 +38,6 @@ def omni_fields(spec, host: dict, use_audio_in_video: bool) -> dict:
     n_window, n_window_infer = spec.audio_window
     audio = audio_plan(features, spec.vision_module, n_window, n_window_infer) if features is not None else None
     images, videos, _ = mm_counts_per_row(ids, dict(spec.rope_key)) if ids is not None else ((), (), ())
-    return dict(audio=audio, n_audio_tokens=int((ids == spec.audio_token_id).sum()) if ids is not None else 0,
+    audio_tokens = int(np.count_nonzero(host_array(ids) == spec.audio_token_id)) if ids is not None else 0
+    return dict(audio=audio, n_audio_tokens=audio_tokens,
                 use_audio_in_video=use_audio_in_video, images_per_row=tuple(images), videos_per_row=tuple(videos))

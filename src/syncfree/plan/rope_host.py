@@ -140,8 +140,13 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
     small = np.int32 if kept_types.shape[0] < 2**31 and (hm * wm).max(initial=0) < 2**31 else np.int64
     k = np.arange(kept_types.shape[0], dtype=small) - np.repeat(starts.astype(small), lengths)
     token_base = np.repeat(base, lengths)
-    area, width = np.repeat((hm * wm).astype(small), lengths), np.repeat(wm.astype(small), lengths)
-    frame, rest = np.divmod(k, area)
+    width = np.repeat(wm.astype(small), lengths)
+    if (t[vision] == 1).all() and step is None:
+        # Every vision run is one frame (images; Qwen3-VL's video frames): each token's frame is 0 and its place in
+        # the frame its place in the run, without a division per token.
+        frame, rest = 0, k
+    else:
+        frame, rest = np.divmod(k, np.repeat((hm * wm).astype(small), lengths))
     if step is not None:  # video frames sit step apart in time (truncated like stock's .long())
         token_step = np.repeat(step, lengths)
         scaled = (frame.astype(token_step.dtype) * token_step).astype(np.int64)
@@ -149,14 +154,15 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
     token_vision, token_text = np.repeat(vision, lengths), np.repeat(kinds == 0, lengths)
     along = np.where(token_text, k, 0)  # text: all three axes advance together
     row, col = np.divmod(rest, width)
-    t_pos = token_base + np.where(token_vision, frame, along)
-    h_pos = token_base + np.where(token_vision, row, along)
-    w_pos = token_base + np.where(token_vision, col, along)
+    kept = np.empty((3, kept_types.shape[0]), dtype=np.int64)  # (written in place: no stacked copy)
+    np.add(token_base, np.where(token_vision, frame, along), out=kept[0])
+    np.add(token_base, np.where(token_vision, row, along), out=kept[1])
+    np.add(token_base, np.where(token_vision, col, along), out=kept[2])
     if keep is None:
-        pos = np.stack([t_pos, h_pos, w_pos]).reshape(3, B, S)
+        pos = kept.reshape(3, B, S)
     else:
         pos = np.zeros((3, B, S), dtype=np.int64)
-        pos[:, keep] = np.stack([t_pos, h_pos, w_pos])
+        pos[:, keep] = kept
     # Positions are >= 0 and padding is 0, so a plain max over the row is the max over its kept tokens
     # (stock fails on a row with none; here, as in rope_index, such a row gets delta 1).
     kept_per_row = S if keep is None else keep.sum(1)

@@ -38,6 +38,7 @@ def same_host_values(value, kept) -> bool:
 
 
 _NUMPY_FREE = frozenset({torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})  # (dtypes NumPy cannot hold)
+_NUMPY_OF = {torch.int16: np.int16, torch.int32: np.int32}
 
 
 class DeviceFields:
@@ -46,28 +47,41 @@ class DeviceFields:
 
     _TENSORS: tuple[str, ...] = ()
     _PARTS: tuple[str, ...] = ()
-    # int64 tensors among ``_TENSORS`` whose values fit in 32 bits (token positions): they travel as int32, half the
-    # bytes, and are widened back to int64 on the device (one elementwise op there; the same values).
+    # int64 tensors among ``_TENSORS`` whose values fit in fewer bits (token positions, per-item tables): they travel
+    # as int16 where every value fits, else int32 where every value fits (a quarter or half the bytes), and are widened
+    # back to int64 on the device (one elementwise op there; the same values).
     _NARROW: tuple[str, ...] = ()
 
     def _present(self, names: tuple[str, ...]) -> dict:
         return {f: getattr(self, f) for f in names if getattr(self, f) is not None}
 
-    def _narrowed(self, name: str, t: torch.Tensor) -> bool:
-        return name in self._NARROW and t.dtype == torch.int64 and t.device.type == "cpu" and t.numel() > 0 \
-            and -2**31 <= int(t.min()) and int(t.max()) < 2**31  # (host tensors: no device read)
+    def _narrow_dtype(self, name: str, t: torch.Tensor):
+        """The dtype ``t`` travels in, narrowed (``_NARROW``), or None: its own. (Host tensors, read in NumPy: no
+        device read, no PyTorch op.)"""
+        if name not in self._NARROW or t.dtype != torch.int64 or t.device.type != "cpu" or t.numel() == 0:
+            return None
+        values = host_array(t)
+        low, high = int(values.min()), int(values.max())
+        if -2**15 <= low and high < 2**15:
+            return torch.int16
+        return torch.int32 if -2**31 <= low and high < 2**31 else None
 
     def to(self, device):
         on_device = device is not None and torch.device(device).type != "cpu"
-        moved = {f: move(t.to(torch.int32), device).to(torch.int64) if on_device and self._narrowed(f, t)
-                 else move(t, device) for f, t in self._present(self._TENSORS).items()}
+        moved = {}
+        for f, t in self._present(self._TENSORS).items():
+            narrow = self._narrow_dtype(f, t) if on_device else None
+            moved[f] = (move(t, device) if narrow is None else
+                        move(torch.from_numpy(host_array(t).astype(_NUMPY_OF[narrow])), device).to(torch.int64))
         moved.update({f: part.to(device) for f, part in self._present(self._PARTS).items()})
         return dataclasses.replace(self, **moved, device=str(torch.device(device)))
 
     def nbytes(self) -> int:
         """Bytes of the tensors this plan moves to the device with its batch (its parts' included)."""
-        own = sum(t.numel() * (4 if self._narrowed(f, t) else t.element_size())
-                  for f, t in self._present(self._TENSORS).items())
+        own = 0
+        for f, t in self._present(self._TENSORS).items():
+            narrow = self._narrow_dtype(f, t)
+            own += t.numel() * (t.element_size() if narrow is None else narrow.itemsize)
         return own + sum(part.nbytes() for part in self._present(self._PARTS).values())
 
     def pin_memory(self):

@@ -55,8 +55,9 @@ class VisionPlan(DeviceFields):
     segment_prefix: int = 0
     # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
     tables_made: dict = field(default_factory=dict, compare=False, repr=False)
-    # ``seqlens`` (with ``segment_prefix``) and ``window_seqlens`` as host int64 tensors, made with the plan: what a
-    # traced forward hands the vision attention (``traced_kwargs``), whose sizes Dynamo keeps dynamic.
+    # ``seqlens`` (with ``segment_prefix``) and ``window_seqlens`` as host int64 tensors, for a family one graph
+    # serves a stream of (``plan.dynamic_dims``, at ``prepare``): what its traced forward hands the vision attention
+    # (``rewrite.segments.TracedSegments``), sizes Dynamo keeps dynamic.
     host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
     host_window_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
@@ -66,13 +67,10 @@ class VisionPlan(DeviceFields):
     # ``max_seqlen`` and ``max_window_seqlen`` for a traced forward, as sizes (see ``Plan.carriers``).
     carriers: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.host_seqlens is None:
-            self.host_seqlens = torch.tensor([s + self.segment_prefix for s in self.seqlens], dtype=torch.int64)
-        if self.host_window_seqlens is None and self.window_seqlens:
-            self.host_window_seqlens = torch.tensor(self.window_seqlens, dtype=torch.int64)
 
     _TENSORS = ("cu_seqlens", "device_grid", "items", "cu_window_seqlens", "windows")
+    # (The per-item and per-window tables travel narrowed: a NaViT batch has thousands of crops, 27 values each.)
+    _NARROW = ("items", "windows")
 
     @property
     def num_patches(self) -> int:
@@ -144,7 +142,7 @@ class VisionPlan(DeviceFields):
                 tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
             kwargs["frame_lengths"] = list(self.seqlens)
-        if not traced:
+        if not (traced and self.host_seqlens is not None):  # (else the caller's: rewrite.segments.TracedSegments)
             kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
 
@@ -161,6 +159,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does.
     ``merge_sizes``: a host (N,) tensor of each row's own merge size (``spec.item_merge_sizes``)."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
+    host = grid.numpy()
     if spec.item_merge_sizes and merge_sizes is not None:
         return _item_merge_plan(grid, rows, merge_sizes, spec, name)
     merge = spec.spatial_merge_size
@@ -176,25 +175,28 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         windows = tuple(sizes.tolist())
         extra.update(cu_window_seqlens=_cumulative(sizes), window_seqlens=windows, max_window_seqlen=max(windows),
                      windows=table)
-    seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
-    split_sizes = tuple(t * h * w // merge**2 // temporal_merge for t, h, w in rows)
+    # (Sizes per item in NumPy over the grid's columns, then one ``tolist``: a NaViT batch has thousands of crops.)
+    t, h, w = host.T
+    seqlens = np.repeat(h * w, t)
+    split_sizes = t * h * w // merge**2 // temporal_merge
     if spec.row_extra_tokens or spec.item_extra_tokens:  # (a merger that adds a newline per row, begin and end)
-        split_sizes = tuple(t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
-                            for t, h, w in rows)
+        split_sizes = t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
     if spec.temporal_pooling is not None:  # a clip's frames averaged onto one frame's tokens
-        split_sizes = tuple(h * w // merge**2 for t, h, w in rows)
+        split_sizes = h * w // merge**2
     if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
-        seqlens = tuple(t * h * w for t, h, w in rows)
+        seqlens = t * h * w
+    cu_seqlens = _cumulative(seqlens)
+    seqlens, split_sizes = tuple(seqlens.tolist()), tuple(split_sizes.tolist())
     return VisionPlan(
-        grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens, split_sizes=split_sizes,
-        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
+        grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes,
+        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=cu_seqlens, device_grid=grid,
         features_follow_patches=sum(split_sizes) * merge**2 == sum(seqlens) and not spec.segment_class_token,
-        items=item_columns(rows, table_spec), table_spec=table_spec,
+        items=item_columns(host, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )
 
 
-def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpec, name: str) -> VisionPlan:
+def _item_merge_plan(grid: torch.Tensor, rows: tuple, merge_sizes, spec: ModelSpec, name: str) -> VisionPlan:
     """The plan of a grid whose rows have their own merge sizes: stock's split ``t*h*w // merge**2`` per row, the
     rotary ids made with each row's merge (no window, no learned table in such a tower)."""
     merges_name = name.replace("grid_thw", "merge_sizes")
@@ -205,11 +207,12 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
     merge_sizes = merge_sizes.to("cpu", torch.long)
     merges = merge_sizes.tolist()  # host tensor: no device involved
     if any(m <= 0 or h % m or w % m for (_, h, w), m in zip(rows, merges)):
-        raise GridError(f"{name} heights and widths must be multiples of their {merges_name}, got {rows} and {merges}")
+        raise GridError(f"{name} heights and widths must be multiples of their {merges_name}, got {grid.tolist()} and "
+                        f"{merges}")
     table_spec = TableSpec(spec.vision_module, 1, None, None, spec.patch_size, item_merges=True)
     seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
     return VisionPlan(
-        grid_thw=grid, rows=tuple(map(tuple, rows)), seqlens=seqlens,
+        grid_thw=grid, rows=rows, seqlens=seqlens,
         split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
         max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
         items=item_columns(rows, table_spec, merges), table_spec=table_spec,
@@ -217,7 +220,7 @@ def _item_merge_plan(grid: torch.Tensor, rows: list, merge_sizes, spec: ModelSpe
     )
 
 
-def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
+def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, tuple]:
     """The grid as int64 on the host, and its rows as Python ints (checked there: a few integers)."""
     if not isinstance(grid, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of shape (N, 3), got {type(grid).__name__}")
@@ -226,9 +229,22 @@ def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, list]:
     if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.is_complex():
         raise GridDtypeError(f"{name} must hold integers (torch.long), got {grid.dtype}")
     grid = grid.to("cpu", torch.long)
-    rows = grid.tolist()  # host tensor: no device involved
-    if any(v <= 0 for row in rows for v in row):
-        raise GridError(f"{name} must be positive everywhere, got {rows}")
-    if any(h % merge or w % merge for _, h, w in rows):
-        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, got {rows}")
-    return grid, rows
+    values = grid.numpy()  # (checked in NumPy, whole columns: a NaViT batch has thousands of rows)
+    if (values <= 0).any():
+        raise GridError(f"{name} must be positive everywhere, got {grid.tolist()}")
+    if (values[:, 1:] % merge).any():
+        raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
+                        f"got {grid.tolist()}")
+    return grid, _rows_of(values)
+
+
+def _rows_of(values: np.ndarray) -> tuple:
+    """The grid's rows as a tuple of ``(t, h, w)`` tuples of Python ints, one tuple object per distinct row: a NaViT
+    batch has thousands of crops of a few sizes, and a tuple per row was a good part of its plan's host time."""
+    if values.shape[0] <= 64 or int(values.max()) >= 2**20:
+        return tuple(map(tuple, values.tolist()))
+    span = int(values.max()) + 1
+    _, first, inverse = np.unique((values[:, 0] * span + values[:, 1]) * span + values[:, 2], return_index=True,
+                                  return_inverse=True)
+    distinct = [tuple(row) for row in values[first].tolist()]
+    return tuple(map(distinct.__getitem__, inverse.reshape(-1).tolist()))

@@ -115,10 +115,10 @@ _I = {name: i for i, name in enumerate(ITEM)}
 _D = {name: len(ITEM) + 6 * i for i, name in enumerate(DECODINGS)}
 
 
-def _decoding_columns(m: int, across: int, frame: int) -> tuple[int, ...]:
-    """``_decode``'s six rows for ``m`` x ``m`` blocks, ``across`` blocks per row, ``frame`` patches per frame:
-    divisors and moduli of (block row, block col), then divisors of (row in block, col in block)."""
-    return (m * m * across, m * m, frame, max(across, 1), m, 1)
+def _decoding_columns(m: np.ndarray, across: np.ndarray, frame: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``_decode``'s six rows for ``m`` x ``m`` blocks, ``across`` blocks per row, ``frame`` patches per frame (one
+    value per item): divisors and moduli of (block row, block col), then divisors of (row in block, col in block)."""
+    return (m * m * across, m * m, frame, np.maximum(across, 1), m, np.ones_like(m))
 
 
 # The columns of ``window_columns``' table (Qwen2.5-VL's window attention): one column per window, in stock's order.
@@ -130,18 +130,21 @@ _W = {name: i for i, name in enumerate(WINDOW)}
 
 
 def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
-    """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size)."""
-    merges = list(merges) if merges is not None else [spec.merge] * len(rows)
+    """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size).
+
+    Whole-column NumPy arithmetic, not a Python tuple per item: a NaViT batch has thousands of crops, and
+    the per-item loop was most of its plan's host time."""
+    grid = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    t, h, w = grid.T
+    merge = np.asarray(merges, dtype=np.int64) if merges is not None else np.full_like(t, spec.merge)
     kh, kw = spec.pool or (1, 1)
     shuffle = spec.shuffle or 1
-    columns, start, pooled = [], 0, 0
-    for (t, h, w), merge in zip(rows, merges):
-        columns.append((t * h * w, start, t, h, w, h * w, merge, pooled, w // kw,
-                        *_decoding_columns(merge, w // merge, h * w), *_decoding_columns(merge, h // merge, h * w),
-                        *_decoding_columns(shuffle, w // shuffle, h * w)))
-        start += t * h * w
-        pooled += (h // kh) * (w // kw)
-    return torch.tensor(list(zip(*columns)), dtype=torch.long)  # (one row per column: built transposed)
+    count, frame = t * h * w, h * w
+    pooled = (h // kh) * (w // kw)
+    return torch.from_numpy(np.stack([
+        count, np.cumsum(count) - count, t, h, w, frame, merge, np.cumsum(pooled) - pooled, w // kw,
+        *_decoding_columns(merge, w // merge, frame), *_decoding_columns(merge, h // merge, frame),
+        *_decoding_columns(np.full_like(t, shuffle), w // shuffle, frame)]))
 
 
 def window_columns(rows, spec: TableSpec) -> torch.Tensor:

@@ -319,7 +319,7 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         # plan's count)
         patches = hidden_states.shape[0] if traced and hidden_states.dim() == 2 else None
         extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
-        if traced:
+        if traced and vp.host_seqlens is not None:
             extra["syncfree_seqlens"] = TracedSegments(
                 [(vp.cu_seqlens, vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])]
                 + ([(vp.cu_window_seqlens, vp.host_window_seqlens, lambda: vp.window_seqlens)] if vp.has_windows

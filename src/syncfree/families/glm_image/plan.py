@@ -5,7 +5,8 @@ image-to-image, a large and a small preview in text-to-image), and says how many
 ``images_per_sample``. The forward hands its tower only the sources (``get_image_grids_for_generation``: each
 sample's grids but its last), and its own rotary index places the prompt's positions and, for each row, the positions
 of every token still to be generated (``_cached_decode_position_ids``, which each decode step slices). Both are stock's
-own methods, run here on the plan's host copies: the same numbers by construction, no device involved.
+own methods, run here on the plan's host copies (the index in NumPy, ``rope.grid_rope_numpy``, where it models the
+layout): the same numbers, no device involved.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from ...plan.batch import rows_repeated
 from ...plan.hooks import PlanHooks
 from ...plan.rope_stock import stock_on_host
+from .rope import grid_rope_numpy
 
 __all__ = ["PLAN"]
 
@@ -39,6 +41,9 @@ def target_grid_rope(spec, host: dict) -> dict:
     stock's own index, which raises the same from the device)."""
     if host["input_ids"] is None or host["image_grid_thw"] is None:
         return dict(position_ids=None, rope_deltas=None)
+    found = grid_rope_numpy(spec, host)  # (stock's numbers without its walk, where the layout is one it models)
+    if found is not None:
+        return found
     try:
         (positions, deltas), model = stock_on_host(spec.vision_module, spec.host_rope_class, spec.config,
                                                    "get_rope_index", **{n: host[n] for n in _ROPE_INPUTS})

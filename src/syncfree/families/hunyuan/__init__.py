@@ -14,15 +14,17 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``im_start`` and ``im_end`` ids;
 * the placeholder check selects the placeholders with the expanded mask (``PLACEHOLDER_NUMEL``: the plan's count);
 * its rotary index (``len(mrope_section)`` axes; (width, height, image ordinal) on the last three over each image's
-  grid) is its own: the plan runs stock's index on the host (``Layout.host_rope_class``), the same numbers by
-  construction, and the forward takes them from the plan (``make_host_rope_index``).
+  grid) is its own: the plan computes it in NumPy per run of tokens (``rope.hunyuan_rope_index``, checked against
+  stock's), or runs stock's index on the host where that does not model the layout (``Layout.host_rope_class``), and
+  the forward takes them from the plan (``make_host_rope_index``).
 
 HY-V4-VL (``hy_v4_vl``): the same tower forward and attention (AST-identical), a merger that keeps the newline column
 but adds no begin/end embeddings, and no markers around an image or a video (the config names none): an image is
 ``lh * (lw + 1)`` image placeholders, a video ``t * lh * (lw + 1)`` video placeholders (typed 2), one run per video.
 Its rotary index (Qwen3-VL's, minus the per-frame split, each frame a block of ``max(lh, lw + 1)`` positions and the
-next item after the last block: ``vision_position_ids.max().item() + 1``) is its own too: stock's, on the host, from
-the plan. Its text model (MLA with an indexer, MoE, hyper-connections) needs no edit: in fp32 the MoE's
+next item after the last block: ``vision_position_ids.max().item() + 1``) is its own too: in NumPy on the host
+(``rope.hyv4_rope_index``), or stock's there, from the plan. Its text model (MLA with an indexer, MoE,
+hyper-connections) needs no edit: in fp32 the MoE's
 ``_grouped_mm`` keeps its documented remainder (2 syncs), in bf16 none.
 """
 
@@ -50,6 +52,7 @@ from ..qwen_vl.inputs import (
     random_text,
 )
 from ..shared import family_module, handles_of, scale_sections, vlm_targets
+from .rope import hunyuan_rope_index, hyv4_rope_index
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
            "build_hunyuan_inputs", "build_hyv4_inputs"]
@@ -84,7 +87,7 @@ def _hunyuan() -> Family:
     targets += (Target("HunYuanVLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),)
     return Family("hunyuan_vl", targets, Layout(
         family_module("hunyuan_vl"), host_rope_class=_MODEL, row_extra_tokens=1, item_extra_tokens=2,
-        plan=PlanHooks(feature_words=_hunyuan_vl_words)))
+        plan=PlanHooks(feature_words=_hunyuan_vl_words, rope_index=hunyuan_rope_index)))
 
 
 def _hunyuan_vl_words(kind: str, tokens: int, features: int, spec) -> str:
@@ -110,7 +113,8 @@ def _hyv4() -> Family:
     targets += (Target("HYV4VLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),
                 Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)))
     return Family("hy_v4_vl", targets, Layout(
-        family_module("hy_v4_vl"), host_rope_class=_HYV4, row_extra_tokens=1, vision_markers=False))
+        family_module("hy_v4_vl"), host_rope_class=_HYV4, row_extra_tokens=1, vision_markers=False,
+        plan=PlanHooks(rope_index=hyv4_rope_index)))
 
 
 FAMILIES: tuple[Family, ...] = (_hunyuan(), _hyv4())

@@ -8,9 +8,11 @@ or ``// 16``. The plan keeps host copies of both, takes each row as the grid row
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...plan.hooks import PlanHooks
+from .canvas_rope import canvas_rope_index
 
 __all__ = ["PLAN"]
 
@@ -23,6 +25,9 @@ def _grid_rows(sizes, name: str):
         return None
     if not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[1] != 2:
         raise ValueError(f"{name} must have shape (N, 2), got {tuple(getattr(sizes, 'shape', ()))}")
+    if sizes.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8) and sizes.device.type == "cpu":
+        values = sizes.detach().numpy()  # (a column of ones in NumPy: no PyTorch op on the host)
+        return torch.from_numpy(np.concatenate([np.ones((values.shape[0], 1), values.dtype), values], axis=1))
     return torch.nn.functional.pad(sizes, (1, 0), value=1)
 
 
@@ -48,4 +53,5 @@ def feature_words(kind: str, tokens: int, features: int, spec) -> str:
 
 
 PLAN = PlanHooks(inputs=_SIZES, per_item=((_SIZES[0], "image"), (_SIZES[1], "video")), grid_inputs=_SIZES,
-                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS, feature_words=feature_words)
+                 grids=crop_grids, merge=crop_merge, rope_config=_CANVAS_FIELDS, feature_words=feature_words,
+                 rope_index=canvas_rope_index)

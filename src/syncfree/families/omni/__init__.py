@@ -2,10 +2,13 @@
 
 What syncfree patches in each (``FAMILIES``), how their processors lay a batch out, audio included
 (``inputs``), and their presets (``presets``). The vision tower is Qwen3-VL's (learned positions,
-deepstack) or Qwen2.5-VL's (windows); the rope index is stock's own, run on the host by the plan.
+deepstack) or Qwen2.5-VL's (windows); the rope index is computed on the host by the plan, in NumPy for batches
+without audio (``rope``), else by stock's own index run there.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, PositionTable
@@ -26,6 +29,7 @@ from . import audio_features
 from .audio_features import AUDIO_FEATURES
 from .inputs import OMNI_ITEMS, build_omni_inputs, is_omni, omni_forward_kwargs
 from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
+from .rope import qwen2_5_omni_rope_index, qwen3_omni_rope_index
 from .wrappers import make_audio_forward, make_omni_rope_index
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS"]
@@ -42,7 +46,7 @@ _ROPE_PARAMS = ("input_ids", "image_grid_thw", "video_grid_thw", "attention_mask
 PLAN = PlanHooks(inputs=("feature_attention_mask", "video_second_per_grid"))
 
 
-def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: bool) -> Family:
+def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: bool, rope_index) -> Family:
     """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes).
     Qwen3-Omni's tower is Qwen3-VL's (learned positions, deepstack); Qwen2.5-Omni's is Qwen2.5-VL's (windows)."""
     vision_needs = (("get_vision_interpolation_indices_and_weights(",) if deepstack
@@ -70,15 +74,16 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     if deepstack:
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     layout = Layout(family_module(folder), table=PositionTable() if deepstack else None, windows=not deepstack, audio=True,
-                    rope_class=f"{prefix}PreTrainedModelForConditionalGeneration", plan=PLAN)
+                    rope_class=f"{prefix}PreTrainedModelForConditionalGeneration",
+                    plan=dataclasses.replace(PLAN, rope_index=rope_index))
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 
 FAMILIES: tuple[Family, ...] = (
     _omni_thinker("Qwen3OmniMoe", "qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder", "Qwen3OmniMoeAudioEncoder",
-                  deepstack=True),
+                  deepstack=True, rope_index=qwen3_omni_rope_index),
     _omni_thinker("Qwen2_5Omni", "qwen2_5_omni", "Qwen2_5OmniVisionEncoder", "Qwen2_5OmniAudioEncoder",
-                  deepstack=False),
+                  deepstack=False, rope_index=qwen2_5_omni_rope_index),
 )
 PRESETS = {name: Preset(name, values, pad, about) for name, (values, pad, about) in OMNI_PRESETS.items()}
 # model_type -> the vision tower's class (``build_vision_model`` builds it alone).

@@ -1,0 +1,273 @@
+"""MiniCPM-V 4.7's canvas M-RoPE index in NumPy on the host: stock's positions, computed per crop and frame.
+
+Stock's ``get_rope_index`` walks each row in Python: ``itertools.groupby`` over the token types, then per frame and
+per slice a ``linspace`` / ``meshgrid`` of positions and a few marker writes. At the 32k-token layout a batch has
+2,080 crops, and the walk cost the plan ~130 ms. Here the same numbers come from arrays over the crops (runs of
+placeholders) and frames (a thumbnail and the slices after it), then a handful of passes over the tokens:
+
+* text (every token outside a frame's span ``[<image>, end of its closing markers)``) advances the position by one;
+  a frame by ``max(canvas height, canvas width) + 1``; a frame's origin is what its row's text and frames before it
+  advanced. (Stock's per-group bookkeeping never adds more: frames of a group touch, the spans between groups are
+  text.)
+* within a frame, stock's writes are replayed in its order, phase by phase over all frames at once: the base coat,
+  the halo on ``<image>``, the thumbnail's far corner on ``</image>``, the ``</slice>`` then ``<slice>`` corners
+  (a ``<slice>`` right after a ``</slice>`` overwrites it, as stock's next slice does), the crops' own positions,
+  the newlines between rows of slices. A frame's writes are clipped where the next frame's span begins (stock's
+  next frame overwrites them there).
+* each crop's own (h, w) positions are stock's ``get_vision_position_ids`` itself, memoised per crop size and canvas
+  (a batch has a few distinct ones), so its ``linspace`` rounding is stock's by construction.
+
+Where a batch is laid out in a way this does not model (a crop at a row's first token, two crops touching, a crop
+whose length is not its grid's, grids running out, token types beyond 0/1/2, a mask of other values than 0 and 1),
+it returns None and the plan runs stock's own index on the host (the answer, or the error, is then stock's).
+``tests/test_patch_minicpmv47.py`` checks it against stock's index over random layouts, well formed and not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...plan.rope_host import runs_of
+from ...plan.rope_stock import stock_on_host
+from ...plan.tensors import host_array
+
+__all__ = ["canvas_rope_index"]
+
+
+# Stock's positions of each crop size on its canvas met so far (a stream repeats a few sizes).
+_CROPS: dict[tuple, np.ndarray] = {}
+
+
+def _crop_positions(spec, h: int, w: int, canvas_h: int, canvas_w: int, merge: int) -> np.ndarray:
+    """Stock's (h, w) positions of one crop of ``h`` x ``w`` patches on its canvas, from origin 0 and offset 0: a
+    (2, tokens) int64 array. Stock's own method (its ``linspace`` in the default dtype, rounded), once per size."""
+    key = (spec.vision_module, spec.host_rope_class, h, w, canvas_h, canvas_w, merge, torch.get_default_dtype())
+    table = _CROPS.get(key)
+    if table is None:
+        found, _ = stock_on_host(spec.vision_module, spec.host_rope_class, spec.config, "get_vision_position_ids",
+                                 start_position=0, grid_thw=[h, w], canvas_height=canvas_h, canvas_width=canvas_w,
+                                 spatial_merge_size=merge)
+        table = found[1:].numpy().astype(np.int64)
+        table.setflags(write=False)
+        if len(_CROPS) < 4096:  # (bounded: a stream of odd sizes recomputes rather than grows)
+            _CROPS[key] = table
+    return table
+
+
+def canvas_rope_index(spec, host: dict, mask):
+    """``(position_ids (3, B, S) int64, rope_deltas (B, 1) int64)`` as stock's ``get_rope_index`` gives them for
+    the host copies ``host`` (and the 2D ``mask``, None without one), with the config's ``downsample_mode``; None where
+    the layout is not one this models (the caller runs stock's own index)."""
+    config = spec.config
+    ids, types = host["input_ids"], host["mm_token_type_ids"]
+    if not (isinstance(ids, torch.Tensor) and isinstance(types, torch.Tensor) and ids.dim() == 2
+            and types.shape == ids.shape):
+        return None
+    B, S = ids.shape
+    x, y = host_array(ids), host_array(types)
+    if y.dtype.kind not in "biu" or ((y != 0) & (y != 1) & (y != 2)).any():
+        return None  # (stock keys its grid iterators by type: 1 and 2 only)
+    if mask is None:
+        keep = None
+    else:
+        m = host_array(mask)
+        if m.dtype.kind not in "biu" or ((m != 0) & (m != 1)).any():
+            return None  # (stock's deltas subtract the mask's sum: only 0/1 makes that the kept count)
+        keep = None if m.all() else m != 0
+    if keep is None:
+        xs, ys, row_of = x.reshape(-1), y.reshape(-1), np.repeat(np.arange(B), S)
+        counts = np.full(B, S)
+    else:
+        xs, ys, row_of = x[keep], y[keep], np.nonzero(keep)[0]
+        counts = keep.sum(1)
+    K = xs.shape[0]
+    row_end = np.cumsum(counts)
+    row_begin = row_end - counts
+    positions = np.zeros((3, K), dtype=np.int64)
+    if K:
+        grids = _grids(host, config)
+        if grids is None:
+            return None
+        if not _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config):
+            return None
+    out = np.zeros((3, B, S), dtype=np.int64)
+    if keep is None:
+        out[:] = positions.reshape(3, B, S)
+    else:
+        out[:, keep] = positions
+    # (Positions are >= 0 and padding 0: the row's max is its kept tokens' max, as stock's amax over the row.)
+    deltas = out.max(axis=(0, 2)) + 1 - counts
+    return torch.from_numpy(out), torch.from_numpy(deltas.astype(np.int64))[:, None]
+
+
+def _grids(host: dict, config):
+    """Each modality's crop sizes as an (N, 2) int64 array (an empty one where absent); None where not integer pairs."""
+    found = {}
+    for kind, name in ((1, "target_sizes"), (2, "target_sizes_videos")):
+        sizes = host.get(name)
+        if sizes is None:
+            found[kind] = np.zeros((0, 2), dtype=np.int64)
+            continue
+        if not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 or sizes.shape[1] != 2:
+            return None
+        values = host_array(sizes)
+        if values.dtype.kind not in "iu":
+            return None
+        found[kind] = values.astype(np.int64)
+    return found
+
+
+def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) -> bool:
+    """Write every kept token's positions into ``positions`` (3, K); False where the layout is not modelled."""
+    merge = 2 if config.downsample_mode == "4x" else 4
+    slice_start = config.slice_start_id
+    markers = np.array([slice_start, config.slice_end_id, config.image_start_id, config.image_end_id,
+                        config.newline_id])
+    K = xs.shape[0]
+    row_starts = np.zeros(K, dtype=bool)
+    row_starts[row_begin[row_begin < row_end]] = True
+    starts, lengths = runs_of(ys, row_starts)
+    crop = ys[starts] != 0
+    cs, ce = starts[crop], starts[crop] + lengths[crop]  # crops: maximal runs of one nonzero type
+    crow = row_of[cs] if cs.shape[0] else np.zeros(0, dtype=np.int64)
+    C = cs.shape[0]
+    if not C:  # text only: each row counts from 0
+        positions[:] = np.arange(K) - row_begin[row_of]
+        return True
+    first = np.ones(C, dtype=bool)
+    first[1:] = crow[1:] != crow[:-1]
+    # Each crop needs a token before it that is not in the crop before (stock reads it, and puts a frame's halo there).
+    bound = row_begin[crow].copy()
+    bound[~first] = ce[:-1][~first[1:]]
+    if (cs <= bound).any():
+        return False
+    # A crop after a ``<slice>`` (not its row's first) is a slice of the frame before; any other opens a frame.
+    is_slice = ~first & (xs[cs - 1] == slice_start)
+    frame_crop = np.flatnonzero(~is_slice)  # each frame's thumbnail crop
+    F = frame_crop.shape[0]
+    frame_of = np.cumsum(~is_slice) - 1
+    last_crop = np.append(frame_crop[1:] - 1, C - 1).astype(np.int64)
+    n_slices = last_crop - frame_crop
+    frow, fm = crow[frame_crop], ys[cs[frame_crop]]
+    ts, te = cs[frame_crop], ce[frame_crop]
+    fs = ts - 1
+    # A frame's span ends past the markers after its last crop (stock's _frame_end_idx), at its row's end at most.
+    fe, limit = ce[last_crop].copy(), row_end[frow]
+    for _ in range(8):  # (a step per marker after the crop, over the frames: a frame closes with one or two)
+        going = np.flatnonzero(fe < limit)
+        going = going[np.isin(xs[fe[going]], markers)]
+        if not going.shape[0]:
+            break
+        fe[going] += 1
+    else:  # (a longer run of markers: the first non-marker after each frame, by one pass over the tokens)
+        non_marker = np.append(np.flatnonzero(~np.isin(xs, markers)), K)
+        fe = np.minimum(non_marker[np.searchsorted(non_marker, ce[last_crop])], limit)
+    end = fe.copy()  # clipped where the next frame of the row begins: its writes come later in stock
+    same_row = frow[1:] == frow[:-1]
+    end[:-1][same_row] = np.minimum(end[:-1][same_row], fs[1:][same_row])
+
+    # Each crop takes the next grid of its frame's type, in crop order across the batch (stock's iterators).
+    kind = fm[frame_of]
+    ordinal = np.empty(C, dtype=np.int64)
+    sizes = np.empty((C, 2), dtype=np.int64)
+    for k in (1, 2):
+        chosen = kind == k
+        ordinal[chosen] = np.arange(int(chosen.sum()))
+        if int(chosen.sum()) > grids[k].shape[0]:
+            return False  # (stock's iterator runs dry, or is None: it raises)
+        sizes[chosen] = grids[k][ordinal[chosen]]
+    lh, lw = sizes[:, 0] // merge, sizes[:, 1] // merge
+    if not np.array_equal(ce - cs, lh * lw):
+        return False  # (stock's assignment of a crop's positions fails, or broadcasts one)
+
+    # Canvas per frame: the thumbnail's own grid, or its slices' (rows x columns of the first slice's size).
+    has = n_slices > 0
+    canvas_h, canvas_w = lh[frame_crop].copy(), lw[frame_crop].copy()
+    slice_h, slice_w = np.zeros(F, dtype=np.int64), np.zeros(F, dtype=np.int64)
+    cols = np.zeros(F, dtype=np.int64)
+    slice_idx = np.flatnonzero(is_slice)
+    k_in_frame = slice_idx - frame_crop[frame_of[slice_idx]] - 1  # a slice's place among its frame's slices
+    if slice_idx.shape[0]:
+        # Columns: up to the first gap between slices wider than ``</slice><slice>`` (a newline), else all of them.
+        nxt = np.minimum(slice_idx + 1, C - 1)
+        wide = (slice_idx < last_crop[frame_of[slice_idx]]) & (cs[nxt] - ce[slice_idx] > 2)
+        candidate = np.where(wide, k_in_frame + 1, n_slices[frame_of[slice_idx]])
+        firsts = np.flatnonzero(k_in_frame == 0)
+        cols[has] = np.minimum.reduceat(candidate, firsts)
+        n = n_slices[has]
+        rows = n // cols[has]
+        square = rows * cols[has] == n
+        rows, cols[has] = np.where(square, rows, 1), np.where(square, cols[has], n)
+        first_slice = frame_crop[has] + 1
+        slice_h[has], slice_w[has] = lh[first_slice], lw[first_slice]
+        canvas_h[has], canvas_w[has] = rows * slice_h[has], cols[has] * slice_w[has]
+
+    # One prefix sum over the row: a text token advances the position by one, a frame's span by its canvas' larger
+    # side + 1, booked on its last token; so every token of a span sits at the frame's origin (its base coat), and a
+    # text token at its own position.
+    in_frame = np.zeros(K + 1, dtype=np.int64)
+    np.add.at(in_frame, fs, 1)
+    np.add.at(in_frame, end, -1)
+    advance = (np.cumsum(in_frame[:K]) == 0).astype(np.int64)
+    advance[end - 1] = np.maximum(canvas_h, canvas_w) + 1
+    before = np.cumsum(advance) - advance
+    lengths_of_rows = row_end - row_begin
+    if (lengths_of_rows == lengths_of_rows[0]).all():  # (rows of one length: each row's start by broadcasting)
+        pos = (before.reshape(row_begin.shape[0], -1) - before[row_begin][:, None]).reshape(-1)
+    else:
+        pos = before - np.append(before, 0)[row_begin][row_of]  # (a row with no kept token begins at K)
+    positions[:] = pos
+    origin = pos[fs]
+
+    def marker(where, h, w, keep=None):
+        where, h, w = (where, h, w) if keep is None else (where[keep], h[keep], w[keep])
+        positions[1, where], positions[2, where] = h, w
+
+    marker(fs, np.maximum(origin - 1, 0), np.maximum(origin - 1, 0))  # the halo on <image>
+    marker(te, origin + canvas_h, origin + canvas_w, te < end)  # </image>: the thumbnail's far corner
+    if slice_idx.shape[0]:
+        f = frame_of[slice_idx]
+        h_off = (k_in_frame // cols[f]) * slice_h[f]
+        w_off = (k_in_frame % cols[f]) * slice_w[f]
+        s, e = cs[slice_idx], ce[slice_idx]
+        marker(e, origin[f] + h_off + lh[slice_idx] - 1, origin[f] + w_off + lw[slice_idx] - 1, e < end[f])
+        marker(s - 1, origin[f] + h_off, origin[f] + w_off)  # (after every </slice>: a <slice> there wins)
+    else:
+        h_off = w_off = np.zeros(0, dtype=np.int64)
+
+    # The crops' own positions: stock's per crop size and canvas, offset by the crop's place and its frame's origin.
+    thumb = ~is_slice
+    canvas_of = np.zeros((C, 2), dtype=np.int64)  # (a slice's canvas: stock's 0, its own grid)
+    canvas_of[thumb] = np.stack([canvas_h, canvas_w], 1)
+    keys = np.stack([sizes[:, 0], sizes[:, 1], canvas_of[:, 0], canvas_of[:, 1]], 1)
+    span = int(keys.max()) + 1
+    if span < 2**15:  # (one int64 code per key: a 1D unique sorts the crops' codes, not rows of four)
+        codes, inverse = np.unique(((keys[:, 0] * span + keys[:, 1]) * span + keys[:, 2]) * span + keys[:, 3],
+                                   return_inverse=True)
+        unique = np.stack([codes // span**3, codes // span**2 % span, codes // span % span, codes % span], 1)
+    else:
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    tables = [_crop_positions(spec, *map(int, key), merge) for key in unique]
+    table = np.concatenate(tables, axis=1)
+    table_start = np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
+    crop_h_off, crop_w_off = np.zeros(C, dtype=np.int64), np.zeros(C, dtype=np.int64)
+    crop_h_off[slice_idx], crop_w_off[slice_idx] = h_off, w_off
+    base = origin[frame_of]
+    length = ce - cs
+    small = np.int32 if K < 2**31 else np.int64
+    place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
+    tokens = np.repeat(cs, length) + place
+    entry = np.repeat(table_start[inverse.reshape(-1)].astype(small), length) + place
+    positions[1, tokens] = np.repeat(base + crop_h_off, length) + table[0, entry]
+    positions[2, tokens] = np.repeat(base + crop_w_off, length) + table[1, entry]
+
+    # The newlines ending a row of slices (a gap wider than ``</slice><slice>``): past that row's right edge.
+    if slice_idx.shape[0]:
+        gap = np.where(wide, cs[nxt] - ce[slice_idx] - 2, 0)
+        f = frame_of[slice_idx]
+        first_newline = ce[slice_idx] + 1
+        where = np.repeat(first_newline, gap) + (np.arange(int(gap.sum())) - np.repeat(np.cumsum(gap) - gap, gap))
+        positions[1, where] = np.repeat(origin[f] + (k_in_frame // cols[f] + 1) * slice_h[f] - 1, gap)
+        positions[2, where] = np.repeat(origin[f] + cols[f] * slice_w[f], gap)
+    return True
