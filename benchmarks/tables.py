@@ -603,6 +603,11 @@ def render_hf_tests() -> str:
             + "".join("\n" + line for line in releases))
 
 
+def _bold_if_less(form: str, value, than) -> str:
+    text = form.format(value)
+    return f"**{text}**" if value < than else text
+
+
 def render_compile_stream() -> str:
     """docs/benchmarks.md: one compiled model over a stream of varied layouts, stock against patched."""
     doc = _load("compile_stream.json")
@@ -611,14 +616,9 @@ def render_compile_stream() -> str:
     for row in doc["rows"]:
         stock, patched = row["stock"], row["patched"]
         after = ("error: " + patched["error"]) if "error" in patched else None
-        def better(key: str, form: str) -> str:  # (bold where syncfree's is smaller)
-            value = form.format(patched[key])
-            return after or (f"**{value}**" if patched[key] < stock[key] else value)
-
         rows.append((display_name(row["family"]), row["batches"],
-                     f"{stock['graphs']} → " + better("graphs", "{}"),
-                     f"{stock['compile_s']:.1f} → " + better("compile_s", "{:.1f}"),
-                     f"{stock['wall_s']:.1f} → " + better("wall_s", "{:.1f}")))
+                     *(f"{form.format(stock[key])} → " + (after or _bold_if_less(form, patched[key], stock[key]))
+                       for key, form in (("graphs", "{}"), ("compile_s", "{:.1f}"), ("wall_s", "{:.1f}")))))
     head = ("family", "batches", "graphs, stock → patched", "compile s, stock → patched", "whole stream s")
     note = (f"Stock: `torch.compile(model)` on the processor's batches (graph breaks allowed); patched: "
             f"`torch.compile(model, fullgraph=True)` on batches from `syncfree.prepare`; the same stream of varied "
