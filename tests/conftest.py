@@ -59,3 +59,15 @@ def emulated():
         return report
 
     return run
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after the test (each compile test counts its own graphs), and the traced
+    models' references freed."""
+    import gc
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()

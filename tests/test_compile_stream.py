@@ -11,8 +11,6 @@ stock's own ``rope_deltas`` kept on the model after the first multimodal call. T
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
@@ -26,6 +24,8 @@ from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
+
 ONE_GRAPH = [f for f in discover() if f in FAMILIES and f in TINY and layout_of(f) is not None
              and layout_of(f).one_graph]
 STREAM = [f for f in ONE_GRAPH if layout_of(f).stream]  # (one graph for any layout: Layout.stream)
@@ -34,14 +34,6 @@ _QUICK = {"qwen2_5_vl"}
 # step traces whole in tests/test_one_graph.py)
 _TRAINING = {"qwen2_5_vl", "qwen3_vl"}
 _MOST_GRAPHS = 4  # (input sets: images, images and videos, text only; and stock's rope_deltas cached once)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
 
 
 def _stream(model, preset: str, count: int, training: bool = False):

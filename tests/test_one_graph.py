@@ -11,7 +11,6 @@ shows the same differences); the forward's outputs and the loss are equal.
 from __future__ import annotations
 
 import copy
-import gc
 
 import pytest
 import torch
@@ -25,19 +24,13 @@ from syncfree.inputs import processor_batch
 from syncfree.plan.errors import InputsNotTaken, StalePlan
 from syncfree.plan.spec import ModelSpec, layout_of
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
+
 ONE_GRAPH = [f for f in discover() if f in FAMILIES and layout_of(f) is not None and layout_of(f).one_graph]
 # The training step's equality is checked for these in the default run, for the rest in the slow step.
 # The default run checks these; every other family of ONE_GRAPH is checked the same way in the slow step.
 _QUICK = {"qwen2_5_vl", "qwen3_vl", "glm4v"}
 _QUICK_TRAINING = {"qwen2_5_vl"}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
 
 
 def _patched(family: str):
