@@ -240,6 +240,9 @@ def make_generate(stock):
                         taken=plan_inputs())
         if entry is None:
             return stock(self, *args, **kwargs)
+        if entry.plan.packing is not None:
+            raise ValueError("generate() got a packed batch (syncfree.packing_collator): its rows hold several "
+                             "samples each, which generation cannot continue; generate from a padded batch")
         entry.in_generate = True
         _, kwargs = _with_host_grids((), (), kwargs, entry.plan)
         with active.activate(entry):

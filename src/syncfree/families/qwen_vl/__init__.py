@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
-from ..shared import WINDOW_NEEDS, family_module, handled_by, processor_batch_by, vlm_targets
+from ..shared import PACKS, WINDOW_NEEDS, family_module, handled_by, processor_batch_by, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
@@ -43,18 +43,23 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
 
 QWEN3_LAYOUT = dict(table=PositionTable(), frames_as_runs=True)
 ONE_GRAPH = dict(one_graph=True)  # (every family here traces whole: Layout.one_graph)
+# Qwen3.5's gated-DeltaNet layers: Transformers resets their state per sample only in flash-linear-attention's kernels
+# (cu_seqlens), which have no CPU build, and its convolution spans the samples' joins (no seq_idx): refused.
+LINEAR_STATE = dict(packing_refused="its gated-DeltaNet (linear-attention) layers carry their recurrent and "
+                                    "convolution state across the samples of a packed row")
 
 FAMILIES: tuple[Family, ...] = (
-    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH, **PACKS),
     _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT, **ONE_GRAPH),
-    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH),
-    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH, **LINEAR_STATE),
+    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH,
+            **LINEAR_STATE),
     _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
-                                vision_needs=(), rope_needs=()), **ONE_GRAPH),
+                                vision_needs=(), rope_needs=()), **ONE_GRAPH, **PACKS),
     _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
                                   vision_needs=WINDOW_NEEDS,
                                   rope_needs=("tokens_per_second * ",)),
-            windows=True, video_time_scale=True, **ONE_GRAPH),
+            windows=True, video_time_scale=True, **ONE_GRAPH, **PACKS),
 )
 
 

@@ -1,0 +1,207 @@
+"""Padding-free packed batches (``syncfree.packing_collator``): each sample's logits in a packed row are those of the
+sample run alone, the loss is the padded batch's, bad samples are named, and every family either packs correctly or
+is refused in one line.
+
+Stock attends across the samples of a packed row (its 3D positions alone carry no boundary, and with a cache its mask
+code skips the packed check): ``test_stock_attends_across_samples`` shows the leak the patched forward closes.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import syncfree
+from syncfree.families import FAMILIES, processor_batch, tiny_preset
+from syncfree.inputs import Image, Text, Video
+from syncfree.patching import packing_refusal
+from syncfree.plan.packing import packing_of, rows_of
+from syncfree.presets import build_model, load_config
+
+# Families whose patched forward keeps packed samples apart (their layouts say so); every other one is refused.
+PACKING = sorted(t for t, f in FAMILIES.items() if not f.layout.packing_refused)
+TOLERANCE = 1e-5  # fp32, absolute: the packed row's masked attention against the sample's own causal one
+
+
+def _unit(config) -> int:
+    return config.vision_config.patch_size * 2
+
+
+def _samples(config) -> list[list]:
+    """Images of several sizes, a video, text-only samples (a family that takes no image and video in one batch gets
+    two images for its video: its videos are packed apart, ``_video_samples``)."""
+    u = _unit(config)
+    video = [Text(3), Video(4, 2 * u, u), Text(2)]
+    if getattr(config, "model_type", "").startswith("glm"):
+        video = [Text(3), Image(2 * u, 4 * u), Text(2)]
+    return [[Text(5), Image(2 * u, 2 * u), Text(3)], [Text(7)],
+            [Text(4), Image(u, 3 * u), Text(6), Image(u, u), Text(2)], video, [Text(9)],
+            [Text(2), Image(3 * u, u), Text(1)]]
+
+
+def _video_samples(config) -> list[list]:
+    u = _unit(config)
+    return [[Text(3), Video(4, 2 * u, u), Text(2)], [Text(6)], [Text(2), Video(2, u, 2 * u), Text(4)]]
+
+
+@pytest.fixture(scope="module", params=PACKING)
+def family(request):
+    model = build_model(tiny_preset(request.param)).eval()
+    return request.param, model
+
+
+def _alone(model, samples: list[dict]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(**s).logits[0] for s in samples]
+
+
+def _worst(packed: torch.Tensor, batch: dict, alone: list[torch.Tensor]) -> float:
+    packing = batch["syncfree_plan"].packing
+    return max((packed[r, start:start + n] - alone[i]).abs().max().item()
+               for (r, start, n), i in zip(packing.spans(), packing.order))
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_each_sample_in_a_packed_batch_gets_its_own_logits(family, use_cache):
+    name, model = family
+    layouts = [_samples(model.config)] + ([_video_samples(model.config)] if name.startswith("glm") else [])
+    for layout in layouts:
+        samples = [processor_batch(model.config, [s]) for s in layout]
+        alone = _alone(syncfree.unpatch(model) or model, samples)
+        syncfree.patch(model)
+        try:
+            longest = max(s["input_ids"].shape[1] for s in samples)
+            batch = syncfree.packing_collator(model, max_tokens=longest + 8)(samples)
+            assert batch["input_ids"].shape[0] > 1  # (several rows, the last ones padded)
+            with torch.no_grad():
+                packed = model(**{**batch, "use_cache": use_cache}).logits
+        finally:
+            syncfree.unpatch(model)
+        assert _worst(packed, batch, alone) <= TOLERANCE
+
+
+def test_stock_attends_across_samples():
+    model = build_model("qwen2.5-vl-tiny").eval()
+    samples = [processor_batch(model.config, [s]) for s in _samples(model.config)[:3]]
+    alone = _alone(model, samples)
+    syncfree.patch(model)
+    batch = syncfree.packing_collator(model, max_tokens=200)(samples)
+    syncfree.unpatch(model)
+    stock = {k: v for k, v in batch.items() if k != "syncfree_plan"}
+    with torch.no_grad():  # (stock, with a cache: its mask code does not look for packed rows)
+        leaked = model(**{**stock, "use_cache": True}).logits
+        kept = model(**stock).logits  # (the batch's use_cache=False: stock's own packed masks, one sync)
+    assert _worst(leaked, batch, alone) > 1e-2
+    assert _worst(kept, batch, alone) <= TOLERANCE
+
+
+def test_labels_and_loss_equal_the_padded_batchs():
+    model = build_model("qwen2.5-vl-tiny").eval()
+    layout = _samples(model.config)
+    samples = [processor_batch(model.config, [s]) for s in layout]
+    for s in samples:
+        s["labels"] = s["input_ids"].clone()
+    padded = _padded(samples)
+    with torch.no_grad():
+        expected = model(**padded).loss
+    syncfree.patch(model)
+    before = [{k: v.clone() for k, v in s.items()} for s in samples]
+    batch = syncfree.packing_collator(model, max_tokens=48)(samples)
+    for s, kept in zip(samples, before):  # (the samples are not edited)
+        assert all(torch.equal(s[k], v) for k, v in kept.items())
+    labels, packing = batch["labels"], batch["syncfree_plan"].packing
+    for (r, start, n), i in zip(packing.spans(), packing.order):
+        assert labels[r, start] == -100
+        assert torch.equal(labels[r, start + 1:start + n], samples[i]["labels"][0, 1:])
+    pad = [(r, sum(lengths) - p) for r, (lengths, p) in enumerate(zip(packing.rows, packing.padding)) if p]
+    assert pad and all((labels[r, start:] == -100).all() for r, start in pad)
+    assert int((labels != -100).sum()) == int((padded["labels"][:, 1:] != -100).sum())
+    with torch.no_grad():
+        loss = model(**batch).loss
+    syncfree.unpatch(model)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+
+
+def _padded(samples: list[dict]) -> dict:
+    """The same samples as one right-padded batch of 4-row-free processor layout (a padded collator's)."""
+    width = max(s["input_ids"].shape[1] for s in samples)
+    batch = {}
+    for name, fill in (("input_ids", 0), ("attention_mask", 0), ("mm_token_type_ids", 0), ("labels", -100)):
+        batch[name] = torch.cat([torch.nn.functional.pad(s[name], (0, width - s[name].shape[1]), value=fill)
+                                 for s in samples])
+    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
+        parts = [s[name] for s in samples if name in s]
+        if parts:
+            batch[name] = torch.cat(parts)
+    return batch
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(40, 120), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_rows_and_boundaries(lengths, max_tokens, first_fit):
+    rows = rows_of(lengths, max_tokens, first_fit=first_fit)
+    order = [i for row in rows for i in row]
+    assert sorted(order) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in row) <= max_tokens for row in rows)
+    assert all(row == sorted(row) for row in rows)
+    if not first_fit:  # in the order given; a new row only where the next sample does not fit in the current one
+        assert order == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in a) + lengths[b[0]] > max_tokens for a, b in zip(rows, rows[1:]))
+    else:  # each sample in the first row with room when it came
+        for r, row in enumerate(rows):
+            for i in row:
+                earlier = [sum(lengths[j] for j in rows[q] if j < i) for q in range(r)]
+                assert all(used + lengths[i] > max_tokens for used in earlier)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    packing = packing_of([[lengths[i] for i in row] for row in rows], order, width)
+    ids = packing.sequence_ids
+    assert tuple(ids.shape) == (len(rows), width) and packing.batch_shape == (len(rows), width)
+    flat = [n for row in packing.rows for n in row]
+    assert torch.equal(torch.diff(packing.cu_seq_lens.long()), torch.tensor(flat))
+    assert packing.max_length == max(flat)
+    spans = packing.spans()
+    assert [n for _, _, n in spans] == [lengths[i] for i in order]
+    for r, start, n in spans:  # a sample is one segment of its row, and no other token shares it
+        assert (ids[r, start:start + n] == ids[r, start]).all()
+        assert int((ids[r] == ids[r, start]).sum()) == n
+    assert pickle.loads(pickle.dumps(packing)).rows == packing.rows
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_every_family_packs_or_is_refused_in_one_line(model_type):
+    """Refused families name themselves and why; the others are in PACKING, whose parity test runs above."""
+    layout = FAMILIES[model_type].layout
+    if not layout.packing_refused:
+        assert model_type in PACKING
+        return
+    config = load_config(tiny_preset(model_type))
+    refusal = packing_refusal(config)
+    assert refusal is not None and "\n" not in refusal and model_type in refusal
+    with pytest.raises(ValueError, match=model_type):
+        syncfree.packing_collator(config, max_tokens=64)
+
+
+def test_an_unpatched_model_is_refused():
+    model = build_model("qwen2-vl-tiny")
+    with pytest.raises(ValueError, match="unpatched qwen2_vl model"):
+        syncfree.packing_collator(model, max_tokens=64)
+    syncfree.patch(model)
+    batch = syncfree.packing_collator(model, max_tokens=64)(
+        [processor_batch(model.config, [s]) for s in _samples(model.config)[:2]])
+    syncfree.unpatch(model)
+    with pytest.raises(ValueError, match="unpatched qwen2_vl model"):
+        syncfree.prepare(batch, "cpu", model)
+
+
+def test_generate_refuses_a_packed_batch():
+    model = syncfree.patch(build_model("qwen2-vl-tiny"))
+    batch = syncfree.packing_collator(model, max_tokens=64)(
+        [processor_batch(model.config, [s]) for s in _samples(model.config)[:2]])
+    batch.pop("labels")
+    batch.pop("use_cache")
+    with pytest.raises(ValueError, match="generate"):
+        model.generate(**batch, max_new_tokens=2)
