@@ -205,3 +205,120 @@ def test_generate_refuses_a_packed_batch():
     batch.pop("use_cache")
     with pytest.raises(ValueError, match="generate"):
         model.generate(**batch, max_new_tokens=2)
+
+
+# Bad input: one line naming the sample, the samples untouched.
+def _qwen25():
+    model = syncfree.patch(build_model("qwen2.5-vl-tiny"))
+    return model, [processor_batch(model.config, [s]) for s in _samples(model.config)[:3]]
+
+
+def _refused(collator, samples, pattern: str) -> str:
+    kept = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in samples]
+    with pytest.raises(ValueError, match=pattern) as err:
+        collator(samples)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("syncfree.packing_collator: ")
+    for s, before in zip(samples, kept):
+        assert s.keys() == before.keys()
+        assert all(torch.equal(s[k], v) if isinstance(v, torch.Tensor) else s[k] == v for k, v in before.items()
+                   if s[k].device.type != "meta")
+    return message
+
+
+def test_grid_and_placeholders_that_disagree_name_the_sample():
+    model, samples = _qwen25()
+    collator = syncfree.packing_collator(model, max_tokens=64)
+    grid = samples[2]["image_grid_thw"].clone()
+    grid[0, 2] += 2  # (one image two patches wider than its placeholders and pixels)
+    samples[2] = {**samples[2], "image_grid_thw": grid}
+    _refused(collator, samples, r"sample 2: Image features and image tokens do not match")
+    samples[2] = {**samples[2], "image_grid_thw": grid - torch.tensor([0, 0, 2])}
+    samples[0] = {**samples[0], "pixel_values": samples[0]["pixel_values"][:-4]}
+    _refused(collator, samples, r"sample 0: pixel_values has \d+ patches but image_grid_thw describes")
+
+
+def test_a_sample_on_another_device_is_named():
+    model, samples = _qwen25()
+    samples[1] = {**samples[1], "input_ids": samples[1]["input_ids"].to("meta")}
+    _refused(syncfree.packing_collator(model, max_tokens=64), samples, r"sample 1's input_ids is on meta")
+
+
+def test_samples_of_another_family_are_named():
+    model, samples = _qwen25()
+    collator = syncfree.packing_collator(model, max_tokens=64)
+    other = build_model("qwen3-vl-tiny").config  # (16-pixel patches: wider pixel rows)
+    foreign = processor_batch(other, [[Text(2), Image(64, 64), Text(2)]])
+    _refused(collator, [samples[0], foreign], r"sample 1's pixel_values rows have 1536 values but qwen2_5_vl's")
+    # The same patches, other placeholder ids (the published configs': the tiny presets share their ids).
+    published = load_config("qwen2.5-vl-3b")
+    collator = syncfree.packing_collator(published, max_tokens=64)
+    ours = processor_batch(published, [[Text(2), Image(56, 56), Text(2)]])
+    foreign = processor_batch(load_config("glm4.1v-9b"), [[Text(2), Image(56, 56), Text(2)]])
+    _refused(collator, [ours, ours, foreign], r"sample 2: mm_token_type_ids marks \d+ tokens as image")
+
+
+def test_a_sample_longer_than_max_tokens_is_named():
+    model, samples = _qwen25()
+    n = samples[2]["input_ids"].shape[1]
+    _refused(syncfree.packing_collator(model, max_tokens=n - 1), samples,
+             rf"sample 2 has {n} tokens, more than max_tokens={n - 1}")
+
+
+def test_a_packed_batch_of_another_model_is_refused():
+    model, samples = _qwen25()
+    batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+    other = syncfree.patch(build_model("qwen2-vl-tiny"))
+    with pytest.raises(ValueError, match="built for other model values"):
+        other(**batch)
+
+
+def test_the_collator_pickles_and_its_batch_too():
+    model, samples = _qwen25()
+    collator = pickle.loads(pickle.dumps(syncfree.packing_collator(model, max_tokens=64)))
+    batch = pickle.loads(pickle.dumps(collator(samples)))
+    with torch.no_grad():
+        packed = model(**batch).logits
+    syncfree.unpatch(model)
+    assert _worst(packed, batch, _alone(model, samples)) <= TOLERANCE
+
+
+def test_a_prepared_packed_forward_and_training_step_make_no_sync():
+    model, samples = _qwen25()
+    batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+    with torch.no_grad():
+        expected = model(**batch).logits
+    with syncfree.emulate_cuda():
+        model.to("cuda")
+        try:
+            inputs = syncfree.prepare(batch, "cuda", model)
+            with syncfree.audit() as forward, torch.no_grad():
+                logits = model(**inputs).logits
+            logits = logits.cpu()
+            model.train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            with syncfree.audit() as step:
+                model(**syncfree.prepare(batch, "cuda", model)).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            # (the DataLoader way: the batch with its plan moved as a training loop moves it)
+            moved = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            with syncfree.audit() as carried:
+                model(**moved).loss.backward()
+        finally:
+            model.to("cpu").eval()
+    assert forward.syncs == [] and not forward.blocking_copies, forward.table()
+    assert step.syncs == [] and not step.blocking_copies, step.table()
+    assert carried.syncs == [], carried.table()
+    assert torch.equal(logits, expected)
+
+
+def test_another_text_attention_is_refused():
+    model, samples = _qwen25()
+    batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+    model.config.text_config._attn_implementation = "flex_attention"
+    try:
+        with pytest.raises(ValueError, match="'flex_attention' attention"):
+            model(**batch)
+    finally:
+        model.config.text_config._attn_implementation = "sdpa"

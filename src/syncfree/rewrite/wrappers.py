@@ -216,11 +216,30 @@ def make_model_forward(stock):
             entry = resolve(self, given, explicit, taken)
             if entry is None:
                 return stock(self, *args, **kwargs)
+            if entry.plan.packing is not None:
+                check_packed_attention(self)
             args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
             with active.activate(entry):
                 return stock(self, *args, **kwargs)
 
     return forward
+
+
+# The text attention implementations whose masks Transformers makes by ``_preprocess_mask_arguments`` (where the packed
+# plan's boundaries are handed over) and that attend by that mask alone.
+PACKED_ATTENTION = ("sdpa", "eager")
+
+
+def check_packed_attention(model) -> None:
+    """Refuse a packed batch for a text model whose attention would not take the plan's boundaries (flash attention's
+    variable-length path finds its own from the positions, and for one row only)."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    implementation = getattr(text, "_attn_implementation", None)
+    if implementation not in PACKED_ATTENTION:
+        raise ValueError(f"syncfree refuses packed batches for a text model on {implementation!r} attention (it keeps "
+                         f"packed samples apart with {' or '.join(map(repr, PACKED_ATTENTION))}); load the model with "
+                         "attn_implementation=\"sdpa\"")
 
 
 @wrapper('plans once for the whole generate() call')
