@@ -322,3 +322,45 @@ def test_another_text_attention_is_refused():
             model(**batch)
     finally:
         model.config.text_config._attn_implementation = "sdpa"
+
+
+def _flash_standin(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A flash-style attention for the CPU: only the variable-length arguments keep the samples apart (no mask is
+    made for it), as in flash attention's ``flash_attn_varlen_func`` over the flattened rows."""
+    from syncfree.plan.packing import FLASH_KWARGS
+
+    assert attention_mask is None
+    _FLASH_SEEN.append({name: kwargs.get(name) for name in FLASH_KWARGS})
+    batch, heads, length, dim = query.shape
+    cu = kwargs["cu_seq_lens_q"].long()
+    segment = torch.searchsorted(cu[1:], torch.arange(batch * length), right=True)
+    allowed = (segment[:, None] == segment[None, :]) & torch.ones(batch * length, batch * length, dtype=torch.bool).tril()
+    flat = [t.transpose(0, 1).reshape(t.shape[1], -1, t.shape[-1])[None] for t in (query, key, value)]
+    out = torch.nn.functional.scaled_dot_product_attention(*flat, attn_mask=allowed, scale=scaling, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(batch, length, heads, dim), None
+
+
+_FLASH_SEEN: list = []
+
+
+def test_flash_attention_is_handed_the_boundaries():
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("flash_standin", _flash_standin)
+    model, samples = _qwen25()
+    syncfree.unpatch(model)
+    alone = _alone(model, samples)
+    syncfree.patch(model)
+    batch = syncfree.packing_collator(model, max_tokens=40)(samples)
+    model.config.text_config._attn_implementation = "flash_standin"
+    try:
+        _FLASH_SEEN.clear()
+        with torch.no_grad():
+            packed = model(**batch).logits
+    finally:
+        model.config.text_config._attn_implementation = "sdpa"
+    packing = batch["syncfree_plan"].packing
+    assert len(_FLASH_SEEN) == model.config.text_config.num_hidden_layers
+    assert all(seen["cu_seq_lens_q"] is packing.cu_seq_lens and seen["max_length_q"] == packing.max_length
+               for seen in _FLASH_SEEN)
+    assert _worst(packed, batch, alone) <= TOLERANCE

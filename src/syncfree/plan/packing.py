@@ -19,10 +19,12 @@ import torch
 
 from .tensors import DeviceFields
 
-__all__ = ["Packing", "packing_of", "rows_of", "PACKED_KEY"]
+__all__ = ["Packing", "packing_of", "rows_of", "PACKED_KEY", "FLASH_KWARGS"]
 
 # Where a packing collator's batch says which segments are samples (popped by ``prepare``, kept in the plan).
 PACKED_KEY = "syncfree_packing"
+# The keyword arguments of flash attention's variable-length path (``Packing.flash_kwargs``).
+FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 @dataclass
@@ -46,6 +48,12 @@ class Packing(DeviceFields):
     @property
     def samples(self) -> int:
         return len(self.order)
+
+    def flash_kwargs(self) -> dict:
+        """What flash attention's variable-length path takes for these boundaries (Transformers' ``cu_seq_lens_q`` ...),
+        over the rows flattened: it then attends within each segment, padding segments included."""
+        return {"cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
 
     def spans(self) -> list[tuple[int, int, int]]:
         """``(row, start, length)`` of each sample, in packed order (padding left out)."""

@@ -27,6 +27,7 @@ import torch
 from ..plan import active
 from ..plan.batch import PLAN_KEY, Plan, build_plan, plan_inputs
 from ..plan.checksum import assert_given_match
+from ..plan.packing import FLASH_KWARGS
 from ..plan.rope import rope_index
 from ..plan.spec import ModelSpec, layout_of
 from ..plan.tensors import same_host_values
@@ -216,8 +217,10 @@ def make_model_forward(stock):
             entry = resolve(self, given, explicit, taken)
             if entry is None:
                 return stock(self, *args, **kwargs)
-            if entry.plan.packing is not None:
-                check_packed_attention(self)
+            if entry.plan.packing is not None and flash_like(check_packed_attention(self)):
+                # Flash attention's variable-length path, handed the plan's boundaries (it would find them from the
+                # positions with a host read, and for a one-row batch only); the tower drops them (its own are its own).
+                kwargs.update(entry.plan.packing.flash_kwargs())
             args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
             with active.activate(entry):
                 return stock(self, *args, **kwargs)
@@ -226,20 +229,28 @@ def make_model_forward(stock):
 
 
 # The text attention implementations whose masks Transformers makes by ``_preprocess_mask_arguments`` (where the packed
-# plan's boundaries are handed over) and that attend by that mask alone.
+# plan's boundaries are handed over) and that attend by that mask alone; and flash attention (``flash_like``), handed
+# the boundaries as its variable-length arguments.
 PACKED_ATTENTION = ("sdpa", "eager")
 
 
-def check_packed_attention(model) -> None:
-    """Refuse a packed batch for a text model whose attention would not take the plan's boundaries (flash attention's
-    variable-length path finds its own from the positions, and for one row only)."""
+def flash_like(implementation) -> bool:
+    """A flash attention implementation (Transformers' flash_attention_2/3, a hub kernel's), which takes
+    ``cu_seq_lens_q`` and the rest (``Packing.flash_kwargs``) for a padding-free batch."""
+    return isinstance(implementation, str) and "flash" in implementation and "flex" not in implementation
+
+
+def check_packed_attention(model) -> str:
+    """The text model's attention implementation; a packed batch refused where it would not take the plan's
+    boundaries (flex attention and others: not shown to)."""
     config = getattr(model, "config", None)
     text = getattr(config, "text_config", None) or config
     implementation = getattr(text, "_attn_implementation", None)
-    if implementation not in PACKED_ATTENTION:
+    if implementation not in PACKED_ATTENTION and not flash_like(implementation):
         raise ValueError(f"syncfree refuses packed batches for a text model on {implementation!r} attention (it keeps "
-                         f"packed samples apart with {' or '.join(map(repr, PACKED_ATTENTION))}); load the model with "
-                         "attn_implementation=\"sdpa\"")
+                         f"packed samples apart with {', '.join(map(repr, PACKED_ATTENTION))} or flash attention); "
+                         "load the model with attn_implementation=\"sdpa\"")
+    return implementation
 
 
 @wrapper('plans once for the whole generate() call')
@@ -310,6 +321,10 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         else:
             return stock(self, *args, **kwargs)  # (stock's own error for the missing argument)
         vp = kwargs.pop("syncfree_vision_plan", None)
+        entry = active.current()
+        if entry is not None and entry.plan.packing is not None:
+            for name in FLASH_KWARGS:  # (the text model's boundaries of a packed batch: not the tower's)
+                kwargs.pop(name, None)
         given = given_args(names[1:], args, kwargs)
         grid_thw = given.get("grid_thw")
         args = args[1:] if args else args  # grid_thw is passed by keyword below
