@@ -19,6 +19,7 @@ import syncfree
 from syncfree.families import FAMILIES, processor_batch, tiny_preset
 from syncfree.inputs import Image, Text, Video
 from syncfree.patching import packing_refusal
+from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.packing import packing_of, rows_of
 from syncfree.presets import build_model, load_config
 
@@ -36,11 +37,24 @@ def _samples(config) -> list[list]:
     two images for its video: its videos are packed apart, ``_video_samples``)."""
     u = _unit(config)
     video = [Text(3), Video(4, 2 * u, u), Text(2)]
-    if getattr(config, "model_type", "").startswith("glm"):
+    if not _takes_videos_with_images(config):
         video = [Text(3), Image(2 * u, 4 * u), Text(2)]
     return [[Text(5), Image(2 * u, 2 * u), Text(3)], [Text(7)],
             [Text(4), Image(u, 3 * u), Text(6), Image(u, u), Text(2)], video, [Text(9)],
             [Text(2), Image(3 * u, u), Text(1)]]
+
+
+def _takes_videos(config) -> bool:
+    try:
+        processor_batch(config, [[Text(2), Video(2, _unit(config), _unit(config)), Text(2)]])
+    except InputsNotTaken:
+        return False
+    return True
+
+
+def _takes_videos_with_images(config) -> bool:
+    """Whether the family's forward takes a batch holding images and videos (GLM's counts frames as images)."""
+    return _takes_videos(config) and not FAMILIES[config.model_type].layout.video_frames_as_images
 
 
 def _video_samples(config) -> list[list]:
@@ -68,7 +82,9 @@ def _worst(packed: torch.Tensor, batch: dict, alone: list[torch.Tensor]) -> floa
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_each_sample_in_a_packed_batch_gets_its_own_logits(family, use_cache):
     name, model = family
-    layouts = [_samples(model.config)] + ([_video_samples(model.config)] if name.startswith("glm") else [])
+    layouts = [_samples(model.config)]
+    if _takes_videos(model.config) and not _takes_videos_with_images(model.config):
+        layouts.append(_video_samples(model.config))  # (its videos packed apart from images)
     for layout in layouts:
         samples = [processor_batch(model.config, [s]) for s in layout]
         alone = _alone(syncfree.unpatch(model) or model, samples)

@@ -99,9 +99,9 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
 
 FAMILIES: tuple[Family, ...] = (
     _glm("glm4v", "Glm4v", packs=True),
-    _glm("glm4v_moe", "Glm4vMoe"),
-    _glm("glm46v", "Glm46V", tower_prefix="Glm4v", tower_module=family_module("glm4v")),
-    _glm("glm_ocr", "GlmOcr", ocr=True),
+    _glm("glm4v_moe", "Glm4vMoe", packs=True),
+    _glm("glm46v", "Glm46V", tower_prefix="Glm4v", tower_module=family_module("glm4v"), packs=True),
+    _glm("glm_ocr", "GlmOcr", ocr=True, packs=True),
 )
 
 # Tiny models with the real layout rules: patch 14, temporal patch 2, merge 2, a learned 8x8 position table

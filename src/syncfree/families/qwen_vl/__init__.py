@@ -50,7 +50,7 @@ LINEAR_STATE = dict(packing_refused="its gated-DeltaNet (linear-attention) layer
 
 FAMILIES: tuple[Family, ...] = (
     _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH, **PACKS),
-    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT, **ONE_GRAPH, **PACKS),
     _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH, **LINEAR_STATE),
     _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH,
             **LINEAR_STATE),
