@@ -76,7 +76,7 @@ COMMANDS = {
     "generate_syncs.json": "python benchmarks/generate_syncs.py --out results/generate_syncs.json",
     "emulation_overhead.json": "python benchmarks/emulation_overhead.py "
                                "--out results/emulation_overhead.json",
-    "packing.json": "python benchmarks/packing.py --steps 3 --out results/packing.json",
+    "packing.json": "python benchmarks/packing.py --steps 2 --out results/packing.json",
 }
 
 _SCENARIOS = {

@@ -380,3 +380,80 @@ def test_flash_attention_is_handed_the_boundaries():
     assert all(seen["cu_seq_lens_q"] is packing.cu_seq_lens and seen["max_length_q"] == packing.max_length
                for seen in _FLASH_SEEN)
     assert _worst(packed, batch, alone) <= TOLERANCE
+
+
+_TEXT_COLLATOR = None
+
+
+def _text_collator(max_tokens: int):
+    global _TEXT_COLLATOR
+    if _TEXT_COLLATOR is None:
+        _TEXT_COLLATOR = load_config("qwen2-vl-tiny")
+    return syncfree.packing_collator(_TEXT_COLLATOR, max_tokens=max_tokens)
+
+
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=12), st.integers(30, 70), st.booleans(), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_the_packed_layout_puts_each_sample_where_its_plan_says(lengths, max_tokens, first_fit, with_labels):
+    generator = torch.Generator().manual_seed(len(lengths))
+    samples = []
+    for n in lengths:
+        ids = torch.randint(1, 900, (1, n), generator=generator)
+        sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": torch.zeros_like(ids)}
+        if with_labels:
+            sample["labels"] = torch.randint(0, 900, (1, n), generator=generator)
+        samples.append(sample)
+    collate = _text_collator(max_tokens)
+    if first_fit:
+        collate.order = "first_fit"
+    batch = collate(samples)
+    packing = batch["syncfree_plan"].packing
+    ids, labels, positions = batch["input_ids"], batch["labels"], batch["position_ids"]
+    assert positions.shape == (4, *ids.shape) and "attention_mask" not in batch
+    for (r, start, n), i in zip(packing.spans(), packing.order):
+        assert torch.equal(ids[r, start:start + n], samples[i]["input_ids"][0])
+        own = samples[i]["labels"][0] if with_labels else samples[i]["input_ids"][0]
+        assert labels[r, start] == -100 and torch.equal(labels[r, start + 1:start + n], own[1:])
+        assert torch.equal(positions[:, r, start:start + n], torch.arange(n).expand(4, n))  # (text only: 0..n-1)
+    for r, pad in enumerate(packing.padding):
+        if pad:  # the row's padding: its own segment, positions restarted, nothing to learn
+            assert (labels[r, -pad:] == -100).all() and torch.equal(positions[0, r, -pad:], torch.arange(pad))
+    # Transformers' own reading of the text row finds the same segments as the plan's
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    found = find_packed_sequence_indices(positions[0])
+    assert found is None and packing.sequence_ids.max() == 0 or torch.equal(found, packing.sequence_ids)
+
+
+def test_a_packed_batch_made_elsewhere_is_kept_apart_or_refused():
+    """A padding-free batch without the collator's plan (the text row of its 4-row positions restarts per sample): the
+    patched forward finds the boundaries there, with a cache too (where stock attends across them); a family that cannot
+    keep them apart refuses it."""
+    model, samples = _qwen25()
+    batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+    elsewhere = {k: v for k, v in batch.items() if k != "syncfree_plan"}
+    with torch.no_grad():
+        packed = model(**{**elsewhere, "use_cache": True}).logits
+    syncfree.unpatch(model)
+    assert _worst(packed, batch, _alone(model, samples)) <= TOLERANCE
+    hybrid = syncfree.patch(build_model("qwen3.5-tiny"))
+    text = syncfree.packing_collator(load_config("qwen2-vl-tiny"), max_tokens=64)(
+        [{"input_ids": torch.randint(1, 900, (1, n))} for n in (5, 9, 3)])
+    text.pop("syncfree_plan")
+    with pytest.raises(ValueError, match="refuses packed batches for qwen3_5: its gated-DeltaNet"):
+        syncfree.prepare(text, "cpu", hybrid)
+
+
+@given(st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=5), min_size=1, max_size=4))
+@settings(max_examples=100, deadline=None)
+def test_the_segments_read_from_restarted_positions_are_the_packed_ones(rows):
+    from syncfree.plan.packing import packing_from_positions
+
+    width = max(sum(r) for r in rows) + 1
+    packing = packing_of(rows, list(range(sum(map(len, rows)))), width)
+    text = torch.cat([torch.cat([torch.arange(n) for n in lengths])[None] for lengths in packing.rows])
+    found = packing_from_positions(torch.stack([text, text, text, text]), (len(rows), width))
+    assert found is not None and found.rows == packing.rows
+    assert torch.equal(found.sequence_ids, packing.sequence_ids) and torch.equal(found.cu_seq_lens, packing.cu_seq_lens)
+    plain = torch.arange(width).expand(len(rows), width)
+    assert packing_from_positions(torch.stack([plain] * 4), (len(rows), width)) is None

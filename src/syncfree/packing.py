@@ -54,7 +54,8 @@ class PackingCollator:
     def _collate(self, features: list) -> dict:
         if not isinstance(features, (list, tuple)) or not features:
             raise ValueError(f"takes a non-empty list of samples (processor outputs), got {type(features).__name__}")
-        samples = [self._sample(i, f, features[0]) for i, f in enumerate(features)]
+        first = {k: v for k, v in features[0].items() if v is not None} if isinstance(features[0], Mapping) else None
+        samples = [self._sample(i, f, first) for i, f in enumerate(features)]
         with_labels = [s["labels"] is not None for s in samples]
         if any(with_labels) and not all(with_labels):
             raise ValueError(f"sample {with_labels.index(not with_labels[0])} {'has' if with_labels[0] else 'lacks'} "
@@ -81,6 +82,7 @@ class PackingCollator:
         """One sample's tensors, checked (``ValueError`` naming the sample), with its own positions."""
         if not isinstance(sample, Mapping):
             raise ValueError(f"sample {i} is a {type(sample).__name__}, not a processor output (a dict of tensors)")
+        sample = {k: v for k, v in sample.items() if v is not None}  # (a dataset row's absent inputs are None)
         for name, value in sample.items():
             if name not in _TOKENS and name not in _ITEMS:
                 raise ValueError(f"sample {i} holds {name!r}, which the packing collator does not know how to pack "

@@ -28,7 +28,7 @@ from .errors import StalePlan, stale
 from .hooks import plan_inputs
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
 from .omni import omni_fields, omni_rope
-from .packing import Packing
+from .packing import Packing, packing_from_positions
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
 from .spec import ModelSpec
@@ -328,6 +328,8 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
     """The rest of the plan: 3D positions (or the Omni thinkers' pieces), items per row, checksums. ``packing``: a
     packed batch's segments; its call gives each sample's own positions, so none are made for the rows."""
     spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
+    if packing is None and mask is None:  # (a padding-free packed batch made elsewhere: its text row says so)
+        packing = packing_from_positions(host.get("position_ids"), tuple(types.shape))
     if packing is not None:
         if tuple(packing.batch_shape) != tuple(types.shape):
             raise ValueError(f"the packing describes a batch of shape {packing.batch_shape} but the tokens have "

@@ -85,6 +85,24 @@ def rows_of(lengths: list[int], max_tokens: int, first_fit: bool = False) -> lis
     return rows
 
 
+def packing_from_positions(position_ids, shape: tuple[int, int]) -> Packing | None:
+    """The packing of a batch whose given positions are a text row and 3D rows, ``(4, B, S)`` (Qwen-VL's padding-free
+    layout), where the text row restarts inside a row: segments as Transformers' ``find_packed_sequence_indices``
+    reads them (a new one wherever a position is not the one before plus 1). None for any other batch."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 3 or position_ids.shape[0] != 4 \
+            or tuple(position_ids.shape[1:]) != tuple(shape) or position_ids.device.type != "cpu":
+        return None
+    text = position_ids[0].numpy()
+    starts = np.diff(text, axis=-1, prepend=text[:, :1] - 1) != 1
+    if not starts[:, 1:].any():
+        return None
+    rows = []
+    for row in starts:
+        edges = [0, *(np.flatnonzero(row[1:]) + 1).tolist(), len(row)]
+        rows.append([b - a for a, b in zip(edges, edges[1:])])
+    return packing_of(rows, list(range(sum(len(r) for r in rows))), shape[1])
+
+
 def packing_of(row_lengths: list[list[int]], order: list[int], width: int) -> Packing:
     """The packing of rows holding samples of ``row_lengths`` each, padded to ``width`` tokens."""
     rows, padding = [], []

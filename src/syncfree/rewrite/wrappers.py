@@ -217,7 +217,7 @@ def make_model_forward(stock):
             entry = resolve(self, given, explicit, taken)
             if entry is None:
                 return stock(self, *args, **kwargs)
-            if entry.plan.packing is not None and flash_like(check_packed_attention(self)):
+            if entry.plan.packing is not None and flash_like(check_packed_attention(self, entry.plan.spec)):
                 # Flash attention's variable-length path, handed the plan's boundaries (it would find them from the
                 # positions with a host read, and for a one-row batch only); the tower drops them (its own are its own).
                 kwargs.update(entry.plan.packing.flash_kwargs())
@@ -240,9 +240,14 @@ def flash_like(implementation) -> bool:
     return isinstance(implementation, str) and "flash" in implementation and "flex" not in implementation
 
 
-def check_packed_attention(model) -> str:
-    """The text model's attention implementation; a packed batch refused where it would not take the plan's
-    boundaries (flex attention and others: not shown to)."""
+def check_packed_attention(model, spec: ModelSpec) -> str:
+    """The text model's attention implementation; a packed batch refused for a family whose forward is not shown to
+    keep its samples apart (``Layout.packing_refused``), and where the attention would not take the plan's boundaries
+    (flex attention and others: not shown to)."""
+    layout = layout_of(spec.model_type)
+    if layout is None or layout.packing_refused:
+        why = layout.packing_refused if layout is not None else "not a family syncfree supports"
+        raise ValueError(f"syncfree refuses packed batches for {spec.model_type}: {why}")
     config = getattr(model, "config", None)
     text = getattr(config, "text_config", None) or config
     implementation = getattr(text, "_attn_implementation", None)
