@@ -457,3 +457,24 @@ def test_the_segments_read_from_restarted_positions_are_the_packed_ones(rows):
     assert torch.equal(found.sequence_ids, packing.sequence_ids) and torch.equal(found.cu_seq_lens, packing.cu_seq_lens)
     plain = torch.arange(width).expand(len(rows), width)
     assert packing_from_positions(torch.stack([plain] * 4), (len(rows), width)) is None
+
+
+def test_sliding_window_layers_keep_samples_apart():
+    """A text model with a sliding-window layer (Qwen2.5-VL's config allows one): its window mask is made by the same
+    packed path, so a window never reaches into the sample before."""
+    from transformers import AutoModelForImageTextToText
+
+    config = load_config("qwen2.5-vl-tiny")
+    config.text_config.layer_types = ["sliding_attention", "full_attention"]
+    config.text_config.use_sliding_window, config.text_config.sliding_window = True, 6
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa").eval()
+    assert model.model.language_model.has_sliding_layers
+    samples = [processor_batch(model.config, [s]) for s in _samples(model.config)]
+    alone = _alone(model, samples)
+    syncfree.patch(model)
+    batch = syncfree.packing_collator(model, max_tokens=48)(samples)
+    with torch.no_grad():
+        for use_cache in (False, True):
+            assert _worst(model(**{**batch, "use_cache": use_cache}).logits, batch, alone) <= TOLERANCE
