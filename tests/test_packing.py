@@ -478,3 +478,16 @@ def test_sliding_window_layers_keep_samples_apart():
     with torch.no_grad():
         for use_cache in (False, True):
             assert _worst(model(**{**batch, "use_cache": use_cache}).logits, batch, alone) <= TOLERANCE
+
+
+def test_dataloader_workers_pack_and_carry_the_plan():
+    from torch.utils.data import DataLoader
+
+    model, samples = _qwen25()
+    loader = DataLoader(samples, batch_size=3, num_workers=1, collate_fn=syncfree.packing_collator(model, max_tokens=40))
+    batches = list(loader)
+    assert len(batches) == 1 and batches[0]["syncfree_plan"].packing is not None
+    with torch.no_grad():
+        packed = model(**batches[0]).logits
+    syncfree.unpatch(model)
+    assert _worst(packed, batches[0], _alone(model, samples)) <= TOLERANCE
