@@ -491,3 +491,15 @@ def test_dataloader_workers_pack_and_carry_the_plan():
         packed = model(**batches[0]).logits
     syncfree.unpatch(model)
     assert _worst(packed, batches[0], _alone(model, samples)) <= TOLERANCE
+
+
+def test_first_fit_reorders_samples_with_their_images():
+    model, samples = _qwen25()
+    samples = samples + [processor_batch(model.config, [s]) for s in _samples(model.config)[3:]]
+    batch = syncfree.packing_collator(model, max_tokens=30, order="first_fit")(samples)
+    order = batch["syncfree_plan"].packing.order
+    assert list(order) != sorted(order)  # (a later, shorter sample filled an earlier row)
+    with torch.no_grad():
+        packed = model(**batch).logits
+    syncfree.unpatch(model)
+    assert _worst(packed, batch, _alone(model, samples)) <= TOLERANCE
