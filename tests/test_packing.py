@@ -436,11 +436,11 @@ def test_a_packed_batch_made_elsewhere_is_kept_apart_or_refused():
         packed = model(**{**elsewhere, "use_cache": True}).logits
     syncfree.unpatch(model)
     assert _worst(packed, batch, _alone(model, samples)) <= TOLERANCE
-    hybrid = syncfree.patch(build_model("qwen3.5-tiny"))
+    hybrid = syncfree.patch(build_model("qwen4-exp-tiny"))
     text = syncfree.packing_collator(load_config("qwen2-vl-tiny"), max_tokens=64)(
         [{"input_ids": torch.randint(1, 900, (1, n))} for n in (5, 9, 3)])
     text.pop("syncfree_plan")
-    with pytest.raises(ValueError, match="refuses packed batches for qwen3_5: its gated-DeltaNet"):
+    with pytest.raises(ValueError, match="refuses packed batches for qwen4_exp: its gated-DeltaNet"):
         syncfree.prepare(text, "cpu", hybrid)
 
 
@@ -503,3 +503,19 @@ def test_first_fit_reorders_samples_with_their_images():
         packed = model(**batch).logits
     syncfree.unpatch(model)
     assert _worst(packed, batch, _alone(model, samples)) <= TOLERANCE
+
+
+def test_a_hybrids_recurrent_layers_run_each_packed_sample_alone_without_a_sync():
+    """Qwen3.5's gated-DeltaNet layers: each sample from a fresh state (the parity test above shows its logits); the
+    prepared packed forward and backward make no sync, as the attention-only families'."""
+    model = syncfree.patch(build_model("qwen3.5-tiny"))
+    samples = [processor_batch(model.config, [s]) for s in _samples(model.config)[:4]]
+    batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+    with syncfree.emulate_cuda():
+        model.to("cuda").train()
+        try:
+            with syncfree.audit() as step:
+                model(**syncfree.prepare(batch, "cuda", model)).loss.backward()
+        finally:
+            model.to("cpu").eval()
+    assert step.syncs == [] and not step.blocking_copies, step.table()

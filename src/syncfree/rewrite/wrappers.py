@@ -42,7 +42,7 @@ from .vision_in_step import vision_in_step
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
            "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
-           "make_ignore_causal_mask_sdpa"]
+           "make_ignore_causal_mask_sdpa", "make_per_sample_recurrent"]
 
 # (and audio: the Omni thinkers' features, raw waveforms)
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
@@ -364,6 +364,35 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
     # compile_vision's padded buckets hand the stock forward the host grid and every table: not for these towers.
     buckets_ok = not (device_grid or seqlens_only)
     forward.syncfree_buckets_ok = buckets_ok
+    return forward
+
+
+@wrapper("runs a packed batch's samples through the recurrent layer one by one (its state starts afresh at each)")
+def make_per_sample_recurrent(stock):
+    """A linear-attention (gated-DeltaNet) layer's forward, ``forward(self, hidden_states, cache=None,
+    attention_mask=None, **kwargs)``: in the forward of a packed batch, each segment of each row (each sample, the row's
+    padding) goes through the stock layer alone, from a zero state and a zero convolution window, as it would in its own
+    run; the outputs are put back in place. By the plan's host lengths: slices and one concatenation, no read. Any other
+    call is stock's."""
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        entry = None if torch.compiler.is_compiling() else active.current()
+        packing = entry.plan.packing if entry is not None else None
+        given = given_args(names, args, kwargs)
+        hidden_states = given.get("hidden_states")
+        if packing is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3 \
+                or tuple(hidden_states.shape[:2]) != tuple(packing.batch_shape) or given.get("attention_mask") is not None:
+            return stock(self, *args, **kwargs)
+        extra = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "cache", "cache_params",
+                                                               "attention_mask", *FLASH_KWARGS)}
+        rows = []
+        for r, lengths in enumerate(packing.rows):
+            pieces = torch.split(hidden_states[r:r + 1], list(lengths), dim=1)
+            rows.append(torch.cat([stock(self, piece, **extra) for piece in pieces], dim=1))
+        return torch.cat(rows, dim=0)
+
     return forward
 
 
