@@ -519,3 +519,20 @@ def test_a_hybrids_recurrent_layers_run_each_packed_sample_alone_without_a_sync(
         finally:
             model.to("cpu").eval()
     assert step.syncs == [] and not step.blocking_copies, step.table()
+
+
+def test_packed_3d_positions_without_their_text_row_are_refused():
+    """Stock's own per-sample 3D positions, packed without the text row: nothing can read the boundaries from them, and
+    stock attends across the samples; refused instead, naming what to give."""
+    model, samples = _qwen25()
+    batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+    three = {k: v for k, v in batch.items() if k != "syncfree_plan"}
+    three["position_ids"] = batch["position_ids"][1:]
+    with pytest.raises(ValueError, match="no text row"):
+        syncfree.prepare(three, "cpu", model)
+    with pytest.raises(ValueError, match="no text row"), torch.no_grad():
+        model(**three)
+    # (one sample per row, as stock's get_rope_index makes them: never taken for packed)
+    alone = {k: v for k, v in samples[0].items() if k != "attention_mask"}
+    positions, _ = model.model.get_rope_index(alone["input_ids"], alone["mm_token_type_ids"], alone["image_grid_thw"])
+    syncfree.prepare({**alone, "position_ids": positions}, "cpu", model)

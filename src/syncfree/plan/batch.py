@@ -28,7 +28,7 @@ from .errors import StalePlan, stale
 from .hooks import plan_inputs
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
 from .omni import omni_fields, omni_rope
-from .packing import Packing, packing_from_positions
+from .packing import Packing, packing_from_positions, restarts_without_text_row
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
 from .spec import ModelSpec
@@ -330,6 +330,10 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
     spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
     if packing is None and mask is None:  # (a padding-free packed batch made elsewhere: its text row says so)
         packing = packing_from_positions(host.get("position_ids"), tuple(types.shape))
+        if packing is None and spec.mrope and restarts_without_text_row(host.get("position_ids"), tuple(types.shape)):
+            raise ValueError("position_ids restart inside a row but have no text row: a padding-free packed batch "
+                             "whose samples' boundaries nothing can read (stock attends across them); give 4-row "
+                             "position_ids, the text positions first (syncfree.packing_collator makes them)")
     if packing is not None:
         if tuple(packing.batch_shape) != tuple(types.shape):
             raise ValueError(f"the packing describes a batch of shape {packing.batch_shape} but the tokens have "

@@ -19,7 +19,8 @@ import torch
 
 from .tensors import DeviceFields
 
-__all__ = ["Packing", "packing_of", "rows_of", "PACKED_KEY", "FLASH_KWARGS"]
+__all__ = ["Packing", "packing_of", "packing_from_positions", "restarts_without_text_row", "rows_of", "PACKED_KEY",
+           "FLASH_KWARGS"]
 
 # Where a packing collator's batch says which segments are samples (popped by ``prepare``, kept in the plan).
 PACKED_KEY = "syncfree_packing"
@@ -101,6 +102,17 @@ def packing_from_positions(position_ids, shape: tuple[int, int]) -> Packing | No
         edges = [0, *(np.flatnonzero(row[1:]) + 1).tolist(), len(row)]
         rows.append([b - a for a, b in zip(edges, edges[1:])])
     return packing_of(rows, list(range(sum(len(r) for r in rows))), shape[1])
+
+
+def restarts_without_text_row(position_ids, shape: tuple[int, int]) -> bool:
+    """True for 3D positions ``(3, B, S)`` that restart inside a row (all three back to 0 after a token that was not
+    at 0): samples packed padding-free with their own 3D positions but no text row, whose boundaries neither
+    Transformers nor the plan can read from them (a sample's vision tokens do not step by 1)."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 3 or position_ids.shape[0] != 3 \
+            or tuple(position_ids.shape[1:]) != tuple(shape) or position_ids.device.type != "cpu" or shape[1] < 2:
+        return False
+    zero = (position_ids.numpy() == 0).all(axis=0)  # (B, S)
+    return bool((zero[:, 1:] & ~zero[:, :-1]).any())
 
 
 def packing_of(row_lengths: list[list[int]], order: list[int], width: int) -> Packing:
