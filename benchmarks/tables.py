@@ -80,6 +80,7 @@ COMMANDS = {
     "generate_syncs.json": "python benchmarks/generate_syncs.py --out results/generate_syncs.json",
     "emulation_overhead.json": "python benchmarks/emulation_overhead.py "
                                "--out results/emulation_overhead.json",
+    "packing.json": "python benchmarks/packing.py --steps 2 --out results/packing.json",
 }
 
 _SCENARIOS = {
@@ -578,6 +579,26 @@ def render_emulation_overhead() -> str:
             f"{doc['syncs_recorded']} syncs recorded.\n" + _reproduce("emulation_overhead.json"))
 
 
+def render_packing() -> str:
+    doc = _load("packing.json")
+    pad, rate, step = doc["padding_fraction"], doc["tokens_per_s"], doc["step_s"]
+    ratio = doc["ratio_packed_over_padded"]
+    rows = [("padding (share of the batch's positions)", f"{pad['padded']:.0%}", f"{pad['packed']:.0%}", ""),
+            ("forward, sample tokens/s", f"{rate['padded']['forward']:,.0f}", f"{rate['packed']['forward']:,.0f}",
+             f"**{ratio['forward']:.2f}×**"),
+            ("training step, sample tokens/s", f"{rate['padded']['train']:,.0f}", f"{rate['packed']['train']:,.0f}",
+             f"**{ratio['train']:.2f}×**"),
+            (f"training step, s per {doc['group']} samples", f"{step['padded']['train']:.2f}",
+             f"{step['packed']['train']:.2f}", "")]
+    return (f"{doc['model']} shapes (random weights), {doc['text_layers']} text layers, fp32 on "
+            f"{doc['machine']['cpus']} CPU cores: {doc['steps']} groups of {doc['group']} samples ({doc['sample_tokens']:,} "
+            "tokens: text of 16–512 tokens, 0–4 images of "
+            f"{', '.join(f'{h}×{w}' for h, w in doc['image_sides'])} px), after one warm-up group; packed rows of at most "
+            f"{doc['max_tokens']} tokens.\n\n"
+            + _table(("", "padded, stock", "packed, syncfree", "packed / padded"), rows, "lrrr") + "\n"
+            + _reproduce("packing.json"))
+
+
 def render_hf_tests() -> str:
     """Transformers' own model tests, stock vs patched, from the table in hf-tests.md."""
     with open(os.path.join(RESULTS, "hf-tests.md")) as f:
@@ -647,6 +668,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "train-steps": render_train_steps,
     "published-shapes": render_published_shapes,
     "emulation-overhead": render_emulation_overhead,
+    "packing": render_packing,
     "hf-tests": render_hf_tests,
 }
 

@@ -31,3 +31,17 @@ def test_trainer_steps_sync_only_in_trainer_logging():
     # the statement each line shows is whole (a line of a multi-line statement alone may read "if (")
     statements = [line.split(": ", 1)[1][:-1] for s in steps for line in s["lines"]]  # ("file:line (function: ...)")
     assert all(st.count("(") <= st.count(")") or st.endswith("...") for st in statements), statements
+
+
+PACKED = Path(__file__).resolve().parent.parent / "examples" / "train_packed_with_trainer.py"
+
+
+def test_trainer_trains_packed_batches_without_a_sync_of_the_model():
+    spec = importlib.util.spec_from_file_location("train_packed_with_trainer", PACKED)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    steps = example.main(steps=3)
+    assert len(steps) == 3
+    for step in steps:  # forward, backward, optimizer: none; what is left is Trainer's logging at the last step
+        assert all(line.startswith("transformers/trainer.py:") for line in step["lines"]), step
+    assert [sum(s["phases"].values()) for s in steps[:2]] == [0, 0]

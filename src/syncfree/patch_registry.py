@@ -41,7 +41,8 @@ def family_classes(family: Family) -> tuple[type, ...]:
     """The classes of ``family`` that syncfree patches (as the installed Transformers names them)."""
     if not installed(family.modeling):
         return ()
-    return tuple(cls for cls in (target_class(family, t) for t in family.targets) if isinstance(cls, type))
+    return tuple(cls for cls in (target_class(family, t) for t in family.targets if not t.borrowed)
+                 if isinstance(cls, type))
 
 
 def family_of(model: torch.nn.Module) -> Family | None:

@@ -36,6 +36,7 @@ from .patch_registry import model_types as _model_types
 from .patch_registry import module_patches as _module_patches
 from .patch_registry import origin as _origin
 from .patch_registry import target_class as _target_class
+from .plan.spec import layout_of
 from .rewrite import helpers
 from .rewrite.attention import check_backend
 from .rewrite.before_trace import add_presence_check, remove_presence_check
@@ -48,7 +49,7 @@ from .rewrite.targets import Family, Target
 from .rewrite.vision_in_step import ATTRIBUTE as VISION_EVERY_STEP
 from .shared_patches import CLASS_LEVEL, HOLD_ATTR, Hold, critical, hold, release
 
-__all__ = ["patch", "unpatch", "is_patched", "UnsupportedTransformers", "FamilyLeftStock", "check_family",
+__all__ = ["patch", "unpatch", "is_patched", "packing_refusal", "UnsupportedTransformers", "FamilyLeftStock", "check_family",
            "check_shared_functions", "refusal_for", "FAMILIES"]
 
 
@@ -456,6 +457,32 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
         for attr, value in list(module.__dict__.items()):
             if getattr(value, "__func__", None) in _origin:
                 del module.__dict__[attr]
+
+
+def packing_refusal(model) -> str | None:
+    """Why ``model`` cannot take a padding-free packed batch (``syncfree.packing_collator``), in one line naming its
+    family; None where it can: a fully supported family whose patched forward keeps packed samples apart, patched."""
+    config = getattr(model, "config", model)
+    if not hasattr(config, "vision_config"):  # (a PEFT wrapper: the model's own config, as prepare finds it)
+        for module in getattr(model, "modules", lambda: [])():
+            if hasattr(getattr(module, "config", None), "vision_config"):
+                config = module.config
+                break
+    model_type = getattr(config, "model_type", type(model).__name__)
+    layout = layout_of(model_type)
+    if layout is None:
+        return (f"syncfree refuses packed batches for {model_type}: not a family syncfree supports, so nothing keeps "
+                "the samples of a packed row apart")
+    if layout.packing_refused:
+        return f"syncfree refuses packed batches for {model_type}: {layout.packing_refused}"
+    if isinstance(model, torch.nn.Module) and not is_patched(model):
+        return (f"syncfree refuses packed batches for an unpatched {model_type} model: stock attends across the "
+                "samples of a packed row; call syncfree.patch(model) first")
+    if isinstance(model, torch.nn.Module) and ("transformers.masking_utils", "_preprocess_mask_arguments") \
+            not in _module_patches:
+        return (f"syncfree refuses packed batches for {model_type}: this Transformers release's mask code "
+                "(masking_utils._preprocess_mask_arguments) is not the one syncfree hands the samples' boundaries to")
+    return None
 
 
 def is_patched(model: torch.nn.Module) -> bool:

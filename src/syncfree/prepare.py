@@ -9,10 +9,11 @@ import torch
 from .plan import active
 from .plan.batch import PLAN_KEY, Plan, draft_plan, finish_plan, plan_inputs
 from .plan.dynamic_dims import mark_layout_dims
+from .plan.packing import Packing
 from .plan.spec import ModelSpec
 from .plan.validate import check_batch, check_inputs
 
-__all__ = ["prepare", "plan_of"]
+__all__ = ["prepare", "plan_of", "plan_batch"]
 
 # Published Qwen3-VL checkpoints all use these; the forward checks them against the model.
 _QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.models.qwen3_vl.modeling_qwen3_vl")
@@ -84,26 +85,19 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     batch = dict(batch)
     plan: Plan | None = batch.pop(PLAN_KEY, None)
     if plan is None:
-        checked = plan_inputs() + _PIXELS
-        for name in checked:
-            value = batch.get(name)
-            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-                raise ValueError(f"syncfree.prepare expects the processor's CPU tensors, but {name} is on "
-                                 f"{value.device}; call prepare() before moving the batch (or just call the patched "
-                                 "model: it reads the control tensors once)")
-        spec = _spec(model, batch)
-        given = {k: batch.get(k) for k in checked}
-        check_inputs(spec, **given, ids_assumed=model is None)
-        draft = draft_plan(spec, **{k: batch.get(k) for k in plan_inputs()})  # every piece made once
-        check_batch(draft, **given)
-        # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
-        plan = finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope_class is not None)
+        plan = plan_batch(batch, _spec(model, batch), ids_assumed=model is None)
     else:
         if not isinstance(plan, Plan):
             raise ValueError(f"batch[{PLAN_KEY!r}] must be the plan syncfree.prepare() added, got {type(plan).__name__}")
         plan.check_batch(batch)
         if model is not None:
             plan.check_model(_spec(model, batch))
+    if plan.packing is not None and model is not None:
+        from .patching import packing_refusal  # (the patching side: whether this model keeps packed samples apart)
+
+        refusal = packing_refusal(model)
+        if refusal is not None:
+            raise ValueError(refusal)
     if device is None:
         return {**batch, PLAN_KEY: plan}
     moved, host_only = {}, _HOST_ONLY + plan.spec.hooks.host_only
@@ -116,6 +110,24 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     active.register(placed, moved)
     mark_layout_dims(moved, placed)  # (for torch.compile: which sizes follow the layout)
     return moved
+
+
+def plan_batch(batch: Mapping, spec: ModelSpec, *, ids_assumed: bool = False, packing: Packing | None = None) -> Plan:
+    """The plan of a processor batch of host tensors, its inputs checked first (``ValueError`` naming the first
+    inconsistency). ``packing``: the segments of a padding-free packed batch (``syncfree.packing_collator``)."""
+    checked = plan_inputs() + _PIXELS
+    for name in checked:
+        value = batch.get(name)
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            raise ValueError(f"syncfree.prepare expects the processor's CPU tensors, but {name} is on "
+                             f"{value.device}; call prepare() before moving the batch (or just call the patched "
+                             "model: it reads the control tensors once)")
+    given = {k: batch.get(k) for k in checked}
+    check_inputs(spec, **given, ids_assumed=ids_assumed)
+    draft = draft_plan(spec, **{k: batch.get(k) for k in plan_inputs()})  # every piece made once
+    check_batch(draft, **given)
+    # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
+    return finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope_class is not None, packing)
 
 
 def _target(device) -> torch.device | None:

@@ -12,6 +12,7 @@ from ..rewrite.edits import (
     GENERATION_POSITIONS,
     LINEAR_LENGTH_TENSOR,
     PACKED_CHECK,
+    PACKED_SEQUENCES,
     PLACEHOLDER_MASK,
     RECURRENT_MASK,
     SLIDING_WINDOW_TENSOR,
@@ -28,7 +29,7 @@ from ..rewrite.wrappers import (
     make_vision_forward,
 )
 
-__all__ = ["MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
+__all__ = ["PACKS", "MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
            "vlm_targets", "handled_by", "installed_source_has", "registered_only", "handles_of", "processor_batch_by",
            "scale_sections"]
 
@@ -43,6 +44,10 @@ def family_module(folder: str) -> str:
     """The modeling module of a Transformers model folder (``qwen3_vl`` -> ``...qwen3_vl.modeling_qwen3_vl``)."""
     return f"transformers.models.{folder}.modeling_{folder}"
 
+
+# A family whose patched forward keeps the samples of a padding-free packed row apart (``Layout.packing_refused``):
+# shown per family by tests/test_packing.py (each sample's logits are its own run's).
+PACKS = dict(packing_refused="")
 
 # The packed vision tower (every family that copied Qwen2-VL's): the wrapper hands it the plan's tensors.
 VISION_NEEDS = ("get_vision_position_ids(grid_thw", "get_vision_attention_seqlens(grid_thw", "kwargs=kwargs",
@@ -120,6 +125,9 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
         "create_recurrent_attention_mask", "", edits=RECURRENT_MASK, optional=True),
     ("transformers.masking_utils", "find_packed_sequence_indices"): Target(
         "find_packed_sequence_indices", "", edits=PACKED_CHECK, optional=True),
+    # (a packed batch's masks: the plan's sequence ids, syncfree.packing_collator)
+    ("transformers.masking_utils", "_preprocess_mask_arguments"): Target(
+        "_preprocess_mask_arguments", "", edits=PACKED_SEQUENCES, optional=True),
     # A class's method ("Class.method"): the class itself is patched.
     ("transformers.cache_utils", "DynamicSlidingWindowLayer.lazy_initialization"): Target(
         "DynamicSlidingWindowLayer", "lazy_initialization", edits=SLIDING_WINDOW_TENSOR, optional=True),

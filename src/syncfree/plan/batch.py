@@ -28,6 +28,7 @@ from .errors import StalePlan, stale
 from .hooks import plan_inputs
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
 from .omni import omni_fields, omni_rope
+from .packing import Packing, packing_from_positions, restarts_without_text_row
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
 from .spec import ModelSpec
@@ -91,10 +92,13 @@ class Plan(DeviceFields):
     # Counts a traced forward reads, each as the size of an empty host tensor (``dynamic_dims.size_carriers``): a
     # size Dynamo keeps symbolic, where an int attribute would be a constant it guards on (a graph per value).
     carriers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # A padding-free packed batch (``syncfree.packing_collator``): where each row's samples begin and end. The call
+    # then gives its positions (each sample's own, restarted), and the text model's masks keep the samples apart.
+    packing: Packing | None = None
 
     _TENSORS = ("position_ids", "rope_deltas", "checksums", "decode_position_ids")
     _NARROW = ("position_ids", "decode_position_ids")
-    _PARTS = ("image", "video", "audio", "video_frames")
+    _PARTS = ("image", "video", "audio", "video_frames", "packing")
 
     @property
     def n_visual_tokens(self) -> int:
@@ -169,6 +173,10 @@ class Plan(DeviceFields):
         own = self.batch_shape[0]
         if rows == own:
             return self
+        if self.packing is not None:
+            raise ValueError("a packed batch (syncfree.packing_collator) is for training forwards: its rows hold "
+                             "several samples each, which generate() cannot expand or continue; pack no batch you "
+                             "generate from")
         if rows % own:
             raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
         k = rows // own
@@ -319,10 +327,24 @@ def build_plan(spec: ModelSpec, *, use_audio_in_video: bool = False, **inputs) -
     return finish_plan(draft_plan(spec, **inputs), use_audio_in_video)
 
 
-def finish_plan(draft: Draft, use_audio_in_video: bool = False) -> Plan:
-    """The rest of the plan: 3D positions (or the Omni thinkers' pieces), items per row, checksums."""
+def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing | None = None) -> Plan:
+    """The rest of the plan: 3D positions (or the Omni thinkers' pieces), items per row, checksums. ``packing``: a
+    packed batch's segments; its call gives each sample's own positions, so none are made for the rows."""
     spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
-    if spec.rope_class is not None:  # an Omni thinker: stock's index on the host, the audio encoder's plan
+    if packing is None and mask is None:  # (a padding-free packed batch made elsewhere: its text row says so)
+        packing = packing_from_positions(host.get("position_ids"), tuple(types.shape))
+        if packing is None and spec.mrope and restarts_without_text_row(host.get("position_ids"), tuple(types.shape)):
+            raise ValueError("position_ids restart inside a row but have no text row: a padding-free packed batch "
+                             "whose samples' boundaries nothing can read (stock attends across them); give 4-row "
+                             "position_ids, the text positions first (syncfree.packing_collator makes them)")
+    if packing is not None:
+        if tuple(packing.batch_shape) != tuple(types.shape):
+            raise ValueError(f"the packing describes a batch of shape {packing.batch_shape} but the tokens have "
+                             f"{tuple(types.shape)}")
+        position_ids, rope_deltas = None, None
+        extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
+                     else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host), packing=packing)
+    elif spec.rope_class is not None:  # an Omni thinker: stock's index on the host, the audio encoder's plan
         found = omni_rope(spec, host, mask, bool(use_audio_in_video))
         position_ids, rope_deltas = found if found else (None, None)
         extra = omni_fields(spec, host, bool(use_audio_in_video))

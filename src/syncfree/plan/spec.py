@@ -109,6 +109,11 @@ class Layout:
     # traced forward its counts as sizes (``plan.dynamic_dims``). Only where that was shown (tests/test_compile_stream.py);
     # elsewhere those sizes are marked dynamic (Dynamo may still specialize them) and the counts are constants.
     stream: bool = False
+    # Padding-free packed batches (``syncfree.packing_collator``): "" where the patched forward keeps the samples of a
+    # packed row apart (each sample's logits are its own run's: tests/test_packing.py); else why it cannot, in the
+    # one-line refusal that names the family.
+    packing_refused: str = ("syncfree has not shown that its forward keeps the samples of a packed row apart (its "
+                            "masks, states and merges were not checked per sample)")
     # What the family adds to the shared plan (its inputs, grids, positions, fields): ``hooks.PlanHooks``.
     plan: PlanHooks = PlanHooks()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .rewriter import Edit
 
-__all__ = ["PACKED_CHECK", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
+__all__ = ["PACKED_CHECK", "PACKED_SEQUENCES", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
@@ -207,6 +207,17 @@ AUDIO_ATTENTION = (
 PACKED_CHECK = (
     Edit("expr", "(packed_sequence_mask[:, -1] == 0).all()", "_syncfree.none_packed(packed_sequence_mask, position_ids)"),
 )
+
+# Transformers' mask preparation, inside the forward of a padding-free packed batch (``syncfree.packing_collator``): the
+# plan's sequence ids of the rows, where stock derives them from the text position ids on the device, and only for a
+# call without a padding mask and without a cache (with one, stock's masks attend across the samples). The masks are
+# then stock's own packed-sequence masks (block-diagonal causal, sliding windows likewise).
+PACKED_SEQUENCES = (
+    Edit("stmt", "return False, attention_mask, packed_sequence_mask, q_length, kv_length, q_offset, kv_offset",
+         "return (False, attention_mask, _syncfree.packed_sequences(packed_sequence_mask, inputs_embeds, position_ids, "
+         "q_length, kv_length), q_length, kv_length, q_offset, kv_offset)"),
+)
+
 
 def _host_scalar_move(attr: str) -> tuple[Edit, ...]:
     return (Edit("expr", f"self.{attr}.to(self.device)", f"_syncfree.host_scalar_to(self.{attr}, self.device)"),)

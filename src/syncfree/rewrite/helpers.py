@@ -29,7 +29,7 @@ from .segments import segment_lengths  # noqa: F401  (called from the generic sp
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
            "segment_lengths", "placeholder_count", "placeholder_numel",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "planned_sizes", "none_packed", "host_scalar_to",
+           "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
            "traced_vision_plan", "traced_grid_rows"]
 
@@ -239,6 +239,21 @@ def none_packed(packed_sequence_mask: torch.Tensor, position_ids: torch.Tensor):
         return (packed_sequence_mask[:, -1] == 0).all()
     restarts = torch.diff(host, prepend=host[:, :1] - 1, dim=-1) != 1  # stock's computation, on the host
     return bool((restarts.cumsum(-1)[:, -1] == 0).all())
+
+
+def packed_sequences(found, inputs_embeds: torch.Tensor, position_ids, q_length, kv_length):
+    """The sequence ids Transformers' mask code applies (``packed_sequence_mask``): in the forward of a packed batch, the
+    plan's (each token's sample within its row), for a mask over the whole batch (no cached tokens); else ``found``."""
+    entry = active.current()
+    packing = entry.plan.packing if entry is not None else None
+    if packing is None or not isinstance(q_length, int) or q_length != kv_length \
+            or (inputs_embeds.shape[0], q_length) != tuple(packing.batch_shape):
+        return found
+    if position_ids is None:
+        # (Stock remaps the mask's indices by the text positions: without them it could not keep the samples apart.)
+        raise ValueError("a packed batch (syncfree.packing_collator) reached the text model without its text positions: "
+                         "pass the batch's 4-row position_ids as they are (text row first, each sample's restarted)")
+    return packing.sequence_ids
 
 
 def host_scalar_to(tensor: torch.Tensor, device) -> torch.Tensor:

@@ -35,6 +35,9 @@ class Target:
     # token indexer loop from ``forward`` into ``_select_tokens``): tried in order where ``attr`` does not match; the first that
     # matches is patched, and the refusal, where none does, is ``attr``'s.
     alt_attrs: tuple[str, ...] = ()
+    # A class other families borrow whole (a text model's layer, run under another family's tower): patched with the
+    # family, but holding it does not make a model of this family (``patch_registry.family_classes``).
+    borrowed: bool = False
 
 
 @dataclass(frozen=True)

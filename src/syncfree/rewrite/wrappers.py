@@ -27,6 +27,7 @@ import torch
 from ..plan import active
 from ..plan.batch import PLAN_KEY, Plan, build_plan, plan_inputs
 from ..plan.checksum import assert_given_match
+from ..plan.packing import FLASH_KWARGS
 from ..plan.rope import rope_index
 from ..plan.spec import ModelSpec, layout_of
 from ..plan.tensors import same_host_values
@@ -42,7 +43,7 @@ from .vision_in_step import vision_in_step
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
            "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
-           "make_ignore_causal_mask_sdpa"]
+           "make_ignore_causal_mask_sdpa", "make_per_sample_recurrent"]
 
 # (and audio: the Omni thinkers' features, raw waveforms)
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
@@ -218,11 +219,45 @@ def make_model_forward(stock):
             entry = resolve(self, given, explicit, taken)
             if entry is None:
                 return stock(self, *args, **kwargs)
+            if entry.plan.packing is not None and flash_like(check_packed_attention(self, entry.plan.spec)):
+                # Flash attention's variable-length path, handed the plan's boundaries (it would find them from the
+                # positions with a host read, and for a one-row batch only); the tower drops them (its own are its own).
+                kwargs.update(entry.plan.packing.flash_kwargs())
             args, kwargs = _with_host_grids(names, args, kwargs, entry.plan)
             with active.activate(entry):
                 return stock(self, *args, **kwargs)
 
     return forward
+
+
+# The text attention implementations whose masks Transformers makes by ``_preprocess_mask_arguments`` (where the packed
+# plan's boundaries are handed over) and that attend by that mask alone; and flash attention (``flash_like``), handed
+# the boundaries as its variable-length arguments.
+PACKED_ATTENTION = ("sdpa", "eager")
+
+
+def flash_like(implementation) -> bool:
+    """A flash attention implementation (Transformers' flash_attention_2/3, a hub kernel's), which takes
+    ``cu_seq_lens_q`` and the rest (``Packing.flash_kwargs``) for a padding-free batch."""
+    return isinstance(implementation, str) and "flash" in implementation and "flex" not in implementation
+
+
+def check_packed_attention(model, spec: ModelSpec) -> str:
+    """The text model's attention implementation; a packed batch refused for a family whose forward is not shown to
+    keep its samples apart (``Layout.packing_refused``), and where the attention would not take the plan's boundaries
+    (flex attention and others: not shown to)."""
+    layout = layout_of(spec.model_type)
+    if layout is None or layout.packing_refused:
+        why = layout.packing_refused if layout is not None else "not a family syncfree supports"
+        raise ValueError(f"syncfree refuses packed batches for {spec.model_type}: {why}")
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    implementation = getattr(text, "_attn_implementation", None)
+    if implementation not in PACKED_ATTENTION and not flash_like(implementation):
+        raise ValueError(f"syncfree refuses packed batches for a text model on {implementation!r} attention (it keeps "
+                         f"packed samples apart with {', '.join(map(repr, PACKED_ATTENTION))} or flash attention); "
+                         "load the model with attn_implementation=\"sdpa\"")
+    return implementation
 
 
 @wrapper('plans once for the whole generate() call')
@@ -242,6 +277,9 @@ def make_generate(stock):
                         taken=plan_inputs())
         if entry is None:
             return stock(self, *args, **kwargs)
+        if entry.plan.packing is not None:
+            raise ValueError("generate() got a packed batch (syncfree.packing_collator): its rows hold several "
+                             "samples each, which generation cannot continue; generate from a padded batch")
         entry.in_generate = True
         _, kwargs = _with_host_grids((), (), kwargs, entry.plan)
         with active.activate(entry):
@@ -290,6 +328,10 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         else:
             return stock(self, *args, **kwargs)  # (stock's own error for the missing argument)
         vp = kwargs.pop("syncfree_vision_plan", None)
+        entry = active.current()
+        if entry is not None and entry.plan.packing is not None:
+            for name in FLASH_KWARGS:  # (the text model's boundaries of a packed batch: not the tower's)
+                kwargs.pop(name, None)
         given = given_args(names[1:], args, kwargs)
         grid_thw = given.get("grid_thw")
         args = args[1:] if args else args  # grid_thw is passed by keyword below
@@ -335,6 +377,35 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
     # compile_vision's padded buckets hand the stock forward the host grid and every table: not for these towers.
     buckets_ok = not (device_grid or seqlens_only)
     forward.syncfree_buckets_ok = buckets_ok
+    return forward
+
+
+@wrapper("runs a packed batch's samples through the recurrent layer one by one (its state starts afresh at each)")
+def make_per_sample_recurrent(stock):
+    """A linear-attention (gated-DeltaNet) layer's forward, ``forward(self, hidden_states, cache=None,
+    attention_mask=None, **kwargs)``: in the forward of a packed batch, each segment of each row (each sample, the row's
+    padding) goes through the stock layer alone, from a zero state and a zero convolution window, as it would in its own
+    run; the outputs are put back in place. By the plan's host lengths: slices and one concatenation, no read. Any other
+    call is stock's."""
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        entry = None if torch.compiler.is_compiling() else active.current()
+        packing = entry.plan.packing if entry is not None else None
+        given = given_args(names, args, kwargs)
+        hidden_states = given.get("hidden_states")
+        if packing is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3 \
+                or tuple(hidden_states.shape[:2]) != tuple(packing.batch_shape) or given.get("attention_mask") is not None:
+            return stock(self, *args, **kwargs)
+        extra = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "cache", "cache_params",
+                                                               "attention_mask", *FLASH_KWARGS)}
+        rows = []
+        for r, lengths in enumerate(packing.rows):
+            pieces = torch.split(hidden_states[r:r + 1], list(lengths), dim=1)
+            rows.append(torch.cat([stock(self, piece, **extra) for piece in pieces], dim=1))
+        return torch.cat(rows, dim=0)
+
     return forward
 
 

@@ -15,13 +15,13 @@ from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handles_of, processor_batch_by, scale_sections
+from ..shared import PACKS, family_module, handles_of, processor_batch_by, scale_sections
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
 FAMILIES: tuple[Family, ...] = (
     Family("cohere_compass", qwen3_vl_targets("CohereCompass"), Layout(family_module("cohere_compass"), **QWEN3_LAYOUT,
-                                                                                       one_graph=True, stream=True)),
+                                                                                       one_graph=True, stream=True, **PACKS)),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2, an 8x8 learned table, three

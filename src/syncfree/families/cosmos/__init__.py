@@ -20,7 +20,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_vision_forward_seqlens_only
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
+from ..shared import PACKS, family_module, handles_of, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -40,7 +40,7 @@ def _cosmos() -> Family:
                 Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", edits=GRID_LIST,
                        needs=("for temporal, height, width in grid_thw.tolist():",)))
     return Family("cosmos3_edge", targets, Layout(family_module("cosmos3_edge"), frames_as_runs=True,
-                                                  tower_holds_projector=False, one_graph=True))
+                                                  tower_holds_projector=False, one_graph=True, **PACKS))
 
 
 FAMILIES: tuple[Family, ...] = (_cosmos(),)

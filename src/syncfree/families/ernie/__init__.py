@@ -62,7 +62,9 @@ def _ernie() -> Family:
         Target(f"{_P}Model", "get_video_features", check_only=True,
                needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
     )
-    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False, plan=PLAN)
+    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False, plan=PLAN,
+                    packing_refused="its batch carries per-token inputs of its own (moe_mm_token_type_ids) that the "
+                                    "packing collator does not lay out")
     return Family("ernie4_5_vl_moe", targets, layout, helpers=modality_moe)
 
 

@@ -42,7 +42,7 @@ from ..qwen_vl.inputs import (
     pixel_inputs,
     random_text,
 )
-from ..shared import family_module, handles_of, vlm_targets
+from ..shared import PACKS, family_module, handles_of, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs",
            "glm_stamp_tokens"]
@@ -82,7 +82,7 @@ def video_frame_grid(video_grid_thw, frame_grid):
 
 
 def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_module: str | None = None,
-         ocr: bool = False) -> Family:
+         ocr: bool = False, packs: bool = False) -> Family:
     tower = tower_prefix or prefix
     # GLM-OCR's tower has no learned positions (its grid is read by nothing but the helpers, so the host grid
     # serves) and calls its blocks without **kwargs (BLOCK_KWARGS passes syncfree's own keys on).
@@ -93,15 +93,15 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
                           feature_split=FEATURE_SPLIT + _FRAME_GRID, **tower_options)
     return Family(model_type, targets, Layout(family_module(model_type), frames_as_runs=True,
                                               video_frames_as_images=True, vision_modeling=tower_module,
-                                              one_graph=True),
+                                              one_graph=True, **PACKS if packs else {}),
                   helpers={"video_frame_rows": video_frame_rows, "video_frame_grid": video_frame_grid})
 
 
 FAMILIES: tuple[Family, ...] = (
-    _glm("glm4v", "Glm4v"),
-    _glm("glm4v_moe", "Glm4vMoe"),
-    _glm("glm46v", "Glm46V", tower_prefix="Glm4v", tower_module=family_module("glm4v")),
-    _glm("glm_ocr", "GlmOcr", ocr=True),
+    _glm("glm4v", "Glm4v", packs=True),
+    _glm("glm4v_moe", "Glm4vMoe", packs=True),
+    _glm("glm46v", "Glm46V", tower_prefix="Glm4v", tower_module=family_module("glm4v"), packs=True),
+    _glm("glm_ocr", "GlmOcr", ocr=True, packs=True),
 )
 
 # Tiny models with the real layout rules: patch 14, temporal patch 2, merge 2, a learned 8x8 position table

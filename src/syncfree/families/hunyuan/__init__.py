@@ -114,7 +114,9 @@ def _hyv4() -> Family:
                 Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)))
     return Family("hy_v4_vl", targets, Layout(
         family_module("hy_v4_vl"), host_rope_class=_HYV4, row_extra_tokens=1, vision_markers=False,
-        plan=PlanHooks(rope_index=hyv4_rope_index)))
+        plan=PlanHooks(rope_index=hyv4_rope_index),
+        packing_refused="its four rotary axes (text, width, height, image ordinal) are not the text row and 3D rows "
+                        "a packed batch's positions are made of (a packed sample's logits differ by 1e-3)"))
 
 
 FAMILIES: tuple[Family, ...] = (_hunyuan(), _hyv4())

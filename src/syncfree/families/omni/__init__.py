@@ -75,7 +75,9 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     layout = Layout(family_module(folder), table=PositionTable() if deepstack else None, windows=not deepstack, audio=True,
                     rope_class=f"{prefix}PreTrainedModelForConditionalGeneration",
-                    plan=dataclasses.replace(PLAN, rope_index=rope_index))
+                    plan=dataclasses.replace(PLAN, rope_index=rope_index),
+                    packing_refused="its audio inputs (input_features, feature_attention_mask) and audio-in-video "
+                                    "positions are not laid out by the packing collator")
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 

@@ -26,7 +26,7 @@ from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..qwen_vl.inputs import Video, build_inputs
-from ..shared import family_module, handles_of, vlm_targets
+from ..shared import PACKS, family_module, handles_of, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
 
@@ -63,7 +63,7 @@ def _paddle() -> Family:
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
     layout = Layout(family_module("paddleocr_vl"), tower_merge=1,
                     table=PositionTable(side="image_size", align_corners_from="PaddleOCRVisionEmbeddings"),
-                    pixels_4d=True, tower_holds_projector=False, one_graph=True,
+                    pixels_4d=True, tower_holds_projector=False, one_graph=True, **PACKS,
                     plan=PlanHooks(feature_words=_feature_words, values=_text_width))
     return Family("paddleocr_vl", targets, layout)
 

@@ -33,10 +33,14 @@ _TARGETS = qwen3_vl_targets(_P, deepstack=False) + (
     Target(f"{_P}ForConditionalGeneration", "prepare_inputs_for_generation", wrap=make_generation_masks,
            inherited=True),
 )
+# (its text model: Qwen3.5's gated-DeltaNet layers and a QSA indexer over each row's key blocks)
+_PACKING = ("its gated-DeltaNet layers carry their state across the samples of a packed row, and its QSA indexer "
+            "picks key blocks over the whole row")
 # Registered where the installed Qwen4-Exp has the indexed-attention layers its QSA edits stand for (Transformers
 # 5.24; 5.17 names them qwen_sparse_attention, with other code: left stock there).
 FAMILIES: tuple[Family, ...] = () if not installed_source_has(family_module("qwen4_exp"), "indexed_attention") else (
-    Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT), helpers=qsa),
+    Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT, packing_refused=_PACKING),
+           helpers=qsa),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2, an 8x8 learned table; interleaved

@@ -11,7 +11,8 @@ from __future__ import annotations
 from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
-from ..shared import WINDOW_NEEDS, family_module, handled_by, processor_batch_by, vlm_targets
+from ...rewrite.wrappers import make_per_sample_recurrent
+from ..shared import PACKS, WINDOW_NEEDS, family_module, handled_by, processor_batch_by, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
@@ -27,13 +28,18 @@ def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_
                        vision_needs=vision_needs, rope_needs=rope_needs, model_edits=model_edits)
 
 
-def qwen3_vl_targets(prefix: str, deepstack: bool = True) -> tuple[Target, ...]:
-    """Qwen3-VL's vision tower and layout; Qwen3.5 has the same without the deepstack features."""
+def qwen3_vl_targets(prefix: str, deepstack: bool = True, recurrent: bool = False) -> tuple[Target, ...]:
+    """Qwen3-VL's vision tower and layout; Qwen3.5 has the same without the deepstack features, and gated-DeltaNet
+    layers (``recurrent``: run sample by sample in a packed batch)."""
     targets = _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
                       vision_needs=("get_vision_interpolation_indices_and_weights(",),
                       rope_needs=("video_grid_thw[:, 0] = 1",), model_edits=DEEPSTACK_MERGE if deepstack else ())
     if deepstack:
         targets += (Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
+    if recurrent:
+        targets += (Target(f"{prefix}GatedDeltaNet", "forward", wrap=make_per_sample_recurrent,
+                           params=("hidden_states", "cache", "attention_mask"),
+                           needs=("causal_conv1d_forward(", "recurrent_state"), borrowed=True),)
     return targets
 
 
@@ -44,18 +50,23 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
 QWEN3_LAYOUT = dict(table=PositionTable(), frames_as_runs=True)
 # (every family here traces whole, and one graph serves a stream of layouts: Layout.one_graph, Layout.stream)
 ONE_GRAPH = dict(one_graph=True, stream=True)
+# (Qwen3.5's gated-DeltaNet layers: Transformers resets their state per sample only in flash-linear-attention's kernels
+# (cu_seqlens), which have no CPU build, and its convolution spans the samples' joins (no seq_idx). In a packed batch
+# the patched layer runs each sample alone instead: ``make_per_sample_recurrent``.)
 
 FAMILIES: tuple[Family, ...] = (
-    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH),
-    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT, **ONE_GRAPH),
-    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH),
-    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False), **QWEN3_LAYOUT, **ONE_GRAPH),
+    _family("qwen3_vl", qwen3_vl_targets("Qwen3VL"), **QWEN3_LAYOUT, **ONE_GRAPH, **PACKS),
+    _family("qwen3_vl_moe", qwen3_vl_targets("Qwen3VLMoe"), **QWEN3_LAYOUT, **ONE_GRAPH, **PACKS),
+    _family("qwen3_5", qwen3_vl_targets("Qwen3_5", deepstack=False, recurrent=True), **QWEN3_LAYOUT, **ONE_GRAPH,
+            **PACKS),
+    _family("qwen3_5_moe", qwen3_vl_targets("Qwen3_5Moe", deepstack=False, recurrent=True), **QWEN3_LAYOUT,
+            **ONE_GRAPH, **PACKS),
     _family("qwen2_vl", _common("VisionAttention", "Qwen2VisionTransformerPretrainedModel", "Qwen2VL",
-                                vision_needs=(), rope_needs=()), **ONE_GRAPH),
+                                vision_needs=(), rope_needs=()), **ONE_GRAPH, **PACKS),
     _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
                                   vision_needs=WINDOW_NEEDS,
                                   rope_needs=("tokens_per_second * ",)),
-            windows=True, video_time_scale=True, **ONE_GRAPH),
+            windows=True, video_time_scale=True, **ONE_GRAPH, **PACKS),
 )
 
 
