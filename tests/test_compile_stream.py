@@ -58,15 +58,15 @@ def _model(family: str, training: bool = False):
 
 
 def _params(quick: set, families: list) -> list:
-    return [pytest.param(f, marks=[] if f in quick else [pytest.mark.slow]) for f in families]
+    """(family, dynamic=None: Dynamo's automatic dynamic shapes), slow but for ``quick``."""
+    return [pytest.param(f, None, id=f"{f}-automatic", marks=[] if f in quick else [pytest.mark.slow])
+            for f in families]
 
 
-@pytest.mark.parametrize("dynamic", [pytest.param(None, id="automatic"),
-                                     pytest.param(True, id="dynamic", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("family", _params(_QUICK, STREAM))
+@pytest.mark.parametrize("family,dynamic", [*_params(_QUICK, STREAM),
+                                            pytest.param("qwen2_5_vl", True, id="qwen2_5_vl-dynamic",
+                                                         marks=pytest.mark.slow)])
 def test_one_compiled_model_runs_a_stream_of_16_layouts_with_the_eager_logits(family, dynamic):
-    if dynamic and family not in _QUICK:
-        pytest.skip("dynamic=True is checked on one family")
     model, preset = _model(family)
     counter = CompileCounter()
     compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend=counter)
