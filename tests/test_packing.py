@@ -23,8 +23,11 @@ from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.packing import packing_of, rows_of
 from syncfree.presets import build_model, load_config
 
+from family_checks import shipped_types
+
 # Families whose patched forward keeps packed samples apart (their layouts say so); every other one is refused.
-PACKING = sorted(t for t, f in FAMILIES.items() if not f.layout.packing_refused)
+SHIPPED = set(shipped_types())  # (the families this Transformers release has)
+PACKING = sorted(t for t, f in FAMILIES.items() if not f.layout.packing_refused and t in SHIPPED)
 TOLERANCE = 1e-5  # fp32, absolute: the packed row's masked attention against the sample's own causal one
 
 
@@ -68,6 +71,13 @@ def family(request):
     return request.param, model
 
 
+def _older_than(version: str) -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version(version)
+
+
 def _alone(model, samples: list[dict]) -> list[torch.Tensor]:
     with torch.no_grad():
         return [model(**s).logits[0] for s in samples]
@@ -82,6 +92,8 @@ def _worst(packed: torch.Tensor, batch: dict, alone: list[torch.Tensor]) -> floa
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_each_sample_in_a_packed_batch_gets_its_own_logits(family, use_cache):
     name, model = family
+    if name == "cosmos3_edge" and _older_than("5.25"):
+        pytest.skip("this release's Cosmos3-Edge text model takes 3-row positions (a packed batch carries 4)")
     layouts = [_samples(model.config)]
     if _takes_videos(model.config) and not _takes_videos_with_images(model.config):
         layouts.append(_video_samples(model.config))  # (its videos packed apart from images)
@@ -187,7 +199,7 @@ def test_rows_and_boundaries(lengths, max_tokens, first_fit):
     assert pickle.loads(pickle.dumps(packing)).rows == packing.rows
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", sorted(set(FAMILIES) & SHIPPED))
 def test_every_family_packs_or_is_refused_in_one_line(model_type):
     """Refused families name themselves and why; the others are in PACKING, whose parity test runs above."""
     layout = FAMILIES[model_type].layout
@@ -436,6 +448,8 @@ def test_a_packed_batch_made_elsewhere_is_kept_apart_or_refused():
         packed = model(**{**elsewhere, "use_cache": True}).logits
     syncfree.unpatch(model)
     assert _worst(packed, batch, _alone(model, samples)) <= TOLERANCE
+    if "qwen4_exp" not in SHIPPED:
+        return  # (a hybrid family this release does not have)
     hybrid = syncfree.patch(build_model("qwen4-exp-tiny"))
     text = syncfree.packing_collator(load_config("qwen2-vl-tiny"), max_tokens=64)(
         [{"input_ids": torch.randint(1, 900, (1, n))} for n in (5, 9, 3)])

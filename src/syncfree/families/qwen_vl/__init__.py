@@ -38,8 +38,9 @@ def qwen3_vl_targets(prefix: str, deepstack: bool = True, recurrent: bool = Fals
         targets += (Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     if recurrent:
         targets += (Target(f"{prefix}GatedDeltaNet", "forward", wrap=make_per_sample_recurrent,
-                           params=("hidden_states", "cache", "attention_mask"),
-                           needs=("causal_conv1d_forward(", "recurrent_state"), borrowed=True),)
+                           # (its cache is ``cache`` from Transformers 5.25, ``cache_params`` before: either)
+                           params=("hidden_states", "attention_mask"),
+                           needs=("recurrent_state",), borrowed=True),)
     return targets
 
 
