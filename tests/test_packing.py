@@ -16,14 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import syncfree
+from family_checks import shipped_types
 from syncfree.families import FAMILIES, processor_batch, tiny_preset
 from syncfree.inputs import Image, Text, Video
 from syncfree.patching import packing_refusal
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.packing import packing_of, rows_of
 from syncfree.presets import build_model, load_config
-
-from family_checks import shipped_types
 
 # Families whose patched forward keeps packed samples apart (their layouts say so); every other one is refused.
 SHIPPED = set(shipped_types())  # (the families this Transformers release has)
