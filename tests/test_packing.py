@@ -240,7 +240,7 @@ def _qwen25():
     return model, [processor_batch(model.config, [s]) for s in _samples(model.config)[:3]]
 
 
-def _refused(collator, samples, pattern: str) -> str:
+def _expect_refused(collator, samples, pattern: str) -> str:
     kept = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in samples]
     with pytest.raises(ValueError, match=pattern) as err:
         collator(samples)
@@ -259,16 +259,16 @@ def test_grid_and_placeholders_that_disagree_name_the_sample():
     grid = samples[2]["image_grid_thw"].clone()
     grid[0, 2] += 2  # (one image two patches wider than its placeholders and pixels)
     samples[2] = {**samples[2], "image_grid_thw": grid}
-    _refused(collator, samples, r"sample 2: Image features and image tokens do not match")
+    _expect_refused(collator, samples, r"sample 2: Image features and image tokens do not match")
     samples[2] = {**samples[2], "image_grid_thw": grid - torch.tensor([0, 0, 2])}
     samples[0] = {**samples[0], "pixel_values": samples[0]["pixel_values"][:-4]}
-    _refused(collator, samples, r"sample 0: pixel_values has \d+ patches but image_grid_thw describes")
+    _expect_refused(collator, samples, r"sample 0: pixel_values has \d+ patches but image_grid_thw describes")
 
 
 def test_a_sample_on_another_device_is_named():
     model, samples = _qwen25()
     samples[1] = {**samples[1], "input_ids": samples[1]["input_ids"].to("meta")}
-    _refused(syncfree.packing_collator(model, max_tokens=64), samples, r"sample 1's input_ids is on meta")
+    _expect_refused(syncfree.packing_collator(model, max_tokens=64), samples, r"sample 1's input_ids is on meta")
 
 
 def test_samples_of_another_family_are_named():
@@ -276,19 +276,19 @@ def test_samples_of_another_family_are_named():
     collator = syncfree.packing_collator(model, max_tokens=64)
     other = build_model("qwen3-vl-tiny").config  # (16-pixel patches: wider pixel rows)
     foreign = processor_batch(other, [[Text(2), Image(64, 64), Text(2)]])
-    _refused(collator, [samples[0], foreign], r"sample 1's pixel_values rows have 1536 values but qwen2_5_vl's")
+    _expect_refused(collator, [samples[0], foreign], r"sample 1's pixel_values rows have 1536 values but qwen2_5_vl's")
     # The same patches, other placeholder ids (the published configs': the tiny presets share their ids).
     published = load_config("qwen2.5-vl-3b")
     collator = syncfree.packing_collator(published, max_tokens=64)
     ours = processor_batch(published, [[Text(2), Image(56, 56), Text(2)]])
     foreign = processor_batch(load_config("glm4.1v-9b"), [[Text(2), Image(56, 56), Text(2)]])
-    _refused(collator, [ours, ours, foreign], r"sample 2: mm_token_type_ids marks \d+ tokens as image")
+    _expect_refused(collator, [ours, ours, foreign], r"sample 2: mm_token_type_ids marks \d+ tokens as image")
 
 
 def test_a_sample_longer_than_max_tokens_is_named():
     model, samples = _qwen25()
     n = samples[2]["input_ids"].shape[1]
-    _refused(syncfree.packing_collator(model, max_tokens=n - 1), samples,
+    _expect_refused(syncfree.packing_collator(model, max_tokens=n - 1), samples,
              rf"sample 2 has {n} tokens, more than max_tokens={n - 1}")
 
 
