@@ -397,3 +397,23 @@ def edited_first_row(batch: dict, edits) -> dict:
         rows = [([0] * (width - len(r)) + r) if left else (r + [0] * (width - len(r))) for r in rows]
         out[name] = torch.tensor(rows, dtype=batch[name].dtype)
     return out
+
+
+def check_host_index_is_stocks(index, config, batch: dict, names: tuple, masked: bool, edited: bool) -> None:
+    """A family's NumPy index (``index(spec, host, mask)``) against stock's own ``get_rope_index`` run on the same host
+    tensors (the batch's ``names``): where it answers, every position and delta is stock's (dtype, shape, values); an
+    unedited batch (the processor's own layout) it must answer; where it does not, the plan runs stock's index."""
+    from syncfree.plan.rope_stock import stock_rope_index
+    from syncfree.plan.spec import ModelSpec
+
+    spec = ModelSpec.from_config(config)
+    host = {n: batch.get(n) for n in names}
+    mask = batch["attention_mask"] if masked or not bool(batch["attention_mask"].all()) else None
+    got = index(spec, host, mask)
+    if not edited:
+        assert got is not None  # (the processor's layouts: never left to stock's walk)
+    if got is None:
+        return
+    want = stock_rope_index(spec.vision_module, spec.host_rope_class, config, attention_mask=mask, **host)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)

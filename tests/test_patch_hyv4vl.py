@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import syncfree
 from family_checks import (
+    check_host_index_is_stocks,
     check_prepared_prefill_is_sync_and_copy_free,
     edited_first_row,
     model_pair,
@@ -165,21 +166,10 @@ def test_the_numpy_index_is_stocks(rows, left, seed, masked, edits):
     with a few tokens dropped, inserted or retyped: where it answers, every position and delta is stock's; where it
     does not, the plan runs stock's own index. The processor's own layouts it must answer."""
     from syncfree.families.hunyuan.rope import hyv4_rope_index
-    from syncfree.plan.rope_stock import stock_rope_index
-    from syncfree.plan.spec import ModelSpec
 
     config = _pair()[0].config
-    spec = ModelSpec.from_config(config)
     batch = _inputs(config, rows, "left" if left else "right", seed)
     if edits:
         batch = edited_first_row(batch, edits)
-    host = {n: batch.get(n) for n in ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw")}
-    mask = batch["attention_mask"] if masked or not bool(batch["attention_mask"].all()) else None
-    got = hyv4_rope_index(spec, host, mask)
-    if not edits:
-        assert got is not None  # (the processor's layouts: never left to stock's walk)
-    if got is None:
-        return
-    want = stock_rope_index(spec.vision_module, spec.host_rope_class, config, attention_mask=mask, **host)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+    names = ("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw")
+    check_host_index_is_stocks(hyv4_rope_index, config, batch, names, masked, bool(edits))

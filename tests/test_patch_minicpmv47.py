@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import syncfree
-from family_checks import model_pair
+from family_checks import check_host_index_is_stocks, model_pair
 from syncfree.audit import audit, emulate_cuda
 from syncfree.families.minicpm import MARKERS, build_minicpm_inputs
 from syncfree.inputs import Image, Text, Video
@@ -205,21 +205,10 @@ def test_the_numpy_canvas_index_is_stocks(rows, left, seed, edits, masked):
     answers, every position and delta is stock's; where it does not (a layout it does not model), the plan runs stock's
     own index. The processor's own layouts it must answer."""
     from syncfree.families.minicpm.canvas_rope import canvas_rope_index
-    from syncfree.plan.rope_stock import stock_rope_index
-    from syncfree.plan.spec import ModelSpec
 
     config = model_pair(PRESET)[0].config
-    spec = ModelSpec.from_config(config)
     batch = build_minicpm_inputs(config, rows, padding_side="left" if left else "right", seed=seed)
     if edits:
         batch = _edited(batch, edits, config)
-    host = {n: batch.get(n) for n in ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos")}
-    mask = batch["attention_mask"] if masked or not bool(batch["attention_mask"].all()) else None
-    got = canvas_rope_index(spec, host, mask)
-    if not edits:
-        assert got is not None  # (the processor's layouts: never left to stock's walk)
-    if got is None:
-        return
-    want = stock_rope_index(spec.vision_module, spec.host_rope_class, config, attention_mask=mask, **host)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+    names = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos")
+    check_host_index_is_stocks(canvas_rope_index, config, batch, names, masked, bool(edits))
