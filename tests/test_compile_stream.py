@@ -103,3 +103,14 @@ def test_one_compiled_training_step_runs_a_stream_of_16_layouts_with_the_eager_l
 
 def test_the_qwen_vl_core_is_among_the_families_one_graph_serves_a_stream():
     assert {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"} <= set(STREAM)
+
+
+@pytest.mark.parametrize("in_worker", [False, True])
+def test_prepare_marks_its_own_tensors_for_dynamo_never_the_callers(in_worker):
+    # (Dynamo reads its marks from the tensor objects: on the caller's grid, a stock model compiled on the same batch
+    # afterwards would trace its per-image loop over an unbacked size and fail)
+    model, preset = _model("qwen2_5_vl")
+    batch = next(_stream(model, preset, 1))
+    before = {name: dict(vars(value)) for name, value in batch.items() if isinstance(value, torch.Tensor)}
+    syncfree.prepare(syncfree.prepare(batch, None, model) if in_worker else batch, "cpu", model)
+    assert {name: dict(vars(value)) for name, value in batch.items() if isinstance(value, torch.Tensor)} == before
