@@ -137,17 +137,39 @@ def layout_of(model_type: str) -> Layout | None:
     return _LAYOUTS.get(model_type)
 
 
+_PLAIN = (int, str, float, bool, type(None))
+
+
 def _key(value) -> str:
     """A string equal for equal specs, in every process: the compared fields' values, a nested dataclass by its own
     fields, a function by its qualified name (the same function in a DataLoader worker and in the main process)."""
+    if type(value) in _PLAIN:  # (most fields: their repr, without the checks below)
+        return repr(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = ",".join(_key(getattr(value, f.name)) for f in dataclasses.fields(value) if f.compare)
-        return f"{type(value).__qualname__}({fields})"
+        if isinstance(value, PlanHooks):  # (a family's one frozen object: its key once, not on every prepare)
+            return _hooks_key(value)
+        return _fields_key(value)
     if isinstance(value, (tuple, list)):
         return "(" + ",".join(_key(v) for v in value) + ")"
     if callable(value):
         return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
     return repr(value)
+
+
+def _fields_key(value) -> str:
+    fields = ",".join(_key(getattr(value, f.name)) for f in dataclasses.fields(value) if f.compare)
+    return f"{type(value).__qualname__}({fields})"
+
+
+_HOOK_KEYS: dict[int, tuple] = {}
+
+
+def _hooks_key(hooks: PlanHooks) -> str:
+    # (by identity, the object kept beside its key so that its id is not reused: families declare a handful)
+    kept = _HOOK_KEYS.get(id(hooks))
+    if kept is None or kept[0] is not hooks:
+        kept = _HOOK_KEYS[id(hooks)] = (hooks, _fields_key(hooks))
+    return kept[1]
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
     # another item), and every ``<vision_start>`` opens one.
     if (s <= row_begin[rows]).any() or (xs[s - 1] != start_id).any() or (e >= row_end[rows]).any():
         return None
-    if np.isin(xs[e], (start_id, config.image_token_id, config.video_token_id)).any():
+    if (xs[e][:, None] == np.array([start_id, config.image_token_id, config.video_token_id])).any():
         return None
     if np.count_nonzero(xs == start_id) != s.shape[0]:
         return None
