@@ -23,7 +23,7 @@ import types
 _EXPORTS = {
     "CudaUnavailable": ".audit", "EmulationUnavailable": ".audit", "Report": ".audit", "SyncError": ".audit",
     "assert_no_sync": ".audit", "audit": ".audit", "emulate_cuda": ".audit",
-    "planning_collator": ".collate",
+    "planning_collator": ".collate", "Buckets": ".buckets",
     "packing_collator": ".packing", "PackingCollator": ".packing",
     "compile_vision": ".compile_vision",
     "register_family": ".forks",
@@ -88,6 +88,7 @@ __all__ = [
     "is_patched",
     "prepare",
     "planning_collator",
+    "Buckets",
     "packing_collator",
     "PackingCollator",
     "planning_trainer",

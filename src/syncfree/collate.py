@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .plan.spec import ModelSpec
-from .prepare import _spec, prepare
+from .prepare import _config_of, _spec, prepare
 
 __all__ = ["PlanningCollator", "planning_collator"]
 
@@ -26,22 +26,32 @@ class PlanningCollator:
     plan values (a ``ModelSpec``), not the model.
     """
 
-    def __init__(self, collator: Callable[[list], Any], spec: ModelSpec | None) -> None:
-        self.collator, self.spec = collator, spec
+    def __init__(self, collator: Callable[[list], Any], spec: ModelSpec | None, buckets=None, config=None) -> None:
+        self.collator, self.spec, self.buckets, self.config = collator, spec, buckets, config
 
     def __call__(self, features: list) -> dict:
-        return prepare(self.collator(features), None, self.spec)
+        batch = self.collator(features)
+        if self.buckets is not None:  # (padded first, then planned: the plan describes the bucketed batch)
+            batch = prepare(batch, None, self.config, buckets=self.buckets)
+            return batch
+        return prepare(batch, None, self.spec)
 
     def __repr__(self) -> str:
         return f"PlanningCollator({self.collator!r})"
 
 
-def planning_collator(collator: Callable[[list], Any], model=None) -> PlanningCollator:
+def planning_collator(collator: Callable[[list], Any], model=None, *, buckets=None) -> PlanningCollator:
     """Wrap a data collator (HF ``Trainer``/TRL's ``data_collator``, a ``DataLoader``'s ``collate_fn``) so
     each batch it makes carries its syncfree plan, built in the worker that collates it.
 
-    ``model`` (or its config) gives the merge size and placeholder ids, as for ``prepare``.
+    ``model`` (or its config) gives the merge size and placeholder ids, as for ``prepare``. ``buckets`` (a
+    ``syncfree.Buckets``, with ``model``): each batch padded up to a bucket first (``syncfree.buckets``).
     """
     if not callable(collator):
         raise ValueError(f"planning_collator() wraps a callable data collator, got {type(collator).__name__}")
-    return PlanningCollator(collator, _spec(model, {}) if model is not None else None)
+    config = _config_of(model)
+    if buckets is not None and config is None:
+        raise ValueError("planning_collator(..., buckets=...) needs the model (or its config): its processor's "
+                         "layout of an image")
+    return PlanningCollator(collator, _spec(model, {}) if model is not None else None, buckets,
+                            config if buckets is not None else None)

@@ -52,16 +52,23 @@ def _spec(model, batch: Mapping) -> ModelSpec:
         return _ids_from_types(_QWEN3_VL_DEFAULT, batch)
     if isinstance(model, ModelSpec):
         return model
+    return ModelSpec.from_config(_config_of(model))
+
+
+def _config_of(model):
+    """The multimodal config of a model (or a config itself); None for a ``ModelSpec`` or nothing."""
+    if model is None or isinstance(model, ModelSpec):
+        return None
     config = getattr(model, "config", model)
     if not hasattr(config, "vision_config"):  # a vision tower alone, or a PEFT wrapper
         for module in getattr(model, "modules", lambda: [])():
             if hasattr(getattr(module, "config", None), "vision_config"):
                 config = module.config
                 break
-    return ModelSpec.from_config(config)
+    return config
 
 
-def prepare(batch: Mapping, device: str | torch.device | None = None, model=None) -> dict:
+def prepare(batch: Mapping, device: str | torch.device | None = None, model=None, *, buckets=None) -> dict:
     """Validate a processor batch, plan the forward on the host, and move it to ``device``.
 
     ``batch`` is the processor's output (a ``BatchFeature`` or a dict) with tensors on the CPU.
@@ -77,12 +84,17 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     With ``device=None`` nothing is moved and the plan is added under the key ``"syncfree_plan"``:
     that is what a ``DataLoader`` worker should do (no CUDA there, and the dict pickles); call
     ``prepare(result, device)`` in the main process to move it.
+
+    ``buckets`` (a ``syncfree.Buckets``, with ``model``): first pad the batch up to the smallest bucket that holds it,
+    so that a stream of layouts makes a few static shapes (CUDA graphs); see ``syncfree.buckets``.
     """
     if not isinstance(batch, Mapping):
         raise TypeError(f"syncfree.prepare takes the processor's output (a BatchFeature or a dict of tensors), got "
                         f"{type(batch).__name__}")
     target = _target(device)
     batch = dict(batch)
+    if buckets is not None:
+        batch = _bucketed(batch, buckets, model)
     plan: Plan | None = batch.pop(PLAN_KEY, None)
     if plan is None:
         plan = plan_batch(batch, _spec(model, batch), ids_assumed=model is None)
@@ -112,6 +124,24 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     active.register(placed, moved)
     mark_layout_dims(moved, placed)  # (for torch.compile: which sizes follow the layout)
     return moved
+
+
+def _bucketed(batch: dict, buckets, model) -> dict:
+    from .buckets import bucket_batch
+    from .families import processor_batch  # (the family's layout of a filler image)
+
+    config = _config_of(model)
+    if config is None:
+        raise ValueError("syncfree.prepare(batch, device, model, buckets=...) needs the model (or its config): its "
+                         "processor's layout of an image")
+    plan = batch.pop(PLAN_KEY, None)
+    padded = bucket_batch(batch, buckets, config, processor_batch)
+    if plan is None:
+        return padded
+    if any(padded[n] is not batch[n] for n in batch if n in padded):
+        raise ValueError("this batch was planned before it was bucketed; give the buckets to "
+                         "syncfree.planning_collator(..., buckets=...) (or to prepare in the worker)")
+    return {**padded, PLAN_KEY: plan}
 
 
 def plan_batch(batch: Mapping, spec: ModelSpec, *, ids_assumed: bool = False, packing: Packing | None = None) -> Plan:
