@@ -8,6 +8,10 @@ allowed, as it must be: stock's data-dependent reads break its graph), and patch
 inside it) and the wall time of the whole stream.
 
     python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v --batches 16 --out results/compile_stream.json
+
+With ``--buckets`` a third run: patched, each batch padded up to a ``syncfree.Buckets`` bucket (right-padded, images
+only), the mode CUDA graphs need on a GPU (``--device cuda --mode reduce-overhead``). ``--passes 2`` runs the stream
+again after the compiles and reports its real tokens per second (the steady state a long run sees).
 """
 
 from __future__ import annotations
@@ -40,37 +44,72 @@ def _compile_seconds() -> float:
     return sum(compilation_time_metrics.get("_compile.compile_inner", []))
 
 
-def _run(model, batches: list[dict], patched: bool, backend: str) -> dict:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _run(model, batches: list[dict], patched: bool, backend: str, device: str = "cpu", mode: str | None = None,
+         buckets=None, passes: int = 1) -> dict:
     torch._dynamo.reset()
     from torch._dynamo.utils import compilation_time_metrics, counters
 
+    from syncfree.families import batch_to
+
     compilation_time_metrics.clear()
     counters.clear()
-    compiled = torch.compile(model, fullgraph=patched, backend=backend)
-    start = time.perf_counter()
+    compiled = torch.compile(model, fullgraph=patched, backend=backend, mode=mode)
+
+    def inputs(batch: dict) -> dict:
+        return syncfree.prepare(batch, device, model, buckets=buckets) if patched else batch_to(batch, device)
+
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    found = {}
     with torch.no_grad():
-        for batch in batches:
-            compiled(**(syncfree.prepare(batch, "cpu", model) if patched else batch))
-    wall = time.perf_counter() - start
-    return {"graphs": int(counters["stats"]["unique_graphs"]), "compile_s": round(_compile_seconds(), 2),
-            "wall_s": round(wall, 2)}
+        for done in range(passes):
+            start = time.perf_counter()
+            for batch in batches:
+                compiled(**inputs(batch))
+            _sync(device)
+            wall = time.perf_counter() - start
+            if done == 0:
+                found = {"graphs": int(counters["stats"]["unique_graphs"]), "compile_s": round(_compile_seconds(), 2),
+                         "wall_s": round(wall, 2)}
+            else:
+                found["tokens_per_s"] = round(tokens / wall, 1)
+    return found
 
 
-def measure(family: str, count: int, backend: str, seed: int) -> dict:
+def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu", dtype: str = "float32",
+            mode: str | None = None, buckets: bool = False, passes: int = 1, partial=lambda row: None) -> dict:
+    """The row of ``family``; ``partial(row)`` after each run (a caller cut short keeps what was measured). With
+    ``buckets`` the patched runs come first (what a GPU cell is for), stock last."""
     preset = _tiny_preset(family)
-    model = build_model(preset).eval()
-    videos = getattr(model.config, "video_token_id", None) is not None
-    batches = [processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+    model = build_model(preset, dtype=getattr(torch, dtype), device=device).eval()
+    videos = getattr(model.config, "video_token_id", None) is not None and not buckets
+    side = "right" if buckets else "left"  # (buckets take right-padded batches; images only)
+    batches = [processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id, padding_side=side)
                for samples in stream_layouts(count, image_unit(model.config), videos=videos, seed=seed)]
-    stock = _run(model, batches, patched=False, backend=backend)
-    syncfree.patch(model)
-    try:
-        patched = _run(model, batches, patched=True, backend=backend)
-    except Exception as error:  # (recorded, not hidden: the row says which batch's compile failed and why)
-        patched = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    run = dict(backend=backend, device=device, mode=mode, passes=passes)
+    row = {"family": family, "preset": preset, "batches": count}
+    variants = {"stock": None, "patched": None}
+    if buckets:
+        variants = {"patched+buckets": syncfree.Buckets.powers_of_two(512, 4096, 16, smallest_tokens=32,
+                                                                      smallest_patches=64), **variants}
+    for name, chosen in variants.items():
+        if name == "stock":
+            syncfree.unpatch(model)
+            row[name] = _run(model, batches, patched=False, **run)
+        else:
+            syncfree.patch(model)
+            try:
+                row[name] = _run(model, batches, patched=True, buckets=chosen, **run)
+            except Exception as error:  # (recorded, not hidden: the row says which batch's compile failed and why)
+                row[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+        partial(row)
     del model
     gc.collect()
-    return {"family": family, "preset": preset, "batches": count, "stock": stock, "patched": patched}
+    return row
 
 
 def main(argv=None) -> int:
@@ -79,22 +118,32 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--backend", default="inductor", help="the torch.compile backend (default: inductor)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--mode", help="torch.compile's mode (reduce-overhead: CUDA graphs, on a GPU)")
+    parser.add_argument("--buckets", action="store_true", help="also run patched with syncfree.Buckets")
+    parser.add_argument("--passes", type=int, default=1, help="2: the stream again, timed (tokens per second)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     families = args.families or [f for f in discover() if f in FAMILIES and layout_of(f) is not None
                                  and layout_of(f).one_graph]
     torch.set_num_threads(1)
-    rows = []
-    for family in tqdm(families, desc="families", file=sys.stderr):
-        rows.append(measure(family, args.batches, args.backend, args.seed))
-        print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        import transformers
+    import transformers
 
-        meta = {"torch": torch.__version__, "transformers": transformers.__version__, "backend": args.backend,
-                "threads": 1, "seed": args.seed}
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    meta = {"torch": torch.__version__, "transformers": transformers.__version__, "backend": args.backend,
+            "threads": 1, "seed": args.seed, "device": args.device, "dtype": args.dtype, "mode": args.mode}
+    rows = []
+
+    def write(partial: dict | None = None) -> None:
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows + ([partial] if partial else [])}, f, indent=1)
+
+    for family in tqdm(families, desc="families", file=sys.stderr):
+        rows.append(measure(family, args.batches, args.backend, args.seed, args.device, args.dtype, args.mode,
+                            args.buckets, args.passes, partial=write))
+        print(json.dumps(rows[-1]), flush=True)
+        write()
     return 0
 
 
