@@ -92,3 +92,37 @@ def test_a_family_s_own_helpers_reach_its_rewritten_code_and_never_shadow_a_shar
     assert patching._build("mine", "_stock_plus_one", target, _stock_plus_one, mine.namespace) is built
     with pytest.raises(AttributeError, match="plus_one_on_host"):  # (the shared helpers alone do not have it)
         patching._build("mine", "_stock_plus_one", target, _stock_plus_one)(1)
+
+
+def _tables() -> tuple:
+    return dict(FAMILIES), dict(spec._LAYOUTS)
+
+
+def test_a_copy_patched_like_a_family_is_registered_while_patched_and_the_tables_are_back_after_unpatch(registry,
+                                                                                                       tmp_path):
+    before = _tables()
+    modeling = fork_example.make_fork(str(tmp_path))
+    try:
+        first, second = fork_example.tiny_fork_model(modeling), fork_example.tiny_fork_model(modeling)
+        syncfree.patch(first, like="qwen2_5_vl")
+        syncfree.patch(second, like="qwen2_5_vl")
+        key = first.config.model_type
+        assert key in FAMILIES and spec.layout_of(key) is not None
+        syncfree.unpatch(first)  # (the second still holds it)
+        assert key in FAMILIES
+        syncfree.unpatch(second)
+        assert _tables() == before
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_refused_patch_like_a_family_leaves_the_tables_as_they_were(registry, tmp_path):
+    before = _tables()
+    modeling = fork_example.make_fork(str(tmp_path))
+    try:
+        model = fork_example.tiny_fork_model(modeling)
+        with pytest.raises(ValueError, match="vision_every_step"):
+            syncfree.patch(model.model.language_model, like="qwen2_5_vl", vision_every_step=True)
+        assert _tables() == before and not syncfree.is_patched(model)
+    finally:
+        sys.path.remove(str(tmp_path))

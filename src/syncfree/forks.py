@@ -7,7 +7,9 @@ edits match code, not names, so they apply to the copy as they are: what changes
 target's class in the copy is found by the rename the copy made (the prefix that turns the supported family's model
 class name into the copy's), else by code (the one class of the copy's module whose function the target's edits and
 checks accept). The copy is then registered as a family of its own (its targets, and the supported family's input
-layout under the copy's module), so ``prepare``, pickling and the reports know it like any other.
+layout under the copy's module), so ``prepare``, pickling and the reports know it like any other, for as long as a
+model patched ``like=`` it is patched: ``unpatch`` of the last one puts the tables back as they were
+(``register_scoped``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Callable
 import torch
 
 from .families import FAMILIES
-from .plan.spec import layout_of, register_layout
+from .plan.spec import _LAYOUTS, layout_of, register_layout, restore_layout
 from .rewrite.targets import Family, Target
 
-__all__ = ["register_family", "family_like"]
+__all__ = ["register_family", "register_scoped", "family_like"]
 
 
 def register_family(family: Family, *, replace: bool = False) -> Family:
@@ -40,10 +42,48 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
     FAMILIES[family.model_type] = family
     register_layout(family.model_type, family.layout)
     # (A vision tower alone is known by its module's name, ``modeling_<x>``: register the layout there too.)
-    short = family.modeling.rsplit(".", 1)[-1].removeprefix("modeling_")
+    short = _tower_name(family)
     if layout_of(short) is None:
         register_layout(short, family.layout)
     return family
+
+
+def _tower_name(family: Family) -> str:
+    return family.modeling.rsplit(".", 1)[-1].removeprefix("modeling_")
+
+
+# model type -> [how many patched models hold it, (the family and layouts it replaced)]
+_SCOPED: dict[str, list] = {}
+
+
+def register_scoped(family: Family) -> Callable[[], None]:
+    """Register ``family`` (``register_family(..., replace=True)``) until the returned release is called; the last
+    release of a model type puts the family table and the layouts back as they were before the first."""
+    key, names = family.model_type, (family.model_type, _tower_name(family))
+    entry = _SCOPED.get(key)
+    if entry is None:
+        entry = _SCOPED[key] = [0, (FAMILIES.get(key), {n: _LAYOUTS.get(n) for n in names})]
+    register_family(family, replace=True)
+    entry[0] += 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if released:
+            return
+        released = True
+        entry[0] -= 1
+        if entry[0] == 0 and _SCOPED.get(key) is entry:
+            del _SCOPED[key]
+            before, layouts = entry[1]
+            if before is None:
+                FAMILIES.pop(key, None)
+            else:
+                FAMILIES[key] = before
+            for name, layout in layouts.items():
+                restore_layout(name, layout)
+
+    return release
 
 
 def _prefixes(base_names: set[str], model_cls: str) -> tuple[str, str] | None:
@@ -103,7 +143,7 @@ def family_like(model: torch.nn.Module, like: str,
     layout = dataclasses.replace(base.layout, modeling=module_name, vision_modeling=None)
     key = model_type if model_type not in FAMILIES or FAMILIES[model_type].modeling == module_name \
         else f"{model_type}@{module_name}"
-    return register_family(Family(key, tuple(targets), layout, helpers=base.helpers), replace=True)
+    return Family(key, tuple(targets), layout, helpers=base.helpers)  # (registered by patch, once nothing refuses)
 
 
 def _in(target: Target, cls: type) -> Target:

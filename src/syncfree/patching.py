@@ -25,7 +25,7 @@ import warnings
 import torch
 
 from .families import FAMILIES, MODULE_TARGETS
-from .forks import family_like
+from .forks import family_like, register_scoped
 from .patch_registry import INHERITED as _INHERITED
 from .patch_registry import built as _built
 from .patch_registry import class_patches as _class_patches
@@ -275,6 +275,22 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         # (a tower under another name than ``visual``, HunYuan-VL's ``vision_tower``: the pass would never be made)
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
                          "vision tower is not the multimodal model's `visual`, where the one-unit tower pass runs)")
+    registered = register_scoped(family) if like is not None and family is not FAMILIES.get(like) else None
+    try:
+        _patch_model(model, family, vision_attention, vision_every_step, verbose)
+    except BaseException:
+        if registered is not None:
+            registered()
+        raise
+    if registered is not None:  # (the copy's family stays registered while this model is patched: see unpatch)
+        model.__dict__[_RELEASE_ATTR] = registered
+    return model
+
+
+_RELEASE_ATTR = "_syncfree_release_family"
+
+
+def _patch_model(model, family, vision_attention: str, vision_every_step: bool, verbose: bool) -> None:
     if family is not None:
         found = _replacements(family)
         replacements = {(cls, t.attr): r for cls, t, _, r in found}
@@ -292,8 +308,8 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         if replacements and on_host:
             warnings.warn(f"syncfree.patch: {type(model).__name__} patched nothing: {', '.join(on_host)} makes its "
                           "attention's cu_seqlens from a host copy of the grid, so its vision attention split reads "
-                          "no device value and the generic fix would remove no sync", stacklevel=2)
-            return model
+                          "no device value and the generic fix would remove no sync", stacklevel=3)
+            return
         if not replacements:
             raise ValueError(f"syncfree.patch: no supported model in {type(model).__name__} (model types found: "
                              f"{_model_types(model) or 'none'}; supported: {', '.join(FAMILIES)}), and no vision "
@@ -320,7 +336,6 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         from .patch_report import describe_patch  # (it reads this module's tables)
 
         print("\n".join(describe_patch(model).lines()))
-    return model
 
 
 def _refusal(model_type: str, cls: type, target: Target, namespace=helpers) -> UnsupportedTransformers | None:
@@ -446,6 +461,9 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
         release(CLASS_LEVEL)
         return
     remove_presence_check(model)
+    registered = model.__dict__.pop(_RELEASE_ATTR, None)
+    if registered is not None:  # (a copy patched ``like=`` a family: its registration ends with its last model)
+        registered()
     for module in model.modules():
         marker = module.__dict__.pop(HOLD_ATTR, None)
         if marker is not None:

@@ -128,6 +128,14 @@ def register_layout(model_type: str, layout: Layout) -> None:
     register_inputs(layout.plan)
 
 
+def restore_layout(model_type: str, layout: Layout | None) -> None:
+    """Put back what ``layout_of(model_type)`` gave before a scoped registration (None: nothing)."""
+    if layout is None:
+        _LAYOUTS.pop(model_type, None)
+    else:
+        _LAYOUTS[model_type] = layout
+
+
 def supported_model_types() -> tuple[str, ...]:
     return tuple(_LAYOUTS)
 
