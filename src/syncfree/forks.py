@@ -109,7 +109,8 @@ def family_like(model: torch.nn.Module, like: str,
     copy's class, its own helpers ``like``'s. ``refusal(model_type, cls, target, namespace)`` is why the target's
     edits (compiled against ``like``'s ``Family.namespace``) and checks refuse ``cls``'s function (None where they
     accept it). Where the renamed class exists but its code differs, that refusal is
-    raised (the message names the nearest code); a target found nowhere raises ``ValueError``."""
+    raised (the message names the nearest code); a target found nowhere raises ``ValueError``. Not registered here:
+    ``patch`` registers it (``register_scoped``) once nothing refuses."""
     if like not in FAMILIES:
         raise ValueError(f"syncfree.patch: like={like!r} is not a fully supported family (supported: "
                          f"{', '.join(FAMILIES)})")
