@@ -582,7 +582,7 @@ def render_emulation_overhead() -> str:
 def render_packing() -> str:
     doc = _load("packing.json")
     pad, rate, step = doc["padding_fraction"], doc["tokens_per_s"], doc["step_s"]
-    ratio = doc["ratio_packed_over_padded"]
+    ratio, groups = doc["ratio_packed_over_padded"], doc.get("timed_groups", doc["steps"])  # (a deadline ran fewer)
     rows = [("padding (share of the batch's positions)", f"{pad['padded']:.0%}", f"{pad['packed']:.0%}", ""),
             ("forward, sample tokens/s", f"{rate['padded']['forward']:,.0f}", f"{rate['packed']['forward']:,.0f}",
              f"**{ratio['forward']:.2f}×**"),
@@ -591,7 +591,7 @@ def render_packing() -> str:
             (f"training step, s per {doc['group']} samples", f"{step['padded']['train']:.2f}",
              f"{step['packed']['train']:.2f}", "")]
     return (f"{doc['model']} shapes (random weights), {doc['text_layers']} text layers, fp32 on "
-            f"{doc['machine']['cpus']} CPU cores: {doc['steps']} groups of {doc['group']} samples ({doc['sample_tokens']:,} "
+            f"{doc['machine']['cpus']} CPU cores: {groups} groups of {doc['group']} samples ({doc['sample_tokens']:,} "
             "tokens: text of 16–512 tokens, 0–4 images of "
             f"{', '.join(f'{h}×{w}' for h, w in doc['image_sides'])} px), after one warm-up group; packed rows of at most "
             f"{doc['max_tokens']} tokens.\n\n"

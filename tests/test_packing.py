@@ -70,13 +70,6 @@ def family(request):
     return request.param, model
 
 
-def _older_than(version: str) -> bool:
-    import transformers
-    from packaging.version import Version
-
-    return Version(transformers.__version__) < Version(version)
-
-
 def _alone(model, samples: list[dict]) -> list[torch.Tensor]:
     with torch.no_grad():
         return [model(**s).logits[0] for s in samples]
@@ -91,8 +84,6 @@ def _worst(packed: torch.Tensor, batch: dict, alone: list[torch.Tensor]) -> floa
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_each_sample_in_a_packed_batch_gets_its_own_logits(family, use_cache):
     name, model = family
-    if name == "cosmos3_edge" and _older_than("5.25"):
-        pytest.skip("this release's Cosmos3-Edge text model takes 3-row positions (a packed batch carries 4)")
     layouts = [_samples(model.config)]
     if _takes_videos(model.config) and not _takes_videos_with_images(model.config):
         layouts.append(_video_samples(model.config))  # (its videos packed apart from images)
@@ -109,6 +100,53 @@ def test_each_sample_in_a_packed_batch_gets_its_own_logits(family, use_cache):
         finally:
             syncfree.unpatch(model)
         assert _worst(packed, batch, alone) <= TOLERANCE
+
+
+def _text_model_takes_a_text_row(model) -> bool:
+    """Whether the stock text model runs on 4-row positions (a text row, then the 3D rows), as a packed batch has them:
+    an older Cosmos3-Edge's rotates by 3 rows only and fails on 4."""
+    text = model.model.language_model
+    embeds = torch.zeros(1, 3, text.config.hidden_size)
+    try:
+        with torch.no_grad():
+            text(inputs_embeds=embeds, position_ids=torch.arange(3).expand(4, 1, 3))
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_cosmos3_edge_packs_where_its_text_model_takes_a_text_row_and_is_refused_elsewhere():
+    """The installed Cosmos3-Edge text model decides: where it takes 4-row positions, each packed sample gets its own
+    logits; where it takes 3 rows only, packing is refused in one line naming the family and why (never a shape
+    error from inside the forward)."""
+    if "cosmos3_edge" not in SHIPPED:
+        pytest.skip("this Transformers release has no Cosmos3-Edge")
+    model = build_model(tiny_preset("cosmos3_edge")).eval()
+    samples = [processor_batch(model.config, [s]) for s in _samples(model.config)[:3]]
+    takes = _text_model_takes_a_text_row(model)
+    alone = _alone(model, samples) if takes else None
+    syncfree.patch(model)
+    try:
+        if not takes:
+            refused = r"refuses packed batches for cosmos3_edge: .*3-row position_ids"
+            with pytest.raises(ValueError, match=refused) as err:
+                syncfree.packing_collator(model, max_tokens=64)
+            assert "\n" not in str(err.value)
+            # (a packed batch made elsewhere: 4-row positions whose text row restarts per sample)
+            text = syncfree.packing_collator(load_config("qwen2-vl-tiny"), max_tokens=64)(
+                [{"input_ids": torch.randint(1, 900, (1, n))} for n in (5, 9, 3)])
+            text.pop("syncfree_plan")
+            with pytest.raises(ValueError, match=refused):
+                syncfree.prepare(text, "cpu", model)
+            assert "cosmos3_edge" not in PACKING
+            return
+        assert "cosmos3_edge" in PACKING  # (the parity test above runs it on every layout)
+        batch = syncfree.packing_collator(model, max_tokens=64)(samples)
+        with torch.no_grad():
+            packed = model(**batch).logits
+    finally:
+        syncfree.unpatch(model)
+    assert _worst(packed, batch, alone) <= TOLERANCE
 
 
 def test_stock_attends_across_samples():

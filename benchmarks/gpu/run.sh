@@ -3,14 +3,15 @@
 #   benchmarks/gpu/run.sh OUT_DIR
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
-# bench-gpu-train.{json,csv,png}, bench-gpu-compiled.{json,csv,png}, vision_backends.json,
-# bench-gpu-whole-compiled.{json,csv,png}, attention_crossover-cuda.{json,png} and log.txt, and all of them in one
-# gpu-results.tgz (for a caller that fetches only a few files from OUT_DIR).
+# bench-gpu-train.{json,csv,png}, packing-gpu.json, bench-gpu-compiled.{json,csv,png}, vision_backends.json,
+# bench-gpu-whole-compiled.{json,csv,png}, attention_crossover-cuda.{json,png}, liger_syncfree.json and log.txt,
+# and all of them in one gpu-results.tgz (for a caller that fetches only a few files from OUT_DIR).
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
-# scenario is recorded in the JSON ("errors") and the run goes on. Caps: 20 + 80 + 90 + 30 + 90 + 100 + 60 + 20 + 15
-# = 505 s (the compile steps have the most: a cold machine compiles for a minute before the first repeat).
+# scenario is recorded in the JSON ("errors") and the run goes on; a step that fails or runs past its cap
+# ends alone (its exit status is logged) and the next step starts. Caps: 10 + 80 + 80 + 30 + 30 + 90 + 100 + 50 + 20
+# + 15 = 505 s (the compile steps have the most: a cold machine compiles for a minute before the first repeat).
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,7 +29,7 @@ step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
 run_all() {
 step "versions"
-timeout 20 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+timeout 10 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 
 # 1. The emulated auditor against the real device, syncs by source line (all four families, tiny shapes).
 step "cross-check: emulated vs real CUDA"
@@ -39,9 +40,9 @@ timeout 80 "$py" benchmarks/gpu/cross_check.py --timeout 65 --out "$out/cross_ch
 #    flash kernel in the vision tower (flash-attn is not on the image), then eager attention; the deadline
 #    cuts from the end. Graph breaks are left to the CPU run (they do not depend on the device).
 step "bench: the matrix"
-timeout 90 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
+timeout 80 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 \
   --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --attn sdpa varlen eager --repeats 10 --budget 3 \
-  --deadline 60 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
+  --deadline 50 --keep-going --no-graph-breaks --out "$out" --name bench-gpu \
   || echo "bench-gpu: exit $? (1 = some scenario failed, see errors in the JSON; 124 = timeout)"
 
 # 2b. A training step (forward with labels, backward, optimizer step), stock vs patched: step time and
@@ -51,6 +52,17 @@ timeout 30 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models q
   --scenarios image-448 --scopes train --repeats 5 --budget 2 \
   --deadline 5 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-train \
   || echo "bench-gpu-train: exit $? (1 = the scenario failed; 124 = timeout)"
+
+# 2c. Packed batches: the same samples padded 4 to a batch on stock against packed by syncfree.packing_collator
+#     (rows of at most 2048 tokens) on the patched model, training-step and forward tokens/s (benchmarks/packing.py:
+#     2B shapes, text shortened to 2 layers, text of 16-512 tokens and 0-4 images a sample, bf16). Flash attention
+#     where the installed Transformers has it (the flash-attn package, or the hub kernel from the local cache: the
+#     packed rows' boundaries go to its variable-length arguments), SDPA otherwise; the JSON says which ran and why
+#     the others were passed over. A failing group is recorded under "errors" and the run goes on.
+step "bench: packed vs padded batches"
+HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} timeout 30 "$py" benchmarks/packing.py --device cuda --dtype bfloat16 \
+  --attn flash_attention_2 sdpa --steps 8 --repeats 3 --deadline 18 --out "$out/packing-gpu.json" \
+  || echo "packing: exit $? (1 = a group failed, a flash warm-up before SDPA too: see errors in the JSON; 124 = timeout)"
 
 # 3. torch.compile of the vision tower, where launch overhead matters most (many small images).
 step "bench: compiled vision tower"
@@ -70,8 +82,8 @@ timeout 100 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models 
 # 4. The vision attention backends and the bucketed CUDA-graph tower (8B vision shape, bf16): stock, split,
 #    grouped, varlen, compile_vision; latency, GPU-busy fraction and kernel counts per cell.
 step "vision backends and bucketed CUDA graphs"
-timeout 60 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
-  --deadline 45 --out "$out/vision_backends.json" \
+timeout 50 "$py" benchmarks/gpu/vision_backends.py --model qwen3-vl-8b --dtype bfloat16 --repeats 10 \
+  --deadline 35 --out "$out/vision_backends.json" \
   || echo "vision-backends: exit $? (1 = some cell failed, see errors in the JSON; 124 = timeout)"
 
 # 5. The backends' crossover grid on the GPU (2B/8B vision attention, 1-64 segments, 1k-16k patches, bf16):

@@ -9,7 +9,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * its position resampling (a ``staticmethod``) loops over ``grid_thw.tolist()``: with the plan's host grid that is no
   read; in a traced forward the plan's rows (``GRID_LIST``);
 * the attention concatenates its per-segment calls in one statement (``VISION_ATTENTION_CAT``);
-* pixels are ``(patches, channels * patch * patch)``, one frame per temporal step (no temporal patch).
+* pixels are ``(patches, channels * patch * patch)``, one frame per temporal step (no temporal patch);
+* packed batches only where its text model takes 4-row positions (``_packing``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,23 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_vision_forward_seqlens_only
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import PACKS, family_module, handles_of, processor_batch_by, vlm_targets
+from ..shared import PACKS, family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+
+_MODELING = family_module("cosmos3_edge")
+
+
+def _packing() -> dict:
+    """Packed batches where the installed text model (``Cosmos3EdgeTextModel.forward``) takes 4-row positions, the
+    text row first: it splits that row off for its masks, where the patched forward hands the samples' boundaries.
+    An older one (Transformers 5.17's) takes 3 rows only (its rotary embedding fails on 4, and its masks read the
+    temporal row): refused there, in one line. Read from the installed source, as the family's registration is."""
+    if installed_source_has(_MODELING, "position_ids.shape[0] == 4", "position_ids = position_ids[1:]"):
+        return PACKS
+    return dict(packing_refused="this Transformers release's text model (Cosmos3EdgeTextModel) takes 3-row "
+                                "position_ids only, without the text row that carries the packed samples' boundaries "
+                                "to its masks (Transformers 5.25's takes 4 rows)")
 
 
 def _cosmos() -> Family:
@@ -39,8 +54,8 @@ def _cosmos() -> Family:
                        needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,")),
                 Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", edits=GRID_LIST,
                        needs=("for temporal, height, width in grid_thw.tolist():",)))
-    return Family("cosmos3_edge", targets, Layout(family_module("cosmos3_edge"), frames_as_runs=True,
-                                                  tower_holds_projector=False, one_graph=True, **PACKS))
+    return Family("cosmos3_edge", targets, Layout(_MODELING, frames_as_runs=True, tower_holds_projector=False,
+                                                  one_graph=True, **_packing()))
 
 
 FAMILIES: tuple[Family, ...] = (_cosmos(),)
