@@ -95,7 +95,8 @@ def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu
     variants = {"stock": None, "patched": None}
     if buckets:
         variants = {"patched+buckets": syncfree.Buckets.powers_of_two(512, 4096, 16, smallest_tokens=32,
-                                                                      smallest_patches=64), **variants}
+                                                                      smallest_patches=64), "patched": None,
+                    "stock": None}
     for name, chosen in variants.items():
         if name == "stock":
             syncfree.unpatch(model)

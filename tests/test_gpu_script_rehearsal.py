@@ -28,16 +28,19 @@ def test_vision_backends_rehearsal_fills_every_cell(tmp_path):
     assert sorted(n.split("/")[0] for n in data["not_run"]) == sorted(scenarios)  # varlen: CUDA only
 
 
-def _packing_cell() -> list[str]:
-    """The arguments benchmarks/gpu/run.sh gives benchmarks/packing.py (its packed-batches step)."""
+def _cell(script: str = "benchmarks/packing.py") -> list[str]:
+    """The arguments benchmarks/gpu/run.sh gives ``script`` (its step)."""
     import shlex
 
     with open(os.path.join(ROOT, "benchmarks", "gpu", "run.sh")) as f:
-        script = f.read().replace("\\\n", " ")
-    line = next(line for line in script.splitlines()
-                if "benchmarks/packing.py" in line and not line.lstrip().startswith("#"))
+        text = f.read().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if script in line and not line.lstrip().startswith("#"))
     words = shlex.split(line.split("||")[0])
-    return words[words.index("benchmarks/packing.py") + 1:]
+    return words[words.index(script) + 1:]
+
+
+def _packing_cell() -> list[str]:
+    return _cell()
 
 
 _ON_THE_CPU = ["--device", "cpu", "--dtype", "float32", "--model", "qwen3-vl-tiny", "--steps", "1", "--repeats", "1",
@@ -95,3 +98,19 @@ def test_packing_falls_back_past_an_attention_that_fails_and_keeps_what_a_deadli
     assert _packing_main([*_ON_THE_CPU, "--deadline", "0", "--out", str(late)], monkeypatch) == 1
     data = json.loads(late.read_text())
     assert data["rows"] == [] and data["not_run"] == ["attn sdpa"]
+
+
+@pytest.mark.slow
+def test_compile_stream_rehearsal_runs_the_scripts_own_step_with_buckets(tmp_path):
+    """The GPU script's reduce-overhead stream step with its own arguments, on the CPU (two batches, the eager
+    backend): patched with buckets, patched and stock each compile and time a second pass."""
+    cell = _cell("benchmarks/compile_stream.py")
+    assert cell[cell.index("--device") + 1] == "cuda" and "--buckets" in cell and "--out" in cell
+    out = tmp_path / "compile_stream_gpu.json"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "compile_stream.py"), *cell,
+                             "--device", "cpu", "--dtype", "float32", "--mode", "default", "--backend", "eager",
+                             "--batches", "2", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert list(row)[-3:] == ["patched+buckets", "patched", "stock"]
+    assert all(row[v]["graphs"] >= 1 and row[v]["tokens_per_s"] > 0 for v in ("patched+buckets", "patched", "stock"))

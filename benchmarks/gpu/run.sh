@@ -4,14 +4,15 @@
 # Works with the GPU image's own torch and transformers (syncfree runs from src/, nothing is installed),
 # and with newer ones. Writes into OUT_DIR: cross_check.json, bench-gpu.{json,csv,png},
 # bench-gpu-train.{json,csv,png}, packing-gpu.json, bench-gpu-compiled.{json,csv,png}, vision_backends.json,
-# bench-gpu-whole-compiled.{json,csv,png}, attention_crossover-cuda.{json,png}, liger_syncfree.json and log.txt,
+# bench-gpu-whole-compiled.{json,csv,png}, compile_stream_gpu.json, attention_crossover-cuda.{json,png},
+# liger_syncfree.json and log.txt,
 # and all of them in one gpu-results.tgz (for a caller that fetches only a few files from OUT_DIR).
 #
 # Each step has a deadline inside its timeout: the bench starts no new scenario past its deadline and
 # rewrites its JSON after every scenario, so a step cut short still leaves what it measured. A failing
 # scenario is recorded in the JSON ("errors") and the run goes on; a step that fails or runs past its cap
-# ends alone (its exit status is logged) and the next step starts. Caps: 10 + 80 + 80 + 30 + 30 + 90 + 100 + 50 + 20
-# + 15 = 505 s (the compile steps have the most: a cold machine compiles for a minute before the first repeat).
+# ends alone (its exit status is logged) and the next step starts. Caps: 10 + 80 + 80 + 30 + 30 + 90 + 90 + 30 + 50
+# + 20 + 15 = 525 s (the compile steps have the most: a cold machine compiles for a minute before the first repeat).
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu/run.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -74,10 +75,18 @@ timeout 90 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models q
 # 3b. The whole model compiled with CUDA graphs (mode="reduce-overhead"): stock as Transformers compiles it
 #     (fullgraph=False), patched and prepared as one graph; prefill and a training step, 2B shapes, 2 text layers.
 step "bench: whole model compiled, CUDA graphs"
-timeout 100 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
+timeout 90 "$py" -m syncfree.cli bench --device cuda --dtype bfloat16 --models qwen3-vl-2b \
   --scenarios image-448 --scopes full train --compile --compile-mode reduce-overhead --repeats 10 --budget 3 \
   --deadline 30 --keep-going --no-graph-breaks --out "$out" --name bench-gpu-whole-compiled \
   || echo "bench-gpu-whole-compiled: exit $? (1 = some cell failed; 124 = timeout)"
+
+# 3c. A stream of 6 varied image batches through one compiled model with CUDA graphs (mode="reduce-overhead",
+#     tiny Qwen3-VL, bf16): patched with syncfree.Buckets (a few static shapes), patched, then stock; graphs, compile
+#     seconds, and real tokens per second over a second pass. The JSON is rewritten after each run.
+step "compile stream: reduce-overhead, buckets"
+timeout 30 "$py" benchmarks/compile_stream.py --families qwen3_vl --batches 6 --device cuda --dtype bfloat16 \
+  --mode reduce-overhead --buckets --passes 2 --out "$out/compile_stream_gpu.json" \
+  || echo "compile-stream: exit $? (124 = timeout: the JSON keeps the runs done)"
 
 # 4. The vision attention backends and the bucketed CUDA-graph tower (8B vision shape, bf16): stock, split,
 #    grouped, varlen, compile_vision; latency, GPU-busy fraction and kernel counts per cell.
