@@ -117,8 +117,10 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
         if (isinstance(value, torch.Tensor) and name not in host_only and value.device.type == "cpu"
                 and target.type != "cpu"):
             value = value.pin_memory().to(target, non_blocking=True)
-        elif type(value) is torch.Tensor and value.dim() > 0:
-            value = value.view_as(value)  # (an alias: Dynamo's marks below go on it, never on the caller's tensor)
+        elif type(value) is torch.Tensor and value.dim() > 0 and not value.requires_grad:
+            # (an alias of the same memory and version counter, not a view: Dynamo's marks below go on it, never on
+            # the caller's tensor, and Dynamo takes it as an input of its own, not as a view of an unmarked base)
+            value = value.detach()
         moved[name] = value
     placed = plan.to(target) if plan.device != str(target) else plan
     active.register(placed, moved)
