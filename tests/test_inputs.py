@@ -82,8 +82,7 @@ def test_named_layouts_cover_the_cli_kinds():
 def test_processor_batch_refuses_an_item_its_processor_does_not_take_in_one_line(preset):
     """An item of another modality, a bare string, or a sample that is not a list: a one-line error naming the model
     type and the item, never a traceback from deep in the builder."""
-    from syncfree.families.muse import Waveform
-    from syncfree.inputs import Audio, processor_batch
+    from syncfree.inputs import Audio, Waveform, processor_batch
     from syncfree.plan.errors import InputsNotTaken
 
     config = load_config(preset)
@@ -97,7 +96,7 @@ def test_processor_batch_refuses_an_item_its_processor_does_not_take_in_one_line
 
 def _takes(config, item) -> bool:
     from syncfree.families import GROUPS
-    from syncfree.families.qwen_vl.inputs import VISUAL_ITEMS
+    from syncfree.items import VISUAL_ITEMS
 
     group = next(g for g in reversed(GROUPS) if g.handles(config))
     return isinstance(item, getattr(group, "ITEMS", VISUAL_ITEMS))

@@ -36,11 +36,13 @@ _OTHER_FAMILIES = re.compile(r"minicpm|navit_|glm|ernie|dots3|kimi|video_?llama|
                              r"muse|exaone|cohere|ovis|llava|radio|qwen3_?asr|qwen3-asr|qwen4|qsa\b", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("layer", ["plan", "rewrite"])
+@pytest.mark.parametrize("layer", ["plan", "rewrite", "items.py"])
 def test_the_shared_layers_name_no_family_beyond_the_qwen_line(layer):
-    """``plan/`` and ``rewrite/`` hold shared machinery only: a family's own code, and its name, live in its folder."""
+    """``plan/``, ``rewrite/`` and the item kit hold shared machinery only: a family's own code, and its name, live in
+    its folder."""
+    paths = [PACKAGE / layer] if layer.endswith(".py") else (PACKAGE / layer).rglob("*.py")
     named = {str(p.relative_to(PACKAGE)): sorted(set(m.lower() for m in _OTHER_FAMILIES.findall(p.read_text())))
-             for p in (PACKAGE / layer).rglob("*.py")}
+             for p in paths}
     named = {path: found for path, found in named.items() if found}
     assert not named, f"the shared layer {layer}/ names families: {named}"
 

@@ -24,9 +24,8 @@ from family_checks import (
     tower_graph_breaks,
 )
 from syncfree.audit import audit, emulate_cuda
-from syncfree.families.muse import Waveform
 from syncfree.families.shared import family_module, installed_source_has
-from syncfree.inputs import Image, Text, Video, processor_batch
+from syncfree.inputs import Image, Text, Video, Waveform, processor_batch
 
 # (Skipped only where Transformers has no such code: where it has, these fail unless syncfree supports the family.)
 pytestmark = pytest.mark.skipif(

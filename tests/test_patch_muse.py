@@ -121,7 +121,7 @@ needs_spark = pytest.mark.skipif("muse_spark" not in syncfree.families.FAMILIES,
 
 
 def _spark_layouts():
-    from syncfree.families.muse import Waveform
+    from syncfree.inputs import Waveform
 
     # Clips of 37 and 20 samples (8 per token): 5 and 3 tokens, the shorter padded by whole silent tokens.
     return {

@@ -1,7 +1,8 @@
 """Processor-style batches for every fully supported family, without a tokenizer or a download.
 
 What a family's processor would return for a list of samples (text, images, videos, audio), laid out
-as that processor lays it out; the builders live with their families (``syncfree.families``).
+as that processor lays it out. The items and the skeleton every builder runs are ``syncfree.items``; each
+builder's own part lives with its family (``syncfree.families``).
 
     batch = processor_batch(model.config, [[Text(10), Image(448, 448), Text(12)]])
 """
@@ -13,7 +14,6 @@ import random
 from .families import batch_to, processor_batch
 from .families.omni.inputs import (
                                    OMNI_LAYOUT_NAMES,
-                                   Audio,
                                    VideoWithAudio,
                                    audio_tokens,
                                    build_omni_inputs,
@@ -22,11 +22,12 @@ from .families.omni.inputs import (
                                    omni_layout,
 )
 from .families.qwen3asr import ASR_LAYOUT_NAMES, asr_layout, build_asr_inputs, is_audio_only
-from .families.qwen_vl.inputs import LAYOUT_NAMES, Image, Item, Text, Video, build_inputs, named_layout, pixel_inputs
+from .families.qwen_vl.inputs import LAYOUT_NAMES, build_inputs, named_layout
+from .items import Audio, Image, Item, Text, Video, Waveform, check_items, pixel_inputs
 
-__all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "VideoWithAudio", "build_inputs",
-           "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs", "audio_tokens", "is_omni",
-           "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES",
+__all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "Waveform", "VideoWithAudio",
+           "check_items", "build_inputs", "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs",
+           "audio_tokens", "is_omni", "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES",
            "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only", "stream_layouts"]
 
 

@@ -12,10 +12,10 @@ import importlib
 
 import torch
 
+from ..items import VISUAL_ITEMS, check_items
 from ..plan.spec import register_layout
 from ..rewrite.targets import Family
 from .preset import Preset
-from .qwen_vl.inputs import VISUAL_ITEMS, check_items
 from .shared import MODULE_TARGETS
 
 __all__ = ["GROUPS", "GROUP_NAMES", "FAMILIES", "MODULE_TARGETS", "PRESETS", "Preset", "VISION_CLASSES", "MODEL_CLASSES",

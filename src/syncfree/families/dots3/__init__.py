@@ -24,23 +24,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Text, Video, Waveform, batch_builder, item_grid, pixel_inputs
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION, feature_split
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
-from ..muse import Waveform
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    Video,
-    check_items,
-    check_padding_side,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import (
     MODEL_NEEDS,
     VISION_NEEDS,
@@ -55,7 +44,7 @@ from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBED
 from .plan import PLAN
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
-           "build_dots3_inputs", "Waveform"]
+           "build_dots3_inputs"]
 
 _P = "Dots3Note"
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
@@ -119,8 +108,11 @@ PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # 
 MODEL_CLASSES: dict = {}
 
 
-def build_dots3_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                       pad_token_id: int | None = None, chunk_seconds: int = 60) -> dict[str, torch.Tensor]:
+ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
+
+
+@batch_builder(ITEMS)
+def build_dots3_inputs(batch: Draft, *, chunk_seconds: int = 60) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``Dots3NoteProcessor`` lays them out: an image is ``t*h*w // 4`` ``<|imgpad|>``, a video
     ``t*h*w // 4`` ``<|video_pad|>`` (one run; ``t`` is its frames), pixels one flat ``(C*p*p)`` row per patch. An
     audio clip (``Waveform``) is cut into chunks of ``chunk_seconds * sampling_rate`` samples (the feature extractor's
@@ -128,42 +120,31 @@ def build_dots3_inputs(config, samples: list[list], *, padding_side: str = "left
     every chunk of the batch, in order, as ``(chunks, mel bins, 8 * most placeholders of a chunk)`` frames (random log
     mels; the encoder masks each chunk's frames past its samples), ``chunk_sample_lengths`` their samples. No
     ``mm_token_type_ids``, no markers."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples, ITEMS)
-    vc, ac, tc = config.vision_config, config.audio_config, config.text_config
+    config = batch.config
+    vc, ac = config.vision_config, config.audio_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
-    specials = {config.image_token_id, config.video_token_id, config.audio_token_id}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
+    grids, chunks = {"image": [], "video": []}, []
 
-    text = random_text(gen, tc.vocab_size, specials | {pad})
+    def place(row: Row, item: Image | Video | Waveform) -> None:
+        if isinstance(item, Waveform):
+            if item.samples <= 0:
+                raise ValueError(f"{item}: an audio clip needs samples")
+            per_chunk = chunk_seconds * ac.sampling_rate
+            for start in range(0, item.samples, per_chunk):
+                chunks.append(min(per_chunk, item.samples - start))
+                row.add([config.audio_token_id] * -(-chunks[-1] // ac.samples_per_token))
+            return
+        t, h, w = item_grid(item, patch, merge, 1)
+        kind = "image" if isinstance(item, Image) else "video"
+        grids[kind].append((t, h, w))
+        row.add([config.image_token_id if kind == "image" else config.video_token_id] * (t * h * w // merge**2))
 
-    rows, grids, chunks = [], {"image": [], "video": []}, []
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-            elif isinstance(item, Waveform):
-                if item.samples <= 0:
-                    raise ValueError(f"{item}: an audio clip needs samples")
-                per_chunk = chunk_seconds * ac.sampling_rate
-                for start in range(0, item.samples, per_chunk):
-                    chunks.append(min(per_chunk, item.samples - start))
-                    ids += [config.audio_token_id] * -(-chunks[-1] // ac.samples_per_token)
-            else:
-                assert isinstance(item, (Image, Video))
-                t, h, w = item_grid(item, patch, merge, 1)
-                kind = "image" if isinstance(item, Image) else "video"
-                grids[kind].append((t, h, w))
-                ids += [config.image_token_id if kind == "image" else config.video_token_id] * (t * h * w // merge**2)
-        rows.append(ids)
-    out = pack_rows(rows, [[0] * len(r) for r in rows], pad, padding_side)
-    del out["mm_token_type_ids"]  # (the processor returns none)
-    out.update(pixel_inputs(vc, grids["image"], grids["video"], gen))
+    rows = batch.rows(place, avoid={config.image_token_id, config.video_token_id, config.audio_token_id})
+    out = batch.packed(rows, typed=False)  # (the processor returns no token types)
+    out.update(pixel_inputs(vc, grids["image"], grids["video"], batch.gen))
     if chunks:
         frames = 8 * max(-(-n // ac.samples_per_token) for n in chunks)
-        out["input_features"] = torch.randn(len(chunks), ac.feature_size, frames, generator=gen)
+        out["input_features"] = torch.randn(len(chunks), ac.feature_size, frames, generator=batch.gen)
         out["chunk_sample_lengths"] = torch.tensor(chunks, dtype=torch.long)
     return out
 
@@ -199,5 +180,4 @@ CENSUS_FIXES = {"dots3_note": _census_fix_dots3_note}
 
 # The group's registry entries (``families.GROUPS``).
 handles = handles_of(FAMILIES)
-ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
 processor_batch = processor_batch_by(build_dots3_inputs)

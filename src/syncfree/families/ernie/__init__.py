@@ -20,21 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pack_rows, pixel_inputs
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    Video,
-    check_items,
-    check_padding_side,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import modality_moe
 from .edits import MODALITY_MOE, TEMPORAL_SLICES
@@ -108,47 +98,35 @@ VISION_CLASSES = {"ernie4_5_vl_moe": f"{_P}VisionTransformerPretrainedModel"}
 MODEL_CLASSES: dict = {}
 
 
-def build_ernie_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                       pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+@batch_builder()
+def build_ernie_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``Ernie4_5_VLMoeProcessor`` lays them out: start marker, placeholders, end marker per
     image or video (a video of t frames has t // temporal_merge_size frames of placeholders); ``mm_token_type_ids``
     marks the placeholders 1 / 2, ``moe_mm_token_type_ids`` the placeholders and their markers."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
+    config = batch.config
+    vc = config.vision_config
     patch, merge, tmerge = vc.patch_size, vc.spatial_merge_size, vc.temporal_merge_size
     marks = {1: (config.image_start_token_id, config.image_token_id, config.image_end_token_id),
              2: (config.video_start_token_id, config.video_token_id, config.video_end_token_id)}
-    specials = {i for m in marks.values() for i in m}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
+    grids = {1: [], 2: []}
 
-    text = random_text(gen, tc.vocab_size, specials | {pad})
+    def place(row: Row, item: Image | Video) -> None:
+        kind = 1 if isinstance(item, Image) else 2
+        t, h, w = item_grid(item, patch, merge, 1)  # the tower sees every frame (no temporal patch)
+        if kind == 2 and t % tmerge:
+            raise ValueError(f"{item}: frames must be a positive multiple of temporal_merge_size={tmerge}")
+        grids[kind].append((t, h, w))
+        n = (t // tmerge if kind == 2 else t) * h * w // (merge * merge)
+        start, token, end = marks[kind]
+        row.add([start] + [token] * n + [end], [0] + [kind] * n + [0])
 
-    rows, types, moe_types, grids = [], [], [], {1: [], 2: []}
-    for sample in samples:
-        ids, kinds, moe = [], [], []
-        for item in sample:
-            if isinstance(item, Text):
-                ids, kinds, moe = ids + text(item.tokens), kinds + [0] * item.tokens, moe + [0] * item.tokens
-                continue
-            kind = 1 if isinstance(item, Image) else 2
-            assert isinstance(item, (Image, Video))
-            t, h, w = item_grid(item, patch, merge, 1)  # the tower sees every frame (no temporal patch)
-            if kind == 2 and t % tmerge:
-                raise ValueError(f"{item}: frames must be a positive multiple of temporal_merge_size={tmerge}")
-            grids[kind].append((t, h, w))
-            n = (t // tmerge if kind == 2 else t) * h * w // (merge * merge)
-            start, token, end = marks[kind]
-            ids += [start] + [token] * n + [end]
-            kinds += [0] + [kind] * n + [0]
-            moe += [kind] * (n + 2)
-        rows.append(ids)
-        types.append(kinds)
-        moe_types.append(moe)
-    out = pack_rows(rows, types, pad, padding_side)
-    out["moe_mm_token_type_ids"] = pack_rows(rows, moe_types, pad, padding_side)["mm_token_type_ids"]
-    out.update(pixel_inputs(vc, grids[1], grids[2], gen))
+    rows = batch.rows(place, avoid={i for m in marks.values() for i in m})
+    out = batch.packed(rows)
+    # (an item's markers are of its kind here too; a text id is never a marker or a placeholder)
+    moe_kind = {i: kind for kind, ids in marks.items() for i in ids}
+    out["moe_mm_token_type_ids"] = pack_rows([r.ids for r in rows], [[moe_kind.get(i, 0) for i in r.ids] for r in rows],
+                                             batch.pad, batch.padding_side)["mm_token_type_ids"]
+    out.update(pixel_inputs(vc, grids[1], grids[2], batch.gen))
     return out
 
 

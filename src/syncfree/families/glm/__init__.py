@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...items import Draft, Image, Row, Video, batch_builder, frame_timestamps, item_grid, pixel_inputs
 from ...plan import active
 from ...plan.errors import InputsNotTaken
 from ...plan.spec import Layout
@@ -30,18 +31,6 @@ from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family
 from ...rewrite.wrappers import make_vision_forward_device_grid
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    Video,
-    check_items,
-    check_padding_side,
-    frame_timestamps,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import PACKS, family_module, handles_of, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs",
@@ -191,50 +180,37 @@ def glm_stamp_tokens(video: Video, t: int, temporal_patch: int) -> list[int]:
     return [len(str(int(stamp))) for stamp in frame_timestamps(video.frames, video.fps, temporal_patch)]
 
 
-def build_glm_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                     pad_token_id: int | None = None,
+@batch_builder()
+def build_glm_inputs(batch: Draft, *,
                      stamp_tokens: Callable[[Video, int, int], list[int]] = glm_stamp_tokens) -> dict[str, torch.Tensor]:
     """Inputs laid out as the GLM-4.1V/4.6V processors lay them out: an image is begin-of-image, its
     placeholders, end-of-image; a video is begin-of-video, then per temporal patch begin-of-image, that frame's
     image placeholders, end-of-image and its timestamp in text (``stamp_tokens(video, t, temporal_patch)`` tokens:
     a family that writes its timestamps otherwise passes its own), then end-of-video. ``mm_token_type_ids`` marks
     image placeholders 1, and 2 inside a video."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
+    config = batch.config
+    vc = config.vision_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     image, begin, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
+    image_grids, video_grids = [], []
+
+    def place(row: Row, item: Image | Video) -> None:
+        t, h, w = item_grid(item, patch, merge, tpatch)
+        per_frame = h * w // (merge * merge)
+        if isinstance(item, Image):
+            image_grids.append((t, h, w))
+            row.add([begin] + [image] * per_frame + [end], [0] + [1] * per_frame + [0])
+            return
+        video_grids.append((t, h, w))
+        row.add([config.video_start_token_id])
+        for n_stamp in stamp_tokens(item, t, tpatch):
+            row.add([begin] + [image] * per_frame + [end], [0] + [2] * per_frame + [0])
+            row.text(n_stamp)
+        row.add([config.video_end_token_id])
+
     specials = {image, config.video_token_id, begin, end, config.video_start_token_id, config.video_end_token_id}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    text = random_text(gen, tc.vocab_size, specials | {pad})
-
-    rows, types, image_grids, video_grids = [], [], [], []
-    for sample in samples:
-        ids, kinds = [], []
-        for item in sample:
-            if isinstance(item, Text):
-                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
-                continue
-            t, h, w = item_grid(item, patch, merge, tpatch)
-            per_frame = h * w // (merge * merge)
-            if isinstance(item, Image):
-                image_grids.append((t, h, w))
-                ids += [begin] + [image] * per_frame + [end]
-                kinds += [0] + [1] * per_frame + [0]
-                continue
-            assert isinstance(item, Video)
-            video_grids.append((t, h, w))
-            ids, kinds = ids + [config.video_start_token_id], kinds + [0]
-            for n_stamp in stamp_tokens(item, t, tpatch):
-                ids += [begin] + [image] * per_frame + [end] + text(n_stamp)
-                kinds += [0] + [2] * per_frame + [0] + [0] * n_stamp
-            ids, kinds = ids + [config.video_end_token_id], kinds + [0]
-        rows.append(ids)
-        types.append(kinds)
-    out = pack_rows(rows, types, pad, padding_side)
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    out = batch.packed(batch.rows(place, avoid=specials))
+    out.update(pixel_inputs(vc, image_grids, video_grids, batch.gen))
     return out
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Video
 from ...plan.spec import Layout
 from ...rewrite.edits import BLOCK_KWARGS
 from ...rewrite.targets import Family, Target
 from ..glm import build_glm_inputs
 from ..preset import Preset
-from ..qwen_vl.inputs import Video
 from ..shared import (
     family_module,
     handles_of,

@@ -28,22 +28,13 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Text, batch_builder, item_grid, pixel_inputs
 from ...plan.errors import InputsNotTaken
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    check_items,
-    check_padding_side,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
@@ -138,8 +129,8 @@ def target_grids(height: int, width: int, text_to_image: bool) -> list[tuple[int
     return [(1, token_h, token_w)] + ([preview] if text_to_image else [])
 
 
-def build_glm_image_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                           pad_token_id: int | None = None, target: tuple[int, int] = TARGET) -> dict:
+@batch_builder()
+def build_glm_image_inputs(batch: Draft, *, target: tuple[int, int] = TARGET) -> dict:
     """Inputs laid out as ``GlmImageProcessor`` lays them out: a source image is the image start id, its placeholders,
     the image end id; each prompt then names its target size as text (a grid-begin id, h's digits, a space, w's digits,
     a grid-end id; in text-to-image the preview's size after it) and ends with the image start id, from which the
@@ -147,46 +138,39 @@ def build_glm_image_inputs(config, samples: list[list], *, padding_side: str = "
     image-to-image, two in text-to-image: a batch without any image), ``images_per_sample`` how many rows each sample
     has. Every sample has the same number of source images (the processor refuses others). No ``mm_token_type_ids``.
     The grid-begin/-end, digit and space ids are the preset's own (the tokenizer's are not in the config)."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
+    config, samples = batch.config, batch.samples
     if any(not isinstance(item, (Image, Text)) for sample in samples for item in sample):
         raise InputsNotTaken(f"{config.model_type} takes images and text only (its forward has no video inputs)")
     counts = {sum(isinstance(item, Image) for item in sample) for sample in samples}
     if len(counts) > 1:
         raise InputsNotTaken(f"{config.model_type}'s processor needs the same number of source images in every sample "
                              f"(image-to-image), or none in any (text-to-image); got {sorted(counts)}")
-    vc, tc = config.vision_config, config.text_config
+    vc = config.vision_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
     image, start, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
     grid_bos, grid_eos, space, digit0 = image + 1, image + 2, image + 3, image + 4
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    specials = {image, start, end, pad, grid_bos, grid_eos, space, *range(digit0, digit0 + 10)}
-    gen = torch.Generator().manual_seed(seed)
     targets = target_grids(*target, text_to_image=counts == {0})
-
-    text = random_text(gen, tc.vocab_size, specials)
+    grids, sources = [], []
 
     def size(h: int, w: int) -> list[int]:
         return [grid_bos, *(digit0 + int(d) for d in str(h)), space, *(digit0 + int(d) for d in str(w)), grid_eos]
 
-    rows, grids, sources = [], [], []
-    for sample in samples:
-        ids = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            t, h, w = item_grid(item, patch, merge, 1)
-            grids.append((t, h, w))
-            sources.append((t, h, w))
-            ids += [start] + [image] * (t * h * w // merge**2) + [end]
+    def place(row: Row, item: Image) -> None:
+        t, h, w = item_grid(item, patch, merge, 1)
+        grids.append((t, h, w))
+        sources.append((t, h, w))
+        row.add([start] + [image] * (t * h * w // merge**2) + [end])
+
+    def end_row(row: Row) -> None:  # (the prompt's target sizes, then the start of the image to generate)
         for _, h, w in targets:
-            ids += size(h, w)
-        rows.append(ids + [start])
-        grids += targets
-    out = pack_rows(rows, rows, pad, padding_side)
-    del out["mm_token_type_ids"]
-    out.update(pixel_inputs(vc, sources, [], gen))
+            row.add(size(h, w))
+        row.add([start])
+        grids.extend(targets)
+
+    rows = batch.rows(place, avoid={image, start, end, grid_bos, grid_eos, space, *range(digit0, digit0 + 10)},
+                      end_row=end_row)
+    out = batch.packed(rows, typed=False)
+    out.update(pixel_inputs(vc, sources, [], batch.gen))
     out["image_grid_thw"] = torch.tensor(grids, dtype=torch.long)
     out["images_per_sample"] = torch.full((len(samples),), len(grids) // len(samples), dtype=torch.long)
     return out

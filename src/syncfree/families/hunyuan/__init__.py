@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Text, Video, batch_builder, item_grid, pixel_inputs
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
@@ -40,17 +41,6 @@ from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALIN
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    Video,
-    check_items,
-    check_padding_side,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import family_module, handles_of, scale_sections, vlm_targets
 from .rope import hunyuan_rope_index, hyv4_rope_index
 
@@ -173,7 +163,7 @@ def build_hunyuan_inputs(config, samples: list[list], *, padding_side: str = "le
     raster order, as its image processor returns them."""
     if any(not isinstance(item, (Image, Text)) for sample in samples for item in sample):
         raise InputsNotTaken(f"{config.model_type} takes images and text only (its forward has no video inputs)")
-    return _build(config, samples, padding_side, seed, pad_token_id,
+    return _build(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id,
                   markers=(config.im_start_id, config.im_end_id), item_extra=2, specials={config.im_newline_id})
 
 
@@ -183,40 +173,30 @@ def build_hyv4_inputs(config, samples: list[list], *, padding_side: str = "left"
     (its merged rows, each with a newline column), a video one run of ``t * lh * (lw + 1)`` video placeholders typed
     2 (every frame's rows, frames one after another), nothing around them (the chat template writes any markers).
     Pixels are ``(patches, C * P * P)`` in raster order per frame, as its image and video processors return them."""
-    return _build(config, samples, padding_side, seed, pad_token_id, markers=None, item_extra=0, specials=set())
+    return _build(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id, markers=None,
+                  item_extra=0, specials=set())
 
 
-def _build(config, samples, padding_side, seed, pad_token_id, *, markers, item_extra, specials) -> dict:
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
+@batch_builder()
+def _build(batch: Draft, *, markers: tuple[int, int] | None, item_extra: int, specials: set) -> dict:
+    config = batch.config
+    vc = config.vision_config
     patch, merge = vc.patch_size, vc.spatial_merge_size
     image, video = config.image_token_id, getattr(config, "video_token_id", None)
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    specials = {image, video, pad, *specials, *(markers or ())}
-    gen = torch.Generator().manual_seed(seed)
+    grids = ([], [])
 
-    text = random_text(gen, tc.vocab_size, specials)
+    def place(row: Row, item: Image | Video) -> None:
+        t, h, w = item_grid(item, patch, merge, 1)
+        is_video = isinstance(item, Video)
+        grids[is_video].append((t, h, w))
+        tokens = t * (h // merge) * (w // merge + 1) + item_extra
+        run, kind = [video if is_video else image] * tokens, [2 if is_video else 1] * tokens
+        if markers:
+            run, kind = [markers[0]] + run + [markers[1]], [0] + kind + [0]
+        row.add(run, kind)
 
-    rows, types, grids = [], [], ([], [])
-    for sample in samples:
-        ids, kinds = [], []
-        for item in sample:
-            if isinstance(item, Text):
-                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
-                continue
-            t, h, w = item_grid(item, patch, merge, 1)
-            is_video = isinstance(item, Video)
-            grids[is_video].append((t, h, w))
-            tokens = t * (h // merge) * (w // merge + 1) + item_extra
-            run, kind = [video if is_video else image] * tokens, [2 if is_video else 1] * tokens
-            if markers:
-                run, kind = [markers[0]] + run + [markers[1]], [0] + kind + [0]
-            ids, kinds = ids + run, kinds + kind
-        rows.append(ids)
-        types.append(kinds)
-    out = pack_rows(rows, types, pad, padding_side)
-    out.update(pixel_inputs(vc, *grids, gen))
+    out = batch.packed(batch.rows(place, avoid={image, video, *specials, *(markers or ())}))
+    out.update(pixel_inputs(vc, *grids, batch.gen))
     return out
 
 

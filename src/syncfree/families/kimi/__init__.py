@@ -20,22 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pixel_inputs
 from ...plan.spec import Layout, PositionTable
 from ...rewrite.helpers import traced_grid_rows
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    Video,
-    check_items,
-    check_padding_side,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -125,53 +115,39 @@ def markers(config) -> tuple[int, int, int, int]:
     return config.vision_start_token_id, top + 1, top + 2, config.vision_end_token_id
 
 
-def build_kimi_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                      pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+@batch_builder()
+def build_kimi_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``Kimi_K25Processor`` lays them out (processing_kimi_k25.py): an image is one placeholder
     per merged patch; a video (one frame per temporal unit: ``Video.frames``) is cut into chunks of ``CHUNK_FRAMES``
     frames, one grid row each, written as the chunk's first timestamp ``HH:MM:SS.mmm`` in text, then
     ``<|media_begin|>video<|media_content|>``, one frame's merged patches of placeholders, ``<|media_end|>``. Pixels
     are (patches, 3, patch, patch). No ``mm_token_type_ids``; ``num_chunks_per_video`` as the video processor
     returns it."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
-    patch, merge = vc.patch_size, vc.merge_kernel_size[0]
+    config = batch.config
+    patch, merge = config.vision_config.patch_size, config.vision_config.merge_kernel_size[0]
     begin, word, content, end = markers(config)
+    image_grids, video_grids, chunks = [], [], []
+
+    def place(row: Row, item: Image | Video) -> None:
+        t, h, w = item_grid(item, patch, merge, 1)  # (the video processor's frames: one per temporal unit)
+        per_frame = h * w // (merge * merge)
+        if isinstance(item, Image):
+            image_grids.append((1, h, w))
+            row.add([config.image_token_id] * per_frame)
+            return
+        starts = range(0, t, CHUNK_FRAMES)
+        video_grids.extend((min(CHUNK_FRAMES, t - s), h, w) for s in starts)
+        chunks.append(len(starts))
+        for s in starts:
+            seconds = s / item.fps
+            stamp = f"{int(seconds) // 3600:02d}:{int(seconds) // 60 % 60:02d}:{int(seconds) % 60:02d}." \
+                    f"{int(seconds % 1 * 1000):03d}"
+            row.text(len(stamp) // 3)
+            row.add([begin, word, content] + [config.video_token_id] * per_frame + [end])
+
     specials = {config.image_token_id, config.video_token_id, begin, word, content, end}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    text = random_text(gen, tc.vocab_size, specials | {pad})
-
-    rows, types, image_grids, video_grids, chunks = [], [], [], [], []
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            t, h, w = item_grid(item, patch, merge, 1)  # (the video processor's frames: one per temporal unit)
-            per_frame = h * w // (merge * merge)
-            if isinstance(item, Image):
-                image_grids.append((1, h, w))
-                ids += [config.image_token_id] * per_frame
-                continue
-            assert isinstance(item, Video)
-            starts = range(0, t, CHUNK_FRAMES)
-            video_grids += [(min(CHUNK_FRAMES, t - s), h, w) for s in starts]
-            chunks.append(len(starts))
-            for s in starts:
-                seconds = s / item.fps
-                stamp = f"{int(seconds) // 3600:02d}:{int(seconds) // 60 % 60:02d}:{int(seconds) % 60:02d}." \
-                        f"{int(seconds % 1 * 1000):03d}"
-                ids += text(len(stamp) // 3) + [begin, word, content] + [config.video_token_id] * per_frame + [end]
-        rows.append(ids)
-        types.append([0] * len(ids))
-    out = pack_rows(rows, types, pad, padding_side)
-    del out["mm_token_type_ids"]
-    vc_pixels = _PixelConfig(patch)
-    out.update(pixel_inputs(vc_pixels, image_grids, video_grids, gen, pixels_4d=True))
+    out = batch.packed(batch.rows(place, avoid=specials), typed=False)
+    out.update(pixel_inputs(_PixelConfig(patch), image_grids, video_grids, batch.gen, pixels_4d=True))
     if chunks:
         out["num_chunks_per_video"] = torch.tensor(chunks, dtype=torch.long)
     return out
@@ -185,9 +161,6 @@ class _PixelConfig:
 
     def __init__(self, patch_size: int):
         self.patch_size = patch_size
-
-
-__all__ += ["Image", "Video", "Text"]  # (the items build_kimi_inputs takes)
 
 
 # The group's registry entries (``families.GROUPS``).

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Video, batch_builder
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, random_text
 from ..shared import (
     MODEL_NEEDS,
     family_module,
@@ -193,66 +193,50 @@ def _crops(item, patch: int, merge: int) -> tuple[tuple[int, int], list[list[tup
     return thumb, [[(SLICE * merge, SLICE * merge)] * cols for _ in range(rows)]
 
 
-def build_minicpm_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                         pad_token_id: int | None = None, use_image_id: bool = True) -> dict[str, torch.Tensor]:
+@batch_builder()
+def build_minicpm_inputs(batch: Draft, *, use_image_id: bool = True) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``MiniCPMOcrProcessor`` lays them out (see the module docstring): ``target_sizes`` holds
     each image's thumbnail then its slices row by row; ``target_sizes_videos`` each frame's; the pixels are one
     ``(1, C, p, patches * p)`` strip per modality."""
-    from ..qwen_vl.inputs import pack_rows
-
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
+    config, m = batch.config, MARKERS
+    vc = config.vision_config
     patch, merge = vc.patch_size, _merge(config)
-    specials = {config.image_token_id, config.video_token_id, *MARKERS.values()}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-    m = MARKERS
     typed = config.model_type == "minicpmv4_7"  # (its processor types the placeholders, and writes no video ids)
+    sizes = {1: [], 2: []}
 
-    text = random_text(gen, tc.vocab_size, specials | {pad} | set(range(m["digit0"], m["digit0"] + 10)))
+    def crop(row: Row, token: int, kind: int, size: tuple[int, int], start: int, end: int) -> None:
+        row.add([start])
+        row.add([token] * (size[0] * size[1] // merge**2), kind)
+        row.add([end])
 
-    def crop(token: int, size: tuple[int, int], start: int, end: int) -> list[int]:
-        return [start] + [token] * (size[0] * size[1] // merge**2) + [end]
+    def place(row: Row, item: Image | Video) -> None:
+        kind = 1 if isinstance(item, Image) else 2
+        token = config.image_token_id if kind == 1 else config.video_token_id
+        if token is None:
+            raise ValueError(f"this {config.model_type} config has no {'image' if kind == 1 else 'video'} token id")
+        thumb, slices = _crops(item, patch, merge)
+        frames = 1 if kind == 1 else item.frames
+        if use_image_id and not (typed and kind == 2):  # (a per-sample index before each image; 4.6: and video)
+            n_images = row.ids.count(m["id_start"])  # (the sample's index so far: a text id is never a marker)
+            row.add([m["id_start"]] + [m["digit0"] + int(d) for d in str(n_images)] + [m["id_end"]])
+        for _ in range(frames):
+            crop(row, token, kind, thumb, m["image_start"], m["image_end"])
+            sizes[kind].append(thumb)
+            for r, slice_row in enumerate(slices):
+                if r:
+                    row.add([m["newline"]])
+                for size in slice_row:
+                    crop(row, token, kind, size, m["slice_start"], m["slice_end"])
+                    sizes[kind].append(size)
 
-    rows, types, sizes = [], [], {1: [], 2: []}
-    for sample in samples:
-        ids: list[int] = []
-        n_images = 0
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            assert isinstance(item, (Image, Video))
-            kind = 1 if isinstance(item, Image) else 2
-            token = config.image_token_id if kind == 1 else config.video_token_id
-            if token is None:
-                raise ValueError(f"this {config.model_type} config has no {'image' if kind == 1 else 'video'} token id")
-            thumb, slices = _crops(item, patch, merge)
-            frames = 1 if kind == 1 else item.frames
-            if use_image_id and not (typed and kind == 2):  # (a per-sample index before each image; 4.6: and video)
-                ids += [m["id_start"]] + [m["digit0"] + int(d) for d in str(n_images)] + [m["id_end"]]
-                n_images += 1
-            for _ in range(frames):
-                ids += crop(token, thumb, m["image_start"], m["image_end"])
-                sizes[kind].append(thumb)
-                for r, row in enumerate(slices):
-                    if r:
-                        ids.append(m["newline"])
-                    for size in row:
-                        ids += crop(token, size, m["slice_start"], m["slice_end"])
-                        sizes[kind].append(size)
-        rows.append(ids)
-        types.append([1 if i == config.image_token_id else 2 if i == config.video_token_id else 0 for i in ids])
-    out = pack_rows(rows, types, pad, padding_side)
-    if not typed:
-        del out["mm_token_type_ids"]  # (4.6's and OCR's processors return none)
+    specials = {config.image_token_id, config.video_token_id, *MARKERS.values(), *range(m["digit0"], m["digit0"] + 10)}
+    out = batch.packed(batch.rows(place, avoid=specials), typed=typed)  # (4.6's and OCR's processors type none)
     channels = vc.num_channels
     for kind, pixels_name, sizes_name in ((1, "pixel_values", "target_sizes"),
                                           (2, "pixel_values_videos", "target_sizes_videos")):
         if sizes[kind]:
             patches = sum(h * w for h, w in sizes[kind])
-            out[pixels_name] = torch.randn(1, channels, patch, patches * patch, generator=gen)
+            out[pixels_name] = torch.randn(1, channels, patch, patches * patch, generator=batch.gen)
             out[sizes_name] = torch.tensor(sizes[kind], dtype=torch.int32)
     return out
 

@@ -21,22 +21,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pixel_inputs
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import (
-    Image,
-    Text,
-    Video,
-    check_items,
-    check_padding_side,
-    item_grid,
-    pack_rows,
-    pixel_inputs,
-    random_text,
-)
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
@@ -101,49 +91,36 @@ def markers(config) -> tuple[int, int]:
     return top + 1, top + 2
 
 
-def build_minimax_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                         pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+@batch_builder()
+def build_minimax_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``MiniMaxM3VLProcessor`` lays them out (processing_minimax_m3_vl.py): an image is start,
     one placeholder per merged patch, end; a video is, per temporal patch, ``]<]{seconds:.1f} seconds[>[`` in text
     (the time of the patch's first frame), start, that frame's placeholders, end. Video grids are cut into rows of at
     most ``CHUNK_FRAMES`` temporal patches, with ``num_chunks_per_video``, as the video processor returns them. No
     ``mm_token_type_ids``."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
+    config = batch.config
+    vc = config.vision_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     start, end = markers(config)
+    image_grids, video_grids, chunks = [], [], []
+
+    def place(row: Row, item: Image | Video) -> None:
+        t, h, w = item_grid(item, patch, merge, tpatch)
+        per_frame = h * w // (merge * merge)
+        if isinstance(item, Image):
+            image_grids.append((t, h, w))
+            row.add([start] + [config.image_token_id] * per_frame + [end])
+            return
+        rows_of_video = [(min(CHUNK_FRAMES, t - s), h, w) for s in range(0, t, CHUNK_FRAMES)]
+        video_grids.extend(rows_of_video)
+        chunks.append(len(rows_of_video))
+        for frame in range(t):
+            row.text(len(f"]<]{frame * tpatch / item.fps:.1f} seconds[>[") // 3)
+            row.add([start] + [config.video_token_id] * per_frame + [end])
+
     specials = {config.image_token_id, config.video_token_id, start, end}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    text = random_text(gen, tc.vocab_size, specials | {pad})
-
-    rows, types, image_grids, video_grids, chunks = [], [], [], [], []
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            t, h, w = item_grid(item, patch, merge, tpatch)
-            per_frame = h * w // (merge * merge)
-            if isinstance(item, Image):
-                image_grids.append((t, h, w))
-                ids += [start] + [config.image_token_id] * per_frame + [end]
-                continue
-            assert isinstance(item, Video)
-            rows_of_video = [(min(CHUNK_FRAMES, t - s), h, w) for s in range(0, t, CHUNK_FRAMES)]
-            video_grids += rows_of_video
-            chunks.append(len(rows_of_video))
-            for frame in range(t):
-                stamp = f"]<]{frame * tpatch / item.fps:.1f} seconds[>["
-                ids += text(len(stamp) // 3) + [start] + [config.video_token_id] * per_frame + [end]
-        rows.append(ids)
-        types.append([0] * len(ids))
-    out = pack_rows(rows, types, pad, padding_side)
-    del out["mm_token_type_ids"]
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    out = batch.packed(batch.rows(place, avoid=specials), typed=False)
+    out.update(pixel_inputs(vc, image_grids, video_grids, batch.gen))
     if chunks:
         out["num_chunks_per_video"] = torch.tensor(chunks, dtype=torch.long)
     return out

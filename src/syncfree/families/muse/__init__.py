@@ -24,16 +24,14 @@ by a boolean select (``AUDIO_VALID_TOKENS``: by planned positions, from the plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from ...items import Draft, Image, Row, Text, Video, Waveform, batch_builder, item_grid
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, PositionTable
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, item_grid, pack_rows, random_text
 from ..shared import (
     family_module,
     handles_of,
@@ -51,7 +49,7 @@ from .edits import (
 )
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
-           "build_muse_inputs", "MARKERS", "Waveform"]
+           "build_muse_inputs", "MARKERS"]
 
 # What the tower wrapper relies on in the stock forward: its helpers get the caller's kwargs (to pop the plan's
 # tables from), and the pixel shuffle gets them too.
@@ -125,15 +123,11 @@ MARKERS = dict(image_start=1002, image_end=1003, video_start=1004, video_sep=100
                audio_end=1009)
 
 
-@dataclass(frozen=True)
-class Waveform:
-    """A mono audio clip of ``samples`` samples (Muse Spark's raw-waveform audio input)."""
-
-    samples: int
+ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
 
 
-def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                      pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+@batch_builder(ITEMS)
+def build_muse_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``MuseGlimmerProcessor`` lays them out: an image is ``<|image_start|>``, ``t*h*w // 4``
     ``<|patch|>`` and ``<|image_end|>``; a video is ``<|vid_start|>``, then per temporal group its timestamp
     ``"Time: {s:.1f}s"`` in text and its ``<|video|>`` placeholders, groups joined by ``<|vid_frame_separator|>`` and
@@ -142,53 +136,39 @@ def build_muse_inputs(config, samples: list[list], *, padding_side: str = "left"
     ``ceil(samples / samples_per_token)`` ``<|audio|>`` and ``<|soft_audio_end|>``; ``input_values`` holds the clips
     right-padded with zeros to the longest, rounded up to a multiple of ``samples_per_token``, and ``input_values_mask``
     (int32) their real samples. No ``mm_token_type_ids``."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples, ITEMS)
-    vc, tc = config.vision_config, config.text_config
+    config, gen = batch.config, batch.gen
+    vc = config.vision_config
     patch, merge, tpatch = vc.patch_size, vc.merge_size, vc.patch_temporal
     frame_features = 3 * patch * patch
     audio_token = getattr(config, "audio_token_id", None)
-    specials = {config.image_token_id, config.video_token_id, audio_token, *MARKERS.values()}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    text = random_text(gen, tc.vocab_size, specials | {pad})
-
-    rows, types, grids, pixels = [], [], {"image": [], "video": []}, {"image": [], "video": []}
+    grids, pixels = {"image": [], "video": []}, {"image": [], "video": []}
     clips: list[int] = []
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            if isinstance(item, Waveform):
-                if audio_token is None:
-                    raise ValueError(f"{config.model_type} takes no audio")
-                clips.append(item.samples)
-                n = -(-item.samples // config.audio_config.samples_per_token)
-                ids += [MARKERS["audio_start"]] + [audio_token] * n + [MARKERS["audio_end"]]
-                continue
-            assert isinstance(item, (Image, Video))
-            t, h, w = item_grid(item, patch, merge, tpatch)
-            per_group = h * w // (merge * merge)
-            if isinstance(item, Image):
-                grids["image"].append((t, h, w))
-                frame = torch.randn(h * w, frame_features, generator=gen)
-                pixels["image"].append(frame.repeat(1, tpatch))  # (the processor expands the frame over time)
-                ids += [MARKERS["image_start"]] + [config.image_token_id] * per_group + [MARKERS["image_end"]]
-                continue
-            grids["video"].append((t, h, w))
-            pixels["video"].append(torch.randn(t * h * w, tpatch * frame_features, generator=gen))
-            ids.append(MARKERS["video_start"])
-            for g in range(t):
-                stamp = len(f"Time: {g * tpatch / item.fps:.1f}s") // 3  # about as many tokens as a tokenizer makes
-                ids += text(stamp) + [config.video_token_id] * per_group
-                ids.append(MARKERS["video_sep"] if g < t - 1 else MARKERS["video_end"])
-        rows.append(ids)
-        types.append([0] * len(ids))
-    out = pack_rows(rows, types, pad, padding_side)
-    del out["mm_token_type_ids"]  # (the processor returns none)
+
+    def place(row: Row, item: Image | Video | Waveform) -> None:
+        if isinstance(item, Waveform):
+            if audio_token is None:
+                raise ValueError(f"{config.model_type} takes no audio")
+            clips.append(item.samples)
+            n = -(-item.samples // config.audio_config.samples_per_token)
+            row.add([MARKERS["audio_start"]] + [audio_token] * n + [MARKERS["audio_end"]])
+            return
+        t, h, w = item_grid(item, patch, merge, tpatch)
+        per_group = h * w // (merge * merge)
+        if isinstance(item, Image):
+            grids["image"].append((t, h, w))
+            frame = torch.randn(h * w, frame_features, generator=gen)
+            pixels["image"].append(frame.repeat(1, tpatch))  # (the processor expands the frame over time)
+            row.add([MARKERS["image_start"]] + [config.image_token_id] * per_group + [MARKERS["image_end"]])
+            return
+        grids["video"].append((t, h, w))
+        pixels["video"].append(torch.randn(t * h * w, tpatch * frame_features, generator=gen))
+        row.add([MARKERS["video_start"]])
+        for g in range(t):
+            row.text(len(f"Time: {g * tpatch / item.fps:.1f}s") // 3)  # about as many tokens as a tokenizer makes
+            row.add([config.video_token_id] * per_group + [MARKERS["video_sep"] if g < t - 1 else MARKERS["video_end"]])
+
+    specials = {config.image_token_id, config.video_token_id, audio_token, *MARKERS.values()}
+    out = batch.packed(batch.rows(place, avoid=specials), typed=False)  # (the processor returns no token types)
     for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
         if grids[kind]:
             out[name] = torch.cat(pixels[kind])
@@ -217,5 +197,4 @@ CENSUS_FIXES = {"muse_glimmer": _census_fix_muse_glimmer, "muse_spark": _census_
 
 # The group's registry entries (``families.GROUPS``).
 handles = handles_of(FAMILIES)
-ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
 processor_batch = processor_batch_by(build_muse_inputs)

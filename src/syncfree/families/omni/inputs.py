@@ -1,6 +1,6 @@
 """Omni thinker inputs (Qwen3-Omni-MoE, Qwen2.5-Omni) laid out as their processors lay them out, without a tokenizer.
 
-Besides images and videos (``inputs.Image``/``inputs.Video``: start token, one pad per merged patch,
+Besides images and videos (``Image``/``Video``: start token, one pad per merged patch,
 end token; a video is one run, no timestamps) the Omni processors take audio. Each audio clip becomes
 ``<|audio_start|>`` + one ``<|audio_pad|>`` per encoder output frame + ``<|audio_end|>``; its mel
 features (128 bins, 100 frames a second) are padded to the longest clip, with a
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, item_grid, pixel_inputs, random_text
+from ...items import Audio, Draft, Image, Row, Text, Video, batch_builder, item_grid, pixel_inputs
 
-__all__ = ["Audio", "VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
+__all__ = ["VideoWithAudio", "build_omni_inputs", "audio_tokens", "OMNI_LAYOUT_NAMES", "omni_layout",
            "omni_forward_kwargs", "END_TOKENS", "is_omni"]
 
 
@@ -34,11 +34,6 @@ def is_omni(config) -> bool:
 # The end tokens the tokenizers use (not in the thinker configs, which name only what the model reads).
 END_TOKENS = {"qwen3_omni_moe_thinker": dict(vision_end_token_id=151653, audio_end_token_id=151670),
               "qwen2_5_omni_thinker": dict(vision_end_token_id=151653, audio_end_token_id=151648)}
-
-
-@dataclass(frozen=True)
-class Audio:
-    frames: int  # mel frames (100 per second of audio)
 
 
 @dataclass(frozen=True)
@@ -95,61 +90,45 @@ def _interleave(config, video_times: list[float], n_audio: int) -> list[str]:
     return order
 
 
-def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                      pad_token_id: int = 0, mel_bins: int | None = None) -> dict[str, torch.Tensor]:
+@batch_builder(OMNI_ITEMS, default_pad=0)
+def build_omni_inputs(batch: Draft, *, mel_bins: int | None = None) -> dict[str, torch.Tensor]:
     """Processor-style inputs for an Omni thinker ``config``: one list of items per request."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples, OMNI_ITEMS)
+    config = batch.config
     vc, tc = config.vision_config, config.text_config
     patch, merge, tpatch = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     ends = {k: getattr(config, k, None) or v for k, v in END_TOKENS[config.model_type].items()}
     ids_of = dict(image=config.image_token_id, video=config.video_token_id, audio=config.audio_token_id,
                   vs=config.vision_start_token_id, ve=ends["vision_end_token_id"],
                   as_=config.audio_start_token_id, ae=ends["audio_end_token_id"])
-    specials = set(ids_of.values()) | {pad_token_id}
-    gen = torch.Generator().manual_seed(seed)
-    text_hi = min([i for i in specials if i > 0] + [tc.vocab_size])
+    specials = set(ids_of.values()) | {batch.pad}
+    image_grids, video_grids, seconds, clips = [], [], [], []
 
-    text = random_text(gen, text_hi, specials)
+    def place(row: Row, item: Image | Video | Audio | VideoWithAudio) -> None:
+        if isinstance(item, Audio):
+            clips.append(item.frames)
+            row.add([ids_of["as_"]] + [ids_of["audio"]] * audio_tokens(config, item.frames) + [ids_of["ae"]])
+        elif isinstance(item, Image):
+            t, h, w = item_grid(item, patch, merge, tpatch)
+            image_grids.append((t, h, w))
+            row.add([ids_of["vs"]] + [ids_of["image"]] * (h * w // merge**2) + [ids_of["ve"]])
+        else:  # (a Video or a VideoWithAudio: check_items refused anything else)
+            video = item.video if isinstance(item, VideoWithAudio) else item
+            t, h, w = item_grid(video, patch, merge, tpatch)
+            video_grids.append((t, h, w))
+            seconds.append(tpatch / video.fps)
+            per_frame = h * w // merge**2
+            if isinstance(item, Video):
+                row.add([ids_of["vs"]] + [ids_of["video"]] * (t * per_frame) + [ids_of["ve"]])
+                return
+            clips.append(item.audio.frames)
+            times = [f * seconds[-1] * config.position_id_per_seconds for f in range(t) for _ in range(per_frame)]
+            order = _interleave(config, times, audio_tokens(config, item.audio.frames))
+            row.add([ids_of["vs"], ids_of["as_"]] + [ids_of["video"] if o == "v" else ids_of["audio"] for o in order])
+            row.add([ids_of["ae"], ids_of["ve"]])
 
-    rows, image_grids, video_grids, seconds, clips = [], [], [], [], []
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-            elif isinstance(item, Audio):
-                clips.append(item.frames)
-                ids += [ids_of["as_"]] + [ids_of["audio"]] * audio_tokens(config, item.frames) + [ids_of["ae"]]
-            elif isinstance(item, Image):
-                t, h, w = item_grid(item, patch, merge, tpatch)
-                image_grids.append((t, h, w))
-                ids += [ids_of["vs"]] + [ids_of["image"]] * (h * w // merge**2) + [ids_of["ve"]]
-            else:  # (a Video or a VideoWithAudio: check_items refused anything else)
-                video = item.video if isinstance(item, VideoWithAudio) else item
-                t, h, w = item_grid(video, patch, merge, tpatch)
-                video_grids.append((t, h, w))
-                seconds.append(tpatch / video.fps)
-                per_frame = h * w // merge**2
-                if isinstance(item, Video):
-                    ids += [ids_of["vs"]] + [ids_of["video"]] * (t * per_frame) + [ids_of["ve"]]
-                    continue
-                clips.append(item.audio.frames)
-                times = [f * seconds[-1] * config.position_id_per_seconds for f in range(t) for _ in range(per_frame)]
-                order = _interleave(config, times, audio_tokens(config, item.audio.frames))
-                ids += [ids_of["vs"], ids_of["as_"]] + [ids_of["video"] if o == "v" else ids_of["audio"] for o in order]
-                ids += [ids_of["ae"], ids_of["ve"]]
-        rows.append(ids)
-
-    length = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for b, ids in enumerate(rows):
-        span = slice(length - len(ids), length) if padding_side == "left" else slice(0, len(ids))
-        input_ids[b, span] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[b, span] = 1
-    out = {"input_ids": input_ids, "attention_mask": attention_mask}
-    out.update(pixel_inputs(vc, image_grids, video_grids, gen))
+    rows = batch.rows(place, avoid=specials, high=min([i for i in specials if i > 0] + [tc.vocab_size]))
+    out = batch.packed(rows, typed=False)  # (the processor returns no token types)
+    out.update(pixel_inputs(vc, image_grids, video_grids, batch.gen))
     if video_grids:
         out["video_second_per_grid"] = torch.tensor(seconds)
     if clips:
@@ -158,7 +137,7 @@ def build_omni_inputs(config, samples: list[list], *, padding_side: str = "left"
         mask = torch.zeros(len(clips), longest, dtype=torch.int32)  # the feature extractor's int32 mask
         for i, n in enumerate(clips):
             mask[i, :n] = 1
-        out["input_features"] = torch.randn(len(clips), bins, longest, generator=gen) * mask[:, None, :]
+        out["input_features"] = torch.randn(len(clips), bins, longest, generator=batch.gen) * mask[:, None, :]
         out["feature_attention_mask"] = mask
     return out
 

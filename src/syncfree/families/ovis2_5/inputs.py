@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, pack_rows, random_text
+from ...items import Draft, Image, Row, Video, batch_builder
 
 __all__ = ["build_ovis_inputs", "boundary_ids"]
 
@@ -35,40 +35,29 @@ def _grid(item: Image | Video, patch: int, merge: int, temporal_patch: int) -> t
     return t, item.height // patch, item.width // patch
 
 
-def build_ovis_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                      pad_token_id: int | None = None) -> dict[str, torch.Tensor]:
+@batch_builder()
+def build_ovis_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     """Processor-style inputs for ``samples`` (lists of ``Text``, ``Image`` and ``Video`` items) under ``config``."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
+    config = batch.config
+    vc = config.vision_config
     patch, merge, tpatch, channels = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size, vc.num_channels
     marks = boundary_ids(config)
+    grids, pixels = {"image": [], "video": []}, {"image": [], "video": []}
+
+    def place(row: Row, item: Image | Video) -> None:
+        kind = "image" if isinstance(item, Image) else "video"
+        t, h, w = _grid(item, patch, merge, tpatch)
+        grids[kind].append((t, h, w))
+        if kind == "image":  # one frame, repeated over the temporal patch within each channel
+            frame = torch.randn(h * w, channels, 1, patch * patch, generator=batch.gen)
+            pixels[kind].append(frame.expand(-1, -1, tpatch, -1).reshape(h * w, -1))
+        else:
+            pixels[kind].append(torch.randn(t * h * w, channels * tpatch * patch * patch, generator=batch.gen))
+        token = config.image_token_id if kind == "image" else config.video_token_id
+        row.add([marks[f"{kind}_start"]] + [token] * (t * h * w // merge**2) + [marks[f"{kind}_end"]])
+
     specials = {config.image_token_id, config.video_token_id, *marks.values()}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    text = random_text(gen, tc.vocab_size, specials | {pad})
-
-    rows, grids, pixels = [], {"image": [], "video": []}, {"image": [], "video": []}
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            kind = "image" if isinstance(item, Image) else "video"
-            t, h, w = _grid(item, patch, merge, tpatch)
-            grids[kind].append((t, h, w))
-            if kind == "image":  # one frame, repeated over the temporal patch within each channel
-                frame = torch.randn(h * w, channels, 1, patch * patch, generator=gen)
-                pixels[kind].append(frame.expand(-1, -1, tpatch, -1).reshape(h * w, -1))
-            else:
-                pixels[kind].append(torch.randn(t * h * w, channels * tpatch * patch * patch, generator=gen))
-            token = config.image_token_id if kind == "image" else config.video_token_id
-            ids += [marks[f"{kind}_start"]] + [token] * (t * h * w // merge**2) + [marks[f"{kind}_end"]]
-        rows.append(ids)
-    out = pack_rows(rows, [[0] * len(r) for r in rows], pad, padding_side)
-    del out["mm_token_type_ids"]  # (the processor returns none unless asked)
+    out = batch.packed(batch.rows(place, avoid=specials), typed=False)  # (the processor types none unless asked)
     for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
         if grids[kind]:
             out[name] = torch.cat(pixels[kind])

@@ -18,6 +18,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
+from ...items import Video
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, PositionTable
@@ -25,7 +26,7 @@ from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Video, build_inputs
+from ..qwen_vl.inputs import build_inputs
 from ..shared import PACKS, family_module, handles_of, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]

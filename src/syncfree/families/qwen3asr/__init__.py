@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Audio, Draft, Row, Text, batch_builder
 from ...plan.spec import Layout
 from ...rewrite.edits import AUDIO_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward
-from ..omni.inputs import Audio
 from ..preset import Preset
-from ..qwen_vl.inputs import Text, check_items, check_padding_side, pack_rows, random_text
 from ..shared import family_module, handles_of, installed_source_has, processor_batch_by
 from . import valid_frames
 from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
@@ -106,44 +105,36 @@ def audio_tokens(config, frames: int) -> int:
     return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
 
 
-def build_asr_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                     pad_token_id: int | None = None) -> dict:
+ITEMS = (Text, Audio)  # the items its processor takes (``families.processor_batch`` refuses others)
+
+
+@batch_builder(ITEMS)
+def build_asr_inputs(batch: Draft) -> dict:
     """A ``Qwen3ASRProcessor`` batch for ``samples`` (``Text`` and ``Audio`` items), without a tokenizer.
 
     Each clip (``Audio(frames)``: mel frames, 100 a second, at least 50 as the feature extractor pads short clips) is
     ``<|audio_start|>``, its placeholders and ``<|audio_end|>``; rows are padded on ``padding_side`` (the processor's
     default: left). ``input_features`` (clips, mel bins, frames) holds the clips right-padded to the longest, rounded
     up to a multiple of ``2 * n_window`` frames, and ``input_features_mask`` (int32) their real frames."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples, ITEMS)
-    tc, ac = config.text_config, config.audio_config
-    specials = {config.audio_token_id, *MARKERS.values()}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
+    config = batch.config
+    ac = config.audio_config
+    clips = []
 
-    text = random_text(gen, tc.vocab_size, specials | {pad}, low=2)
+    def place(row: Row, item: Audio) -> None:
+        frames = max(item.frames, _HOP_FRAMES_MIN)
+        clips.append(frames)
+        row.add([MARKERS["audio_start"]] + [config.audio_token_id] * audio_tokens(config, frames) +
+                [MARKERS["audio_end"]])
 
-    rows, clips = [], []
-    for sample in samples:
-        ids: list[int] = []
-        for item in sample:
-            if isinstance(item, Text):
-                ids += text(item.tokens)
-                continue
-            frames = max(item.frames, _HOP_FRAMES_MIN)
-            clips.append(frames)
-            ids += [MARKERS["audio_start"]] + [config.audio_token_id] * audio_tokens(config, frames) + \
-                [MARKERS["audio_end"]]
-        rows.append(ids)
-    out = pack_rows(rows, [[0] * len(r) for r in rows], pad, padding_side)
-    del out["mm_token_type_ids"]  # (its processor returns none)
+    out = batch.packed(batch.rows(place, avoid={config.audio_token_id, *MARKERS.values()}, low=2),
+                       typed=False)  # (its processor returns no token types)
     if clips:
         chunk = ac.n_window * 2
         frames = -(-max(clips) // chunk) * chunk
         mask = torch.zeros(len(clips), frames, dtype=torch.int32)
         for i, n in enumerate(clips):
             mask[i, :n] = 1
-        out["input_features"] = torch.randn(len(clips), ac.num_mel_bins, frames, generator=gen) * mask[:, None, :]
+        out["input_features"] = torch.randn(len(clips), ac.num_mel_bins, frames, generator=batch.gen) * mask[:, None, :]
         out["input_features_mask"] = mask
     return out
 
@@ -176,6 +167,5 @@ CENSUS_FIXES = {"qwen3_asr": _census_fix_qwen3_asr}
 
 # The group's registry entries (``families.GROUPS``).
 handles = handles_of(FAMILIES)
-ITEMS = (Text, Audio)  # the items its processor takes (``families.processor_batch`` refuses others)
 # Its batches: The processor's layout: left-padded rows, right-padded clips with their frame mask.
 processor_batch = processor_batch_by(build_asr_inputs)

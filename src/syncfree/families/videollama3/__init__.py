@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import torch
 
+from ...items import Draft, Image, Row, Video, batch_builder, item_grid
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
-from ..qwen_vl.inputs import Image, Text, Video, check_items, check_padding_side, item_grid, pack_rows, random_text
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
 from . import compression, item_sizes
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
@@ -123,57 +123,40 @@ def _video_pixels(t: int, h: int, w: int, merge: int, features: int, gen: torch.
     return pixels.reshape(t * tokens * unit, features)
 
 
-def build_videollama3_inputs(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                             pad_token_id: int | None = None, compress: bool = True) -> dict[str, torch.Tensor]:
+@batch_builder()
+def build_videollama3_inputs(batch: Draft, *, compress: bool = True) -> dict[str, torch.Tensor]:
     """Inputs laid out as ``VideoLlama3Processor`` lays them out: an image is ``t*h*w // 1`` placeholders; a video of
     t frames is, per frame, its timestamp ``"Time {s:.1f}s:"`` in text and the placeholders of the tokens its
     ``video_compression_mask`` keeps, frames joined by ``","``. ``image_merge_sizes`` / ``video_merge_sizes`` hold
     each item's merge (1 / 2); ``compress=False``: the processor's ``use_token_compression=False`` (all kept)."""
-    check_padding_side(padding_side)
-    check_items(config.model_type, samples)
-    vc, tc = config.vision_config, config.text_config
-    patch = vc.patch_size
-    features = vc.num_channels * patch * patch
-    specials = {config.image_token_id, config.video_token_id}
-    pad = pad_token_id if pad_token_id is not None else (tc.pad_token_id or 0)
-    gen = torch.Generator().manual_seed(seed)
-
-    text = random_text(gen, tc.vocab_size, specials | {pad})
-
-    rows, types = [], []
+    config, gen = batch.config, batch.gen
+    patch = config.vision_config.patch_size
+    features = config.vision_config.num_channels * patch * patch
     items = {1: ([], []), 2: ([], [])}  # kind -> (grids, pixels)
     masks: list[torch.Tensor] = []
-    for sample in samples:
-        ids, kinds = [], []
-        for item in sample:
-            if isinstance(item, Text):
-                ids, kinds = ids + text(item.tokens), kinds + [0] * item.tokens
-                continue
-            assert isinstance(item, (Image, Video))
-            if isinstance(item, Image):
-                grid = item_grid(item, patch, IMAGE_MERGE, 1)
-                items[1][0].append(grid)
-                items[1][1].append(torch.randn(grid[0] * grid[1] * grid[2], features, generator=gen))
-                n = grid[0] * grid[1] * grid[2] // IMAGE_MERGE**2
-                ids, kinds = ids + [config.image_token_id] * n, kinds + [1] * n
-                continue
-            grid = item_grid(item, patch, VIDEO_MERGE, 1)
-            pixels = _video_pixels(*grid, VIDEO_MERGE, features, gen, still=compress)
-            mask = (compression_mask(pixels, grid, VIDEO_MERGE) if compress
-                    else torch.ones(grid[0] * grid[1] * grid[2] // VIDEO_MERGE**2, dtype=torch.bool))
-            items[2][0].append(grid)
-            items[2][1].append(pixels)
-            masks.append(mask)
-            for f, frame in enumerate(mask.split(mask.numel() // grid[0])):
-                if f:
-                    ids, kinds = ids + text(1), kinds + [0]  # ","
-                stamp = len(f"Time {f / item.fps:.1f}s:") // 3  # about as many tokens as a tokenizer makes
-                n = int(frame.sum())
-                ids, kinds = ids + text(stamp) + [config.video_token_id] * n, kinds + [0] * stamp + [2] * n
-        rows.append(ids)
-        types.append(kinds)
-    out = pack_rows(rows, types, pad, padding_side)
-    del out["mm_token_type_ids"]  # (the processor returns none)
+
+    def place(row: Row, item: Image | Video) -> None:
+        if isinstance(item, Image):
+            grid = item_grid(item, patch, IMAGE_MERGE, 1)
+            items[1][0].append(grid)
+            items[1][1].append(torch.randn(grid[0] * grid[1] * grid[2], features, generator=gen))
+            row.add([config.image_token_id] * (grid[0] * grid[1] * grid[2] // IMAGE_MERGE**2), 1)
+            return
+        grid = item_grid(item, patch, VIDEO_MERGE, 1)
+        pixels = _video_pixels(*grid, VIDEO_MERGE, features, gen, still=compress)
+        mask = (compression_mask(pixels, grid, VIDEO_MERGE) if compress
+                else torch.ones(grid[0] * grid[1] * grid[2] // VIDEO_MERGE**2, dtype=torch.bool))
+        items[2][0].append(grid)
+        items[2][1].append(pixels)
+        masks.append(mask)
+        for f, frame in enumerate(mask.split(mask.numel() // grid[0])):
+            if f:
+                row.text(1)  # ","
+            row.text(len(f"Time {f / item.fps:.1f}s:") // 3)  # about as many tokens as a tokenizer makes
+            row.add([config.video_token_id] * int(frame.sum()), 2)
+
+    out = batch.packed(batch.rows(place, avoid={config.image_token_id, config.video_token_id}),
+                       typed=False)  # (the processor returns no token types)
     for kind, pixels_name, prefix, merge in ((1, "pixel_values", "image", IMAGE_MERGE),
                                              (2, "pixel_values_videos", "video", VIDEO_MERGE)):
         grids, pixels = items[kind]
