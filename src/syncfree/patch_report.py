@@ -67,9 +67,28 @@ def _function(where: str, modules: int, replacement) -> PatchedFunction:
     target = registry.how.get(replacement)
     if target is None:
         return PatchedFunction(where, modules, (), None)
-    rewrote = tuple(_one_line(e) for e in target.edits if e.kind != "prepend")
+    stock = _stock_source(replacement)
+    # (an edit that applies only where its code is there, ``count=None``, is listed where the stock code has it)
+    rewrote = tuple(_one_line(e) for e in target.edits if e.kind != "prepend"
+                    and (e.count is not None or stock is None or e.normalized_old() in stock))
     return PatchedFunction(where, modules, rewrote, target.wrap.__name__ if target.wrap is not None else None,
                            does(target.wrap) if target.wrap is not None else None)
+
+
+def _stock_source(replacement) -> str | None:
+    """The normalized source of the stock function ``replacement`` replaced (None where unknown)."""
+    import ast
+    import inspect
+    import textwrap
+
+    stock = next((key[0] if isinstance(key, tuple) else key for key, r in registry.built.items() if r is replacement),
+                 None)  # (keyed by the stock function, or by (stock function, target, namespace))
+    while stock is not None and hasattr(stock, "__wrapped__"):
+        stock = stock.__wrapped__
+    try:
+        return ast.unparse(ast.parse(textwrap.dedent(inspect.getsource(stock)))) if stock is not None else None
+    except (OSError, TypeError, SyntaxError):
+        return None
 
 
 def describe_patch(model: torch.nn.Module) -> PatchDescription:

@@ -15,6 +15,7 @@ from ..rewrite.edits import (
     PACKED_SEQUENCES,
     PLACEHOLDER_MASK,
     RECURRENT_MASK,
+    ROPE_DELTAS_AFTER_CACHE,
     SLIDING_WINDOW_TENSOR,
     STATIC_LENGTH_TENSOR,
     VISION_ATTENTION,
@@ -109,6 +110,7 @@ def vlm_targets(attention: str, vision: str, model: str, generation: str, *, vis
                needs=MODEL_NEEDS),
         Target(model, "get_rope_index", wrap=make_get_rope_index, params=ROPE_PARAMS, needs=ROPE_NEEDS + rope_needs),
         Target(generation, "_prepare_position_ids_for_generation", edits=GENERATION_POSITIONS, optional=True),
+        Target(model, "compute_3d_position_ids", edits=ROPE_DELTAS_AFTER_CACHE, optional=True),
     )
 
 # Module-level functions shared by every family: (module, function) -> target. Modules that imported

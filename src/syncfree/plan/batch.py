@@ -92,6 +92,9 @@ class Plan(DeviceFields):
     # Counts a traced forward reads, each as the size of an empty host tensor (``dynamic_dims.size_carriers``): a
     # size Dynamo keeps symbolic, where an int attribute would be a constant it guards on (a graph per value).
     carriers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # ``batch_shape`` as the sizes of an empty (rows, tokens, 0) host tensor, marked like the batch's token dimensions:
+    # what a traced forward compares the call's shape with (the ints would make it a graph for one shape).
+    shape_carrier: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
     # A padding-free packed batch (``syncfree.packing_collator``): where each row's samples begin and end. The call
     # then gives its positions (each sample's own, restarted), and the text model's masks keep the samples apart.
     packing: Packing | None = None

@@ -99,6 +99,8 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         value = getattr(plan, name, None)
         if isinstance(value, torch.Tensor):
             _by_role(name, value, tokens, stream)
+    plan.shape_carrier = torch.empty((*plan.batch_shape, 0))
+    _mark(plan.shape_carrier, dynamic=(0, 1))
     if isinstance(plan.checksums, torch.Tensor):
         _mark(plan.checksums)  # (one per control input, then the seed and key: fixed for a set of inputs)
     if stream:

@@ -10,7 +10,7 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "PACKED_SEQUENCES", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "SLIDING_WINDOW_TENSOR",
+           "GENERATION_POSITIONS", "ROPE_DELTAS_AFTER_CACHE", "SLIDING_WINDOW_TENSOR",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split", "GRID_LIST"]
@@ -182,6 +182,13 @@ GENERATION_POSITIONS = (
     Edit("expr", "bool(mm_token_type_ids[:, past_length:].any())",
          "_syncfree.has_vision_tokens_after(mm_token_type_ids, past_length)"),
 )
+
+# compute_3d_position_ids asks whether the model keeps rope deltas before whether the cache is empty. Both are plain
+# reads; asked the other way round, a forward without a cache never reads the model's rope deltas, so a traced forward
+# does not guard on whether an earlier call left them (one graph less: the first call's).
+ROPE_DELTAS_AFTER_CACHE = tuple(
+    Edit("expr", f"self.rope_deltas is None or {length} == 0", f"{length} == 0 or self.rope_deltas is None", count=None)
+    for length in ("cache_length", "past_key_values_length"))  # (the cache's length, as 5.25 and 5.17 name it)
 
 # Transformers' padding mask for linear-attention (gated-DeltaNet, Mamba) layers asks whether the
 # 2D mask is all ones, to skip the masking multiply (Qwen3.5's text model).
