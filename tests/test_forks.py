@@ -67,6 +67,10 @@ def test_register_family_refuses_a_taken_model_type_and_a_non_family(registry):
         syncfree.register_family("qwen2_vl")
     mine = syncfree.register_family(syncfree.Family("my_qwen2_vl", family.targets, family.layout))
     assert FAMILIES["my_qwen2_vl"] is mine and spec.layout_of("my_qwen2_vl") is family.layout
+    # (the declared object's trait types are public: a family of one's own is made of them)
+    assert {"Family", "Target", "Edit", "Layout", "PositionTable", "PlanHooks"} <= set(syncfree.__all__)
+    assert isinstance(family.layout, syncfree.Layout) and isinstance(family.layout.plan, syncfree.PlanHooks)
+    assert all(isinstance(e, syncfree.Edit) for t in family.targets for e in t.edits)
 
 
 def _stock_plus_one(x):

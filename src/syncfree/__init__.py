@@ -30,7 +30,8 @@ _EXPORTS = {
     "FamilyLeftStock": ".patching", "UnsupportedTransformers": ".patching", "is_patched": ".patching",
     "patch": ".patching", "unpatch": ".patching",
     "prepare": ".prepare",
-    "Family": ".rewrite.targets", "Target": ".rewrite.targets",
+    "Family": ".rewrite.targets", "Target": ".rewrite.targets", "Edit": ".rewrite.rewriter",
+    "Layout": ".plan.spec", "PositionTable": ".plan.spec", "PlanHooks": ".plan.hooks",
     "planning_trainer": ".trainer_hook",
 }
 
@@ -105,5 +106,9 @@ __all__ = [
     "register_family",
     "Family",
     "Target",
+    "Edit",
+    "Layout",
+    "PositionTable",
+    "PlanHooks",
     "__version__",
 ]
