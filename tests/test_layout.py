@@ -34,7 +34,8 @@ def test_a_family_lives_in_its_folder(family, name):
 
 # The shared machinery: the plan and rewrite layers and the verbs that work for any family. A family's own code, and
 # its name, live in its folder; here a family is its traits (``Layout``, ``PlanHooks``) and its data (the config).
-_SHARED = ("plan", "rewrite", "prepare.py", "patching.py", "collate.py", "packing.py", "buckets.py")
+_SHARED = ("plan", "rewrite", "prepare.py", "patching.py", "collate.py", "packing.py", "buckets.py", "compile_vision.py",
+           "patch_report.py", "shared_patches.py", "trainer_hook.py", "trainer_rollouts.py")
 
 
 def _display_names() -> dict[str, str]:
