@@ -3,6 +3,7 @@ without upward imports (lint-imports, where import-linter is installed: ``pip in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -31,26 +32,74 @@ def test_a_family_lives_in_its_folder(family, name):
     assert not outside, f"{family} is named outside its folder: {outside}"
 
 
-# Every family but the Qwen-VL line the shared machinery is written for, by the names its code and prose would use.
-_OTHER_FAMILIES = re.compile(r"minicpm|navit_|glm|ernie|dots3|kimi|video_?llama|paddle|hunyuan|hy[-_]?v4|cosmos|lfm|minimax|"
-                             r"muse|exaone|cohere|ovis|llava|radio|qwen3_?asr|qwen3-asr|qwen4|qsa\b", re.IGNORECASE)
+# The shared machinery: the plan and rewrite layers and the verbs that work for any family. A family's own code, and
+# its name, live in its folder; here a family is its traits (``Layout``, ``PlanHooks``) and its data (the config).
+_SHARED = ("plan", "rewrite", "items.py", "prepare.py", "patching.py", "collate.py", "packing.py", "buckets.py",
+           "compile_vision.py", "patch_report.py", "shared_patches.py", "trainer_hook.py", "trainer_rollouts.py")
 
 
-@pytest.mark.parametrize("layer", ["plan", "rewrite", "items.py"])
-def test_the_shared_layers_name_no_family_beyond_the_qwen_line(layer):
-    """``plan/``, ``rewrite/`` and the item kit hold shared machinery only: a family's own code, and its name, live in
-    its folder."""
-    paths = [PACKAGE / layer] if layer.endswith(".py") else (PACKAGE / layer).rglob("*.py")
-    named = {str(p.relative_to(PACKAGE)): sorted(set(m.lower() for m in _OTHER_FAMILIES.findall(p.read_text())))
-             for p in paths}
+def _display_names() -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables.DISPLAY
+
+
+def _parts(name: str) -> list[str]:
+    """``qwen2_5_vl`` -> ``qwen 2 5 vl``; ``Qwen2.5-VL`` the same; ``MiniCPM-V 4.6`` -> ``minicpm v 4 6``."""
+    return re.findall(r"[a-z]+|[0-9]+", name.lower())
+
+
+def _family_spellings() -> list[str]:
+    """Every name a family goes by, from the registry: each model type, each group's folder (``qwen_vl``, ``omni``:
+    the groups' names), each family's display name (``benchmarks/tables.py``), and the maker's name that every model
+    type of a group starts with (``qwen``, ``glm``)."""
+    names = set(FAMILIES) | set(GROUP_NAMES)
+    names |= {shown for key, shown in _display_names().items()
+              if any(t == key or t.startswith(key + "_") for t in FAMILIES)}
+    for group in GROUPS:
+        makers = {_parts(f.model_type)[0] for f in group.FAMILIES}
+        if len(group.FAMILIES) > 1 and len(makers) == 1:
+            names |= makers
+    return sorted(names)
+
+
+def _spelling_pattern(names) -> re.Pattern:
+    """One pattern for every spelling of ``names``: their parts joined by ``_``, ``-``, ``.``, a space or nothing, in
+    any case (``qwen2_5_vl``, ``Qwen2.5-VL``, ``Qwen2_5_VL``, ``qwen25vl``), as a whole name: not inside a longer word
+    (``museum`` is not ``muse``, ``omnibus`` not ``omni``), though ``_``, a camel-case hump and a version part words
+    (``make_omni_rope``, ``Qwen2_5_VLModel``, ``TinyQwen``, ``Qwen3``)."""
+    alternatives = sorted((r"[-_. ]?".join(map(re.escape, _parts(n))) for n in names), key=len, reverse=True)
+    starts = r"(?:(?<![A-Za-z0-9])|(?<=[a-z0-9])(?=[A-Z]))"
+    ends = r"(?:(?![A-Za-z0-9])|(?=[A-Z])|(?<=[A-Za-z])(?=[0-9]))"
+    return re.compile(starts + "(?i:" + "|".join(alternatives) + ")" + ends)
+
+
+_SPELLINGS = _spelling_pattern(_family_spellings())
+
+
+def test_the_family_check_finds_whole_names_in_any_spelling():
+    """The check below finds a family in any of its spellings, and only as a whole name; its names are the registry's,
+    the Qwen-VL line's among them."""
+    pattern = _spelling_pattern(["qwen2_5_vl", "qwen_vl", "omni", "GLM-4.1V", "MiniCPM-V 4.6", "qwen"])
+    text = "qwen2_5_vl, Qwen2.5-VL, Qwen2_5_VLModel, Qwen-VL, make_omni_rope, GLM-4.1V, MiniCPM-V 4.6, TinyQwen3"
+    assert pattern.findall(text) == ["qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VL", "Qwen-VL", "omni", "GLM-4.1V",
+                                     "MiniCPM-V 4.6", "Qwen"]
+    assert not _SPELLINGS.findall("a museum, an omnibus, a glimmering cosmology, paddles, coherent, kimono, ovist")
+    assert set(FAMILIES) | set(GROUP_NAMES) | {"qwen", "Qwen2.5-VL", "Qwen3-VL"} <= set(_family_spellings())
+
+
+@pytest.mark.parametrize("shared", _SHARED)
+def test_the_shared_code_names_no_family(shared):
+    """``plan/``, ``rewrite/`` and the verbs that work for every family hold shared machinery only: they name no
+    family, in code or prose, in any spelling (``qwen2_5_vl``, ``Qwen2.5-VL``, ``Qwen-VL``, ``Omni``, ``GLM``). A
+    family owns its name; the shared code says the trait (a tower with window attention, a position table resampled
+    per grid) and reads a family's values from its config."""
+    path = PACKAGE / shared
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    named = {str(p.relative_to(PACKAGE)): sorted(set(_SPELLINGS.findall(p.read_text()))) for p in files}
     named = {path: found for path, found in named.items() if found}
-    assert not named, f"the shared layer {layer}/ names families: {named}"
-
-
-def test_every_registered_family_is_one_the_shared_layer_check_knows():
-    """The check above names every registered family outside the Qwen-VL line (a new family is added to it)."""
-    unknown = [t for t in FAMILIES if not t.startswith("qwen") and not _OTHER_FAMILIES.search(t)]
-    assert not unknown, f"add these families to _OTHER_FAMILIES: {unknown}"
+    assert not named, f"the shared code names families: {named}"
 
 
 def test_every_shared_helper_serves_more_than_one_family_group():

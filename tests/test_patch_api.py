@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -195,6 +197,29 @@ def test_prepare_without_a_model_reads_the_placeholder_ids_from_the_token_types(
     plan = syncfree.prepare(batch)["syncfree_plan"]
     assert (plan.spec.image_token_id, plan.spec.video_token_id) == (1000, 1001)
     assert plan.n_image_tokens == int((batch["mm_token_type_ids"] == 1).sum())
+
+
+# First thing in a process (a spawned DataLoader worker): nothing has imported the family registry yet.
+_FRESH_PREPARE = """
+import sys, torch, syncfree
+assert "syncfree.families" not in sys.modules
+ids = torch.tensor([[1, 2, 151655, 151655, 151655, 151655, 3]])
+types = (ids == 151655).long()
+batch = dict(input_ids=ids, mm_token_type_ids=types, attention_mask=torch.ones_like(ids),
+             image_grid_thw=torch.tensor([[1, 4, 4]]), pixel_values=torch.zeros(16, 3 * 2 * 16 * 16))
+spec = syncfree.prepare(batch)["syncfree_plan"].spec
+from syncfree.families import FAMILIES
+print(spec.model_type, spec.spatial_merge_size, spec.num_grid_per_side, spec.image_token_id, spec.video_token_id,
+      spec.vision_module == FAMILIES[spec.model_type].layout.modeling)
+"""
+
+
+def test_prepare_without_a_model_assumes_the_published_values_a_family_declares_even_first_in_a_process():
+    """The values ``prepare(batch)`` assumes without a model are one family group's (``ASSUMED_SPEC``), registered
+    with the plan by the registry, which ``prepare`` imports for them."""
+    run = subprocess.run([sys.executable, "-c", _FRESH_PREPARE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["qwen3_vl", "2", "48", "151655", "151656", "True"]
 
 
 def test_prepare_without_a_model_or_token_types_says_to_pass_the_model(patched):

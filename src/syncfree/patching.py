@@ -104,8 +104,8 @@ def _check_wrap(family: str, where: str, target: Target, fn) -> None:
     if missing:
         raise _refuse(family, where, f"its parameters lack {missing}")
     if target.needs:
-        # (Compared without whitespace: a call the stock code breaks over lines, MiniMax-M3-VL's tower helpers,
-        # is the same code; any need found as written is found this way too.)
+        # (Compared without whitespace: a call the stock code breaks over lines, as some towers' helpers do, is the
+        # same code; any need found as written is found this way too.)
         source = "".join(inspect.getsource(inspect.unwrap(fn)).split())
         absent = [code for code in target.needs if "".join(code.split()) not in source]
         if absent:
@@ -248,10 +248,10 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     supported family) makes every training forward run the vision tower for images and for videos, on a
     one-unit dummy where the micro-batch has none, so FSDP2/DDP ranks stay in step with text-only or
     image-only micro-batches (``syncfree.rewrite.vision_in_step``; outputs unchanged). ``verbose=True`` prints
-    what was patched and what was not. ``like="qwen2_5_vl"`` patches a model whose modeling code is a copy of
-    that fully supported family under other module and class names (a ``trust_remote_code`` checkpoint, a
-    fork): each target is found in the copy by its renamed class, else by its code, and the copy is refused
-    where an edit's code differs, as any release would be (``syncfree.forks``).
+    what was patched and what was not. ``like="<model type>"`` patches a model whose modeling code is a copy of
+    that fully supported family (``syncfree.families.FAMILIES`` lists them) under other module and class names (a
+    ``trust_remote_code`` checkpoint, a fork): each target is found in the copy by its renamed class, else by its
+    code, and the copy is refused where an edit's code differs, as any release would be (``syncfree.forks``).
     """
     _check_module(model, "patch", allow_none=True)
     check_backend(vision_attention)
@@ -272,7 +272,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
                          "projector sits outside the vision tower, which the one-unit tower pass would not reach)")
     if family is not None and vision_every_step and not any(_takes_vision_every_step(m) for m in model.modules()):
-        # (a tower under another name than ``visual``, HunYuan-VL's ``vision_tower``: the pass would never be made)
+        # (a tower under another name than ``visual``, e.g. ``vision_tower``: the pass would never be made)
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
                          "vision tower is not the multimodal model's `visual`, where the one-unit tower pass runs)")
     registered = register_scoped(family) if like is not None and family is not FAMILIES.get(like) else None

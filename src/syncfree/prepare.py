@@ -10,13 +10,10 @@ from .plan import active
 from .plan.batch import PLAN_KEY, Plan, draft_plan, finish_plan, plan_inputs
 from .plan.dynamic_dims import mark_layout_dims
 from .plan.packing import Packing
-from .plan.spec import ModelSpec
+from .plan.spec import ModelSpec, assumed_spec
 from .plan.validate import check_batch, check_inputs
 
 __all__ = ["prepare", "plan_of", "plan_batch"]
-
-# Published Qwen3-VL checkpoints all use these; the forward checks them against the model.
-_QWEN3_VL_DEFAULT = ModelSpec("qwen3_vl", 2, 48, 151655, 151656, "transformers.models.qwen3_vl.modeling_qwen3_vl")
 
 _PIXELS = ("pixel_values", "pixel_values_videos", "input_features")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
@@ -44,15 +41,27 @@ def _spec(model, batch: Mapping) -> ModelSpec:
     if model is None:
         if not isinstance(batch.get("mm_token_type_ids"), torch.Tensor) and any(
                 isinstance(batch.get(n), torch.Tensor) for n in (*_PIXELS, "image_grid_thw", "video_grid_thw")):
-            # Nothing in the batch says which tokens are placeholders: Qwen3-VL's ids would be a guess (another
-            # family's batch would then count no placeholders at all).
+            # Nothing in the batch says which tokens are placeholders: the assumed family's ids would be a guess
+            # (another family's batch would then count no placeholders at all).
             raise ValueError("syncfree.prepare(batch) without a model reads the placeholder token ids from "
                              "mm_token_type_ids, and this batch has none; pass the model (or its config): "
                              "syncfree.prepare(batch, device, model)")
-        return _ids_from_types(_QWEN3_VL_DEFAULT, batch)
+        return _ids_from_types(_assumed_spec(), batch)
     if isinstance(model, ModelSpec):
         return model
     return ModelSpec.from_config(_config_of(model))
+
+
+def _assumed_spec() -> ModelSpec:
+    """The spec assumed without a model: the published values one family group declares (``ASSUMED_SPEC``), which
+    the registry registers when it is imported."""
+    from . import families  # noqa: F401  (the registry)
+
+    spec = assumed_spec()
+    if spec is None:
+        raise ValueError("syncfree.prepare(batch) without a model: no family declares the values to assume; pass the "
+                         "model (or its config): syncfree.prepare(batch, device, model)")
+    return spec
 
 
 def _config_of(model):
@@ -73,8 +82,8 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
 
     ``batch`` is the processor's output (a ``BatchFeature`` or a dict) with tensors on the CPU.
     ``model`` (or its config) supplies the merge size and token ids; without it the published
-    Qwen3-VL values are assumed (placeholder ids are read from ``mm_token_type_ids`` when present),
-    and the forward checks them against the model.
+    values of the family syncfree assumes are used (see the usage guide; placeholder ids are read
+    from ``mm_token_type_ids`` when present), and the forward checks them against the model.
 
     With a ``device``, returns exactly the keyword arguments of ``model(**kwargs)`` and
     ``model.generate(**kwargs)``, device tensors moved with pinned, non-blocking copies (grids stay
@@ -160,7 +169,8 @@ def plan_batch(batch: Mapping, spec: ModelSpec, *, ids_assumed: bool = False, pa
     check_inputs(spec, **given, ids_assumed=ids_assumed)
     draft = draft_plan(spec, **{k: batch.get(k) for k in plan_inputs()})  # every piece made once
     check_batch(draft, **given)
-    # Omni thinkers: the batch may carry the forward's use_audio_in_video flag; positions are made for it.
+    # A family with an audio encoder whose index stock computes (``rope_class``): the batch may carry the forward's
+    # use_audio_in_video flag; positions are made for it.
     return finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope_class is not None, packing)
 
 

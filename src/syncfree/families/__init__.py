@@ -2,8 +2,9 @@
 
 A family group's ``__init__`` says everything syncfree knows of its families: ``FAMILIES`` (what is patched in
 each, and how it lays out its inputs), ``PRESETS``, ``VISION_CLASSES`` and ``MODEL_CLASSES`` (how a preset
-is built), ``handles`` / ``processor_batch`` (a processor-style batch) and, where its processor takes more than
-text, images and videos, ``ITEMS``. Adding a family group is adding its folder and its name in ``GROUP_NAMES``.
+is built), ``handles`` / ``processor_batch`` (a processor-style batch), where its processor takes more than
+text, images and videos, ``ITEMS`` and, in one group, ``ASSUMED_SPEC`` (the values ``prepare(batch)`` assumes
+without a model). Adding a family group is adding its folder and its name in ``GROUP_NAMES``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import importlib
 import torch
 
 from ..items import VISUAL_ITEMS, check_items
-from ..plan.spec import register_layout
+from ..plan.spec import register_assumed_spec, register_layout
 from ..rewrite.targets import Family
 from .preset import Preset
 from .shared import MODULE_TARGETS
@@ -36,6 +37,9 @@ CENSUS_FIXES: dict = {t: fix for group in GROUPS for t, fix in getattr(group, "C
 
 for _family in FAMILIES.values():  # the plan knows a family's input layout only through this table
     register_layout(_family.model_type, _family.layout)
+for _group in GROUPS:  # the values prepare(batch) assumes without a model: the one group that declares them
+    if getattr(_group, "ASSUMED_SPEC", None) is not None:
+        register_assumed_spec(_group.ASSUMED_SPEC)
 
 
 def tiny_preset(model_type: str) -> str:

@@ -1,4 +1,4 @@
-"""The audio side of a plan (Omni thinkers): what the audio encoder derives from ``feature_attention_mask``.
+"""The audio side of a plan (``Layout.audio``): what the audio encoder derives from ``feature_attention_mask``.
 
 Stock reads the device several times per audio-encoder call to lay the mel frames out: the frames
 kept by the mask (boolean indexing), the chunk sizes (``chunk_lengths.tolist()``), the longest chunk
@@ -24,7 +24,7 @@ __all__ = ["AudioPlan", "audio_plan", "audio_plan_from_lengths", "SegmentedMax"]
 class SegmentedMax(int):
     """The longest attention window, as the int stock passes as ``max_seqlen``, carrying all the window sizes.
 
-    Omni's audio encoder hands its layers only ``cu_seqlens`` and ``max_seqlen`` (Qwen3-Omni passes no
+    The audio encoder hands its layers only ``cu_seqlens`` and ``max_seqlen`` (the windowed encoder passes no
     other keyword), so this is how the planned sizes reach the split in every layer: an int wherever stock
     uses the value, and ``.seqlens`` for the rewritten split."""
 
@@ -43,7 +43,7 @@ class SegmentedMax(int):
 class AudioPlan(DeviceFields):
     feature_lens: torch.Tensor  # (clips,) mel frames per clip, on the host (stock: feature_attention_mask.sum(1))
     chunk_sizes: tuple[int, ...]  # frames per encoder chunk, as host ints
-    chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk (Qwen2.5-Omni masks the padded chunks with it)
+    chunk_lengths: torch.Tensor  # (chunks,) frames per encoder chunk (a pooling encoder masks the padded chunks with it)
     seqlens: tuple[int, ...]  # attention window sizes after the convolutions
     max_seqlen: SegmentedMax  # made with the plan, so a compiled encoder gets it as an input, not a new object
     cu_seqlens: torch.Tensor  # (windows + 1,) int32
@@ -51,7 +51,7 @@ class AudioPlan(DeviceFields):
     frame_positions: torch.Tensor | None  # flat positions of the mask's ones (None: planned from lengths alone)
     n_frames: int  # ones in feature_attention_mask
     n_outputs: int  # encoder output frames: what the audio placeholders must number
-    pool_indices: torch.Tensor | None = None  # Qwen2.5-Omni: the stride-2 average pooling after the layers
+    pool_indices: torch.Tensor | None = None  # a pooling encoder's stride-2 average pooling after the layers
     device: str = "cpu"
 
     _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
@@ -80,11 +80,11 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
     stand_in = torch.empty(1, int(lens.sum()), device="meta")
     _, chunk_lengths = module.chunk_and_pad_features(stand_in, lens, n_window)
     pool = None
-    if hasattr(module, "get_pool_indices"):  # Qwen2.5-Omni: attention per chunk after one conv, then pooling
+    if hasattr(module, "get_pool_indices"):  # a pooling encoder: attention per chunk after one conv, then pooling
         valid = module.get_valid_indices(chunk_lengths)
         cu = module.get_audio_cu_seqlens(chunk_lengths)
         pool = module.get_pool_indices(lens)
-    else:  # Qwen3-Omni: three convs per chunk, attention in windows of n_window_infer frames
+    else:  # a windowed encoder: three convs per chunk, attention in windows of n_window_infer frames
         valid = module.get_valid_indices(chunk_lengths, n_window)
         cu = module.get_audio_cu_seqlens(chunk_lengths, lens, n_window_infer, n_window)
     seqlens = tuple((cu[1:] - cu[:-1]).tolist())  # host tensors: no device involved

@@ -1,4 +1,4 @@
-"""The host-side plan: everything a Qwen-VL forward derives from its small control tensors, computed once.
+"""The host-side plan: everything a multimodal forward derives from its small control tensors, computed once.
 
 ``grid_thw``, ``input_ids``, ``mm_token_type_ids`` and ``attention_mask`` come
 out of the processor on the CPU. Everything the forward needs from them for
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from .audio import AudioPlan
+from .audio_rope import audio_fields, audio_rope
 from .checksum import device_weights, host_checksums, weights_length
 from .errors import StalePlan, stale
 from .hooks import plan_inputs
 from .items_per_row import items_per_row, items_per_row_by_count, kept_sizes
-from .omni import omni_fields, omni_rope
 from .packing import Packing, packing_from_positions, restarts_without_text_row
 from .rope_host import rope_index_host
 from .rope_stock import stock_rope_index
@@ -63,14 +63,14 @@ class Plan(DeviceFields):
     video: VisionPlan | None
     n_image_tokens: int  # placeholders in the tokens, as stock get_placeholder_mask counts them
     n_video_tokens: int
-    position_ids: torch.Tensor | None  # (axes, B, S), as get_rope_index returns them (3 axes in Qwen-VL); or None
+    position_ids: torch.Tensor | None  # (axes, B, S), as get_rope_index returns them (3 axes: M-RoPE); or None
     rope_deltas: torch.Tensor | None  # (B, 1)
     host_mask: torch.Tensor | None  # the 2D attention mask (its values as given), on the host; None without one
     host: dict  # the host inputs the plan was built from (kept to rebuild it for an expanded batch)
     images_per_row: tuple[int, ...] = ()
     videos_per_row: tuple[int, ...] = ()
     device: str = "cpu"
-    # Omni thinkers: the audio encoder's plan, the audio placeholders, and the flag the positions were made for.
+    # A family with an audio encoder: its plan, the audio placeholders, and the flag the positions were made for.
     audio: AudioPlan | None = None
     n_audio_tokens: int = 0
     use_audio_in_video: bool = False
@@ -108,7 +108,7 @@ class Plan(DeviceFields):
         return self.n_image_tokens + self.n_video_tokens
 
     def to(self, device) -> "Plan":
-        # (Positions made later for the other Omni flag are made again on the new device.)
+        # (Positions made later for the other use_audio_in_video flag are made again on the new device.)
         moved = dataclasses.replace(super().to(device), rope_cache={}, weights_made={})
         if moved.checksums is not None and moved.checksums.device.type != "cpu":
             # The checksum weights are made on the device as the plan arrives there (queued, no wait), not in the
@@ -123,13 +123,14 @@ class Plan(DeviceFields):
             return self
         return super().pin_memory()
 
-    def omni_positions(self, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """An Omni thinker's 3D positions for this flag (the plan's own, or made on the host now: no wait)."""
+    def positions_for_audio_in_video(self, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The 3D positions for this ``use_audio_in_video`` flag, where stock's index interleaves audio and video
+        (``Layout.rope_class``): the plan's own, or made on the host now (no wait)."""
         flag = bool(use_audio_in_video)
         if flag == self.use_audio_in_video:
             return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
         if flag not in self.rope_cache:
-            found = omni_rope(self.spec, self.host, self.host_mask, flag)
+            found = audio_rope(self.spec, self.host, self.host_mask, flag)
             self.rope_cache[flag] = tuple(move(t, self.device) for t in found) if found is not None else None
         return self.rope_cache[flag]
 
@@ -184,8 +185,8 @@ class Plan(DeviceFields):
             raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
         k = rows // own
         if self.spec.rope_class is not None:
-            # An Omni thinker's generate() repeats every batch tensor row by row (GenerationMixin's default):
-            # the plan describes what the forward will then be given.
+            # Where stock's index interleaves audio and video, generate() repeats every batch tensor row by row
+            # (GenerationMixin's default): the plan describes what the forward will then be given.
             return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video,
                               **rows_repeated(self.host, k)).to(self.device)
         expand = self.spec.hooks.expand or expanded_inputs
@@ -331,8 +332,9 @@ def build_plan(spec: ModelSpec, *, use_audio_in_video: bool = False, **inputs) -
 
 
 def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing | None = None) -> Plan:
-    """The rest of the plan: 3D positions (or the Omni thinkers' pieces), items per row, checksums. ``packing``: a
-    packed batch's segments; its call gives each sample's own positions, so none are made for the rows."""
+    """The rest of the plan: 3D positions (or stock's audio index and the audio encoder's plan), items per row,
+    checksums. ``packing``: a packed batch's segments; its call gives each sample's own positions, so none are made
+    for the rows."""
     spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
     if packing is None and mask is None:  # (a padding-free packed batch made elsewhere: its text row says so)
         packing = packing_from_positions(host.get("position_ids"), tuple(types.shape))
@@ -347,20 +349,20 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
         position_ids, rope_deltas = None, None
         extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
                      else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host), packing=packing)
-    elif spec.rope_class is not None:  # an Omni thinker: stock's index on the host, the audio encoder's plan
-        found = omni_rope(spec, host, mask, bool(use_audio_in_video))
+    elif spec.rope_class is not None:  # audio and video interleaved: stock's index on the host, the audio plan
+        found = audio_rope(spec, host, mask, bool(use_audio_in_video))
         position_ids, rope_deltas = found if found else (None, None)
-        extra = omni_fields(spec, host, bool(use_audio_in_video))
+        extra = audio_fields(spec, host, bool(use_audio_in_video))
     elif spec.hooks.positions is not None:  # the family's own index on the host (and what it leaves for decoding)
         extra = spec.hooks.positions(spec, host)
         position_ids, rope_deltas = extra.pop("position_ids"), extra.pop("rope_deltas")
         extra.update(items_per_row(spec, draft.runs, draft.video))
     else:
-        position_ids, rope_deltas, stock_rope = _qwen_vl_rope(spec, host, mask, draft.image or draft.video)
+        position_ids, rope_deltas, stock_rope = _mrope_index(spec, host, mask, draft.image or draft.video)
         extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
                      else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host),
                      stock_rope=stock_rope)
-        if spec.audio_token_id is not None and host["input_ids"] is not None:  # (audio placeholders without an Omni audio plan)
+        if spec.audio_token_id is not None and host["input_ids"] is not None:  # (audio placeholders without an audio plan)
             extra["n_audio_tokens"] = int((host["input_ids"] == spec.audio_token_id).sum())
     if spec.hooks.fields is not None:  # (what the family adds: its audio encoder's plan)
         extra.update(spec.hooks.fields(spec, host))
@@ -372,10 +374,11 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
     )
 
 
-def _qwen_vl_rope(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
-    """syncfree's Qwen2-VL-style index, where stock's would compute one: (positions, deltas, False); Nones where
-    none is computed; (None, None, True) where only stock's own index gives stock's answer (runs that do not
-    match their grids, a row with no kept token: stock fails or places positions its own way)."""
+def _mrope_index(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
+    """The shared 3D rotary index (M-RoPE: ``rope_host.rope_index_host``, or the family's own host index), where
+    stock's would compute one: (positions, deltas, False); Nones where none is computed; (None, None, True) where
+    only stock's own index gives stock's answer (runs that do not match their grids, a row with no kept token: stock
+    fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
     if ids is not None and ids.dtype != torch.long and has_vision and (spec.mrope or spec.host_rope_class is not None):
         # Stock's index makes its positions in the ids' dtype and writes int64 ones into them: int32 ids fail there

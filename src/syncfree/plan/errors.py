@@ -16,12 +16,12 @@ class GridError(ValueError, RuntimeError, IndexError):
 
 class GridShapeError(ValueError, IndexError):
     """A grid that is not (N, 3) (a column short, say): stock's ``grid[:, 2]`` and its row unpacking raise
-    ``IndexError`` (Qwen3-VL, Qwen3.5 and others) or ``ValueError``."""
+    ``IndexError`` (most families) or ``ValueError``."""
 
 
 class GridDtypeError(ValueError, NotImplementedError, TypeError):
-    """A grid of floats: Qwen3-VL's ``repeat_interleave`` has no kernel for it (``NotImplementedError``), and
-    Qwen2-VL's ``reshape`` takes no float sizes (``TypeError``)."""
+    """A grid of floats: a tower's ``repeat_interleave`` has no kernel for it (``NotImplementedError``), and another's
+    ``reshape`` takes no float sizes (``TypeError``)."""
 
 
 class MaskShapeError(ValueError, IndexError):

@@ -1,7 +1,7 @@
 """What a family adds to the shared plan: its ``PlanHooks``, declared in the family's folder and called by the plan.
 
-The plan in this package is the Qwen-VL one: token types, placeholder runs, vision plans from ``*_grid_thw`` rows,
-a 3D rotary index. A family whose batch carries more control inputs, whose grids come another way, or whose
+The plan in this package is the shared one: token types, placeholder runs, vision plans from ``*_grid_thw`` rows,
+a 3D rotary index (M-RoPE). A family whose batch carries more control inputs, whose grids come another way, or whose
 positions are its own says so in its ``PlanHooks`` (``Layout.plan``) instead of adding a flag to the shared layout:
 the plan calls what the family declares and knows nothing else of it.
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 __all__ = ["PlanHooks", "SHARED_INPUTS", "register_inputs", "plan_inputs"]
 
-# The control inputs every Qwen-VL-style plan reads (host copies, checksums, staleness checks).
+# The control inputs every plan reads (host copies, checksums, staleness checks).
 SHARED_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
                  "second_per_grid_ts", "position_ids")
 
 
 @dataclass(frozen=True)
 class PlanHooks:
-    """A family's part of the plan. Every field is optional; the defaults are the Qwen-VL plan's behaviour."""
+    """A family's part of the plan. Every field is optional; the defaults are the shared plan's behaviour."""
 
     # Control inputs beyond ``SHARED_INPUTS`` that the plan keeps host copies of, checks and hands the forward.
     inputs: tuple[str, ...] = ()
@@ -41,12 +41,12 @@ class PlanHooks:
     # ``tower_grid(spec, host, image_tokens)``: the image grids the tower sees, where they are not all the given ones.
     tower_grid: Callable | None = None
     # ``positions(spec, host) -> dict``: the family's own rotary positions as Plan fields (``position_ids``,
-    # ``rope_deltas`` and what else its index leaves), instead of the Qwen-VL index.
+    # ``rope_deltas`` and what else its index leaves), instead of the shared M-RoPE index.
     positions: Callable | None = None
     # ``rope_index(spec, host, mask) -> (position_ids, rope_deltas) | None``: the family's own rotary index
     # (``Layout.host_rope_class``) computed on the host copies without stock's token-by-token walk, exactly stock's
     # numbers; None where it does not model the batch's layout (the plan then runs stock's own index on the host).
-    # An Omni thinker's (``Layout.rope_class``) is also given ``use_audio_in_video=``.
+    # One that interleaves audio and video (``Layout.rope_class``) is also given ``use_audio_in_video=``.
     rope_index: Callable | None = None
     # ``fields(spec, host) -> dict``: Plan fields the family adds (its audio encoder's plan).
     fields: Callable | None = None

@@ -87,8 +87,8 @@ def rows_of(lengths: list[int], max_tokens: int, first_fit: bool = False) -> lis
 
 
 def packing_from_positions(position_ids, shape: tuple[int, int]) -> Packing | None:
-    """The packing of a batch whose given positions are a text row and 3D rows, ``(4, B, S)`` (Qwen-VL's padding-free
-    layout), where the text row restarts inside a row: segments as Transformers' ``find_packed_sequence_indices``
+    """The packing of a batch whose given positions are a text row and 3D rows, ``(4, B, S)`` (the M-RoPE families'
+    padding-free layout), where the text row restarts inside a row: segments as Transformers' ``find_packed_sequence_indices``
     reads them (a new one wherever a position is not the one before plus 1). None for any other batch."""
     if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 3 or position_ids.shape[0] != 4 \
             or tuple(position_ids.shape[1:]) != tuple(shape) or position_ids.device.type != "cpu":

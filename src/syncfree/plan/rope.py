@@ -1,6 +1,6 @@
-"""The 3D rotary position index of the Qwen-VL family (M-RoPE), computed without a single host sync.
+"""The shared 3D rotary position index (M-RoPE), computed without a single host sync.
 
-Stock ``get_rope_index`` (``Qwen3VLModel``, ``Qwen2_5_VLModel``, ``Qwen2VLModel``) walks each batch
+Stock ``get_rope_index`` (the multimodal ``*Model`` of each family with this index) walks each batch
 row in Python: it drops padding with a boolean mask, groups the token types with ``itertools.groupby``
 over ``.tolist()``, pulls grids with ``next(iter(grid))`` and ``.item()``, and builds the deltas with
 ``torch.tensor(list)``. Every one of those reads device memory on the host. Here the same numbers come
@@ -15,10 +15,10 @@ and the host never waits:
   compacted row.
 * Grids by ordinal. Runs of one modality take grids in order across the whole
   batch, so a ``cumsum`` over the flattened (row-major) start flags numbers
-  every run; ``index_select`` fetches its grid. In Qwen3-VL a video contributes
-  one run per temporal frame, so the frame ordinal is mapped to its video by
-  ``searchsorted`` on the cumulative ``t``'s instead of expanding the grids with
-  a value-dependent ``repeat_interleave``. In Qwen2/2.5-VL a video is one run.
+  every run; ``index_select`` fetches its grid. Where each frame is its own run,
+  a video contributes one run per temporal frame, so the frame ordinal is mapped
+  to its video by ``searchsorted`` on the cumulative ``t``'s instead of expanding
+  the grids with a value-dependent ``repeat_interleave``. Elsewhere a video is one run.
 * Offsets as a prefix sum. Each text token advances the running position by 1
   and each vision run by ``max(h, w) // merge``; putting that advance on the run's
   first token and taking an exclusive ``cumsum`` gives every run its start.
@@ -27,16 +27,16 @@ and the host never waits:
 
 The families differ only in how videos are laid out and timed (keyword-only parameters):
 
-=====================  ===================  =====================  ===================
-caller                 split_video_frames   tokens_per_second      truncate_seconds
-=====================  ===================  =====================  ===================
-Qwen3-VL (-MoE)        True (default)       None                   False
-Qwen2-VL               False                None                   False
-Qwen2.5-VL, TF 5.24    False                config value           False
-Qwen2.5-VL, TF 5.17    False                config value           True
-=====================  ===================  =====================  ===================
+==============================================  ===================  =================  ================
+family's layout (``Layout``)                    split_video_frames   tokens_per_second  truncate_seconds
+==============================================  ===================  =================  ================
+each frame a run (``frames_as_runs``)           True (default)       None               False
+one run per video                               False                None               False
+video time scale (``video_time_scale``), 5.24   False                config value       False
+video time scale, Transformers 5.17             False                config value       True
+==============================================  ===================  =================  ================
 
-Qwen2.5-VL also passes the processor's ``second_per_grid_ts``. All families advance the position
+A video time scale also passes the processor's ``second_per_grid_ts``. All families advance the position
 after a vision run by ``max(h, w) // merge``, even when a video's time axis runs past it.
 """
 
@@ -65,7 +65,7 @@ def _grid_rows(grid: torch.Tensor | None, device: torch.device) -> torch.Tensor:
 
 def time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds: bool,
                 device: torch.device) -> tuple[torch.Tensor, int | None]:
-    """Qwen2.5-VL's temporal position step per frame of each video, and how many videos it covers.
+    """The temporal position step per frame of each video (a video time scale), and how many videos it covers.
 
     Stock computes ``tokens_per_second * seconds`` per video (seconds 1 when none are given) and then
     ``(arange(t) * step).long()``; Transformers 5.17 took ``int(seconds)`` first and skipped ``.long()``
@@ -90,7 +90,7 @@ def time_steps(tokens_per_second, second_per_grid_ts, truncate_seconds: bool,
 
 def check_options(tokens_per_second, second_per_grid_ts, truncate_seconds: bool, split_video_frames: bool) -> None:
     if tokens_per_second is None and (second_per_grid_ts is not None or truncate_seconds):
-        raise ValueError("second_per_grid_ts and truncate_seconds need tokens_per_second (Qwen2.5-VL)")
+        raise ValueError("second_per_grid_ts and truncate_seconds need tokens_per_second (a video time scale)")
     if split_video_frames and tokens_per_second is not None:
         raise ValueError("video time scaling (tokens_per_second) applies to whole-video runs: "
                          "pass split_video_frames=False")
@@ -100,18 +100,18 @@ def rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw
                *, spatial_merge_size: int, split_video_frames: bool = True, tokens_per_second: int | None = None,
                second_per_grid_ts=None, truncate_seconds: bool = False,
                video_temporal_merge: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same result as stock ``get_rope_index`` of Qwen3-VL (default), Qwen2-VL or Qwen2.5-VL, with no host sync.
+    """Same result as stock ``get_rope_index`` of a family with this index (each of the layouts above), with no host
+    sync.
 
     Args:
         spatial_merge_size: ``config.vision_config.spatial_merge_size``.
-        split_video_frames: True (Qwen3-VL): each video frame is its own run of ``h*w/merge**2`` tokens
-            (with timestamp text between frames), matched to the videos' frames in order. False
-            (Qwen2/2.5-VL): a whole video is one run of ``t*h*w/merge**2`` tokens, whose temporal
-            position is ``start + frame * step``.
-        tokens_per_second: Qwen2.5-VL only (``config.vision_config.tokens_per_second``): the video time
-            step becomes ``tokens_per_second * second_per_grid_ts[video]``. None: step 1 (Qwen2-VL,
-            and Qwen3-VL, which has no time axis inside a run). Images are never scaled.
-        second_per_grid_ts: Qwen2.5-VL's seconds per temporal grid, one per video (a tensor, as the
+        split_video_frames: True (the default): each video frame is its own run of ``h*w/merge**2`` tokens
+            (with timestamp text between frames), matched to the videos' frames in order. False: a whole
+            video is one run of ``t*h*w/merge**2`` tokens, whose temporal position is ``start + frame * step``.
+        tokens_per_second: a video time scale only (``config.vision_config.tokens_per_second``): the video time
+            step becomes ``tokens_per_second * second_per_grid_ts[video]``. None: step 1 (also where each frame
+            is its own run, with no time axis inside a run). Images are never scaled.
+        second_per_grid_ts: the processor's seconds per temporal grid, one per video (a tensor, as the
             processor gives it, or a list of Python numbers); None counts 1 second per video. Expected >= 0.
         truncate_seconds: older Transformers (5.17 does, 5.24 does not): ``int(seconds)`` before scaling
             (a 0.5 s grid gets step 0). False: scale the seconds as they are, truncate the product.

@@ -5,8 +5,8 @@ what a device needs (no data-dependent shapes, so no wait). On the host, data-de
 nothing, and PyTorch's fixed cost per op (several microseconds, plus a fan-out over intra-op threads on a
 busy machine) dominated the plan. So here the kept tokens are compacted once, cut into runs (a few per
 image, frame or text span), everything but the final positions is computed per run, and the positions
-take about fifteen passes over the tokens. The arithmetic is integer and exact, except Qwen2.5-VL's video
-time step, computed in the dtype PyTorch's promotion gives it (float32 for the processor's float32
+take about fifteen passes over the tokens. The arithmetic is integer and exact, except a video time scale's
+step, computed in the dtype PyTorch's promotion gives it (float32 for the processor's float32
 seconds). ``tests/test_rope*.py`` check it against ``rope_index`` and stock on every layout they draw.
 """
 
@@ -142,7 +142,7 @@ def _positions(types, keep, images, videos, steps, merge: int, split_video_frame
     token_base = np.repeat(base, lengths)
     width = np.repeat(wm.astype(small), lengths)
     if (t[vision] == 1).all() and step is None:
-        # Every vision run is one frame (images; Qwen3-VL's video frames): each token's frame is 0 and its place in
+        # Every vision run is one frame (images; video frames as runs): each token's frame is 0 and its place in
         # the frame its place in the run, without a division per token.
         frame, rest = 0, k
     else:

@@ -13,7 +13,8 @@ import torch
 from .hooks import PlanHooks, register_inputs
 from .rope_stock import host_rope_key, rope_config_key
 
-__all__ = ["Layout", "PositionTable", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size"]
+__all__ = ["Layout", "PositionTable", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size",
+           "register_assumed_spec", "assumed_spec"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class PositionTable:
     # patch_size), or the vision config attribute that holds it.
     side: str = "num_position_embeddings"
     # The class whose ``self.interpolation_align_corners = ...`` says how it is resampled (it changed between
-    # releases); None: align_corners=True, as Qwen3-VL's helpers take it.
+    # releases); None: align_corners=True, the helpers' fixed choice where no class says.
     align_corners_from: str | None = None
     mode: str = "bilinear"  # stock's interpolation mode (``mode=``: "bicubic" takes 16 taps)
     swap_hw: bool = False  # read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``)
@@ -37,11 +38,12 @@ class Layout:
     """How a family lays out its inputs: what the plan and the rope index need to know about it."""
 
     modeling: str  # the Transformers modeling module holding the family's classes and vision helpers
-    table: PositionTable | None = None  # a learned position table, resampled to each grid (Qwen3-VL's vision tower)
-    frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between (Qwen3-VL)
-    windows: bool = False  # window attention in the vision tower (Qwen2.5-VL)
-    video_time_scale: bool = False  # video positions step by tokens_per_second * seconds (Qwen2.5-VL)
-    # Omni thinkers: an audio encoder, and a rope index the plan runs as stock on the host (defined on this class).
+    table: PositionTable | None = None  # a learned position table in the vision tower, resampled to each grid
+    frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between
+    windows: bool = False  # window attention in the vision tower
+    video_time_scale: bool = False  # video positions step by tokens_per_second * seconds
+    # An audio encoder, and a rotary index interleaving audio and video by time that the plan runs as stock on the
+    # host (defined on this class).
     audio: bool = False
     rope_class: str | None = None
     # 3D rotary positions (M-RoPE) from a get_rope_index; False: the text model numbers tokens 0..S-1 itself, so
@@ -61,7 +63,7 @@ class Layout:
     # image_size // patch_size on a side).
     tower_merge: int | None = None
     pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
-    # The tower ends in the projector to the text width (Qwen-VL); False where a projector outside it follows:
+    # The tower ends in the projector to the text width (its merger); False where a projector outside it follows:
     # vision_every_step's one-unit tower pass would not reach that projector.
     tower_holds_projector: bool = True
     # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (a resampler): a
@@ -71,7 +73,7 @@ class Layout:
     # ``video_merge_sizes``) instead of a config value: the plan keeps them on the host per item.
     item_merge_sizes: bool = False
     # A rotary index of the family's own that the plan runs as stock on the host (``rope_stock.stock_rope_index``):
-    # the class defining it. Unlike ``rope_class``, a Qwen-VL-style batch (no audio).
+    # the class defining it. Unlike ``rope_class``, a batch of text, images and videos (no audio).
     host_rope_class: str | None = None
     # Placeholders beyond the merged patches: tokens the merger appends to each merged row (a newline column: 1) and
     # to each image (begin and end embeddings: 2).
@@ -94,7 +96,7 @@ class Layout:
     merge_attr: str = "spatial_merge_size"
     window_from_table: bool = False
     pixel_shuffle: bool = False
-    # Audio placeholders (``config.audio_token_id``) the plan counts, without the Omni thinkers' pieces.
+    # Audio placeholders (``config.audio_token_id``) the plan counts, without an audio encoder's plan (``audio``).
     audio_tokens: bool = False
     # A tower with a ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size`` that, after its encoder, averages
     # each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
@@ -145,6 +147,23 @@ def layout_of(model_type: str) -> Layout | None:
     return _LAYOUTS.get(model_type)
 
 
+# The spec ``prepare(batch)`` assumes without a model: a family's published values, which its group declares and
+# ``syncfree.families`` registers here (the forward checks them against the model).
+_ASSUMED: list[ModelSpec] = []
+
+
+def register_assumed_spec(spec: ModelSpec) -> None:
+    if _ASSUMED and _ASSUMED[0] != spec:
+        raise ValueError(f"syncfree: two specs to assume without a model: {_ASSUMED[0].model_type!r} and "
+                         f"{spec.model_type!r}; one family group declares it")
+    _ASSUMED[:] = [spec]
+
+
+def assumed_spec() -> ModelSpec | None:
+    """The spec ``prepare(batch)`` assumes without a model (None while no family has declared one)."""
+    return _ASSUMED[0] if _ASSUMED else None
+
+
 _PLAIN = (int, str, float, bool, type(None))
 
 
@@ -186,16 +205,17 @@ class ModelSpec:
 
     model_type: str
     spatial_merge_size: int
-    num_grid_per_side: int | None  # learned position table side (Qwen3-VL); None: no interpolation
+    num_grid_per_side: int | None  # learned position table side (Layout.table); None: no interpolation
     image_token_id: int
     video_token_id: int
     vision_module: str  # where the stock vision helpers live (a transformers modeling module)
-    window_size: int | None = None  # window attention (Qwen2.5-VL)
+    window_size: int | None = None  # window attention (Layout.windows)
     patch_size: int = 16
-    split_video_frames: bool = True  # Qwen3-VL: one placeholder run per frame; Qwen2/2.5: one per video
-    tokens_per_second: float | None = None  # Qwen2.5-VL video time scaling
+    split_video_frames: bool = True  # one placeholder run per frame (Layout.frames_as_runs); False: one per video
+    tokens_per_second: float | None = None  # video time scaling (Layout.video_time_scale)
     truncate_seconds: bool = False  # Transformers <= 5.17 truncated second_per_grid_ts to int before scaling
-    # Omni thinkers: audio placeholders, the audio encoder's windows, and the stock rope index run on the host.
+    # An audio encoder (Layout.audio): audio placeholders, the encoder's windows, and the stock rope index run on the
+    # host.
     audio_token_id: int | None = None
     audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
     rope_class: str | None = None  # the class whose stock get_rope_index the plan runs on the host
@@ -242,14 +262,15 @@ class ModelSpec:
                        **family)
         vc = config.vision_config
         module = layout.vision_modeling or layout.modeling
-        omni = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
+        audio_and_index = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
         if layout.audio:
             ac = config.audio_config
-            omni = dict(audio_token_id=config.audio_token_id, audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
-                        rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
+            audio_and_index = dict(audio_token_id=config.audio_token_id,
+                                   audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
+                                   rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
         if layout.host_rope_class is not None:
-            omni = dict(host_rope_class=layout.host_rope_class, rope_key=host_rope_key(config, layout.plan.rope_config),
-                        config=config)
+            audio_and_index = dict(host_rope_class=layout.host_rope_class,
+                                   rope_key=host_rope_key(config, layout.plan.rope_config), config=config)
         return cls(
             model_type, _spatial_merge(config, layout), _table_side(vc, layout),
             config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
@@ -266,7 +287,7 @@ class ModelSpec:
             temporal_position_ids=layout.temporal_position_ids,
             video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
             temporal_pooling=_pool_kernel(vc, layout), interp_mode=_table(layout).mode,
-            **_tower_options(vc, layout), **omni, **family,
+            **_tower_options(vc, layout), **audio_and_index, **family,
         )
 
     def value(self, name: str):
@@ -417,11 +438,11 @@ def _table_side(vc, layout: Layout) -> int | None:
 
 @_source_fact
 def _truncates_seconds(module_name: str) -> bool:
-    # Older Transformers computed Qwen2.5-VL's video time step as tokens_per_second * int(seconds).
+    # Older Transformers computed the video time step (Layout.video_time_scale) as tokens_per_second * int(seconds).
     import inspect
 
     module = importlib.import_module(module_name)
-    # (The module's class that defines the rotary index: Qwen2.5-VL's, or a copy's under another name.)
+    # (The module's class that defines the rotary index: the family's, or a copy's under another name.)
     holders = [v.__dict__["get_rope_index"] for v in vars(module).values()
                if isinstance(v, type) and v.__module__ == module_name and "get_rope_index" in v.__dict__]
     return any("int(next(second_per_grid_ts))" in inspect.getsource(fn) for fn in holders)

@@ -67,7 +67,7 @@ def check_inputs(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, att
                  feature_attention_mask=None, input_features=None, ids_assumed: bool = False, **_) -> None:
     """What can be checked before planning: the tokens' shapes and placeholder ids, and the audio features."""
     _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
-    if spec.audio_window is not None:  # (an Omni thinker's audio encoder; other audio needs no check here)
+    if spec.audio_window is not None:  # (an audio encoder's plan, Layout.audio; other audio needs no check here)
         _check_audio(spec, input_ids, feature_attention_mask, input_features)
 
 
@@ -76,7 +76,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
     """Raise ``ValueError`` naming the first inconsistency between tokens, grids and pixels, on the draft of
     the plan (its vision plans and placeholder runs: everything is derived once)."""
     spec = draft.spec
-    # The seconds per video's temporal patch: Qwen2.5-VL's name, and the Omni processors' name.
+    # The seconds per video's temporal patch: the shared name, and the name of processors with an audio encoder.
     seconds, seconds_name = second_per_grid_ts, "second_per_grid_ts"
     if spec.audio_window is not None:
         seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
@@ -106,13 +106,13 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
             raise ValueError(f"{words} ({grids} describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
         runs = draft.runs.lengths_of(kind)
-        if kind == 2 and spec.split_video_frames:  # Qwen3-VL: each frame between its own start/end tokens
+        if kind == 2 and spec.split_video_frames:  # each frame between its own start/end tokens
             expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
             unit = "video frame"
         else:
             expected, unit = list(vp.split_sizes), name
         if runs != expected and spec.mrope and not (kind == 2 and spec.audio_token_id is not None):
-            # (An Omni video carrying its audio has its pads interleaved with the audio's: runs do not apply.
+            # (A video carrying its audio has its pads interleaved with the audio's: runs do not apply.
             # Without 3D positions, stock places features in token order whatever the runs.)
             rule = (f"t*(h/m)*(w/m + {spec.row_extra_tokens}) + {spec.item_extra_tokens}, m = {spec.spatial_merge_size}"
                     if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (with extra tokens)
@@ -137,7 +137,8 @@ def grid_name(spec: ModelSpec, kind: int) -> str:
 
 
 def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_features) -> None:
-    """Omni thinkers: the audio placeholders against the audio features the batch carries."""
+    """An audio encoder's plan (``Layout.audio``): the audio placeholders against the audio features the batch
+    carries."""
     tokens = int((input_ids == spec.audio_token_id).sum()) if input_ids is not None else 0
     if feature_attention_mask is None:
         if input_features is not None:

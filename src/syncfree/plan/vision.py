@@ -42,7 +42,7 @@ class VisionPlan(DeviceFields):
     # per-patch values are expanded from it
     table_spec: TableSpec
     tables_by_device: bool  # built on the device (the installed stock helpers checked), else stock's on the host
-    cu_window_seqlens: torch.Tensor | None = None  # window attention (Qwen2.5-VL)
+    cu_window_seqlens: torch.Tensor | None = None  # window attention (Layout.windows)
     windows: torch.Tensor | None = None  # (len(WINDOW), windows) int64: host integers per window, moved with the plan
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
@@ -82,8 +82,8 @@ class VisionPlan(DeviceFields):
     def tables(self, patches=None) -> dict:
         """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (with
         ``Layout.temporal_position_ids``);
-        Qwen3-VL's ``interp_indices`` / ``interp_weights`` (patches, taps) into its learned position table;
-        Qwen2.5-VL's ``window_index`` (merged patches,): made on the plan's device from ``device_grid`` (no sync,
+        ``interp_indices`` / ``interp_weights`` (patches, taps) into a learned position table (``Layout.table``);
+        a windowed tower's ``window_index`` (merged patches,): made on the plan's device from ``device_grid`` (no sync,
         nothing big uploaded), once."""
         if self.tables_made:
             return self.tables_made

@@ -2,8 +2,8 @@
 
 Stock derives four tables from ``grid_thw`` in every vision forward: the rotary (row, col) id of each
 patch (``get_vision_position_ids``), the learned position table's interpolation taps and weights
-(``get_vision_interpolation_indices_and_weights``, Qwen3-VL) and the window permutation
-(``get_vision_window_index``, Qwen2.5-VL). They grow with the patches (125k patches: 8 MB), so making them
+(``get_vision_interpolation_indices_and_weights``) and the window permutation of a tower with window
+attention (``get_vision_window_index``). They grow with the patches (125k patches: 8 MB), so making them
 on the host and uploading them would cost more host time than the syncs they save. Here they are made on
 the tensors' device by a few whole-tensor ops whose shapes come from host integers (the total patch count:
 ``arange``, ``repeat_interleave(..., output_size=)``), from the grid rows uploaded with the plan (a few
@@ -41,8 +41,8 @@ class TableSpec(NamedTuple):
 
     module: str  # the modeling module whose stock helpers these tables stand for
     merge: int
-    side: int | None  # learned position table side (Qwen3-VL), else None
-    window: int | None  # window size in pixels (Qwen2.5-VL), else None
+    side: int | None  # learned position table side (Layout.table), else None
+    window: int | None  # window size in pixels (Layout.windows), else None
     patch: int
     align_corners: bool = True  # how the learned table is resampled (stock's align_corners)
     # Each grid row has its own merge size, handed with the grid (e.g. images 1, videos 2); ``merge`` is then 1
@@ -121,7 +121,7 @@ def _decoding_columns(m: np.ndarray, across: np.ndarray, frame: np.ndarray) -> t
     return (m * m * across, m * m, frame, np.maximum(across, 1), m, np.ones_like(m))
 
 
-# The columns of ``window_columns``' table (Qwen2.5-VL's window attention): one column per window, in stock's order.
+# The columns of ``window_columns``' table (a tower's window attention): one column per window, in stock's order.
 WINDOW = ("size",  # merged patches in the window
           "place",  # where its patches start in window order
           "source",  # the merged patch at its top left, in the tower's (raster) order

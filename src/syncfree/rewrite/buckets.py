@@ -8,7 +8,7 @@ on a GPU). What makes a graph independent of the layout:
 
 * the padding is one extra segment (a grid row of ``merge x pad / merge`` patches) that attends only
   to itself, so the real patches' outputs are those of the unpadded forward;
-* every tensor the tower is handed has a shape fixed by the bucket: ``cu_seqlens`` (and Qwen2.5-VL's
+* every tensor the tower is handed has a shape fixed by the bucket: ``cu_seqlens`` (and a windowed tower's
   ``cu_window_seqlens``) are padded to their most possible segments by repeating their last value
   (empty segments), the rotary, interpolation and window tensors have a row per padded patch;
 * the attention runs over the whole packed sequence (``block_diagonal``, or ``varlen`` on a GPU that
@@ -37,8 +37,8 @@ class BucketError(ValueError):
 
 
 def default_buckets(visual) -> tuple[int, ...]:
-    """Patch counts 1024 .. 16384, doubling: a 448 px image is 784 patches of 16 px, 16384 patches is the
-    Qwen processors' default pixel budget in 16 px patches (a 2048 x 2048 image)."""
+    """Patch counts 1024 .. 16384, doubling: a 448 px image is 784 patches of 16 px, 16384 patches is a
+    processor's usual default pixel budget in 16 px patches (a 2048 x 2048 image)."""
     unit = visual.config.spatial_merge_size ** 2
     return tuple(b - b % unit for b in (1024, 2048, 4096, 8192, 16384))
 

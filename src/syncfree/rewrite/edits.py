@@ -156,7 +156,7 @@ FEATURE_SCATTER_FEATURES = (
          '_syncfree.scatter_features(inputs_embeds, video_mask, video_features, input_ids, "video")'),
 )
 
-# Qwen3-VL's *Model.forward, image and video in one batch: the deepstack features of both are
+# A *Model.forward with deepstack features, image and video in one batch: the deepstack features of both are
 # merged in placeholder order with boolean masks; by positions instead.
 DEEPSTACK_MERGE = (
     Edit("expr", "image_mask[visual_pos_masks]", "_syncfree.mask_at(image_mask, visual_pos_masks)"),
@@ -168,7 +168,7 @@ DEEPSTACK_MERGE = (
          "_syncfree.put_rows(embed_joint, video_mask_joint, vid_embed)"),
 )
 
-# Qwen3-VL's text model adds the deepstack features at the visual positions of the first layers.
+# A text model with deepstack features adds them at the visual positions of the first layers.
 DEEPSTACK_PROCESS = (
     Edit("stmt", "local_this = hidden_states[visual_pos_masks, :] + visual_embeds",
          "local_this = _syncfree.rows_at(hidden_states, visual_pos_masks, visual_embeds.shape[0]) + visual_embeds"),
@@ -191,18 +191,18 @@ ROPE_DELTAS_AFTER_CACHE = tuple(
     for length in ("cache_length", "past_key_values_length"))  # (the cache's length, as 5.25 and 5.17 name it)
 
 # Transformers' padding mask for linear-attention (gated-DeltaNet, Mamba) layers asks whether the
-# 2D mask is all ones, to skip the masking multiply (Qwen3.5's text model).
+# 2D mask is all ones, to skip the masking multiply (a text model with such layers).
 RECURRENT_MASK = (
     Edit("expr", "torch.all(attention_mask == 1)", "_syncfree.all_ones(attention_mask)"),
 )
 
-# Omni thinkers' *Model.forward puts the audio features into the audio placeholders (as FEATURE_SCATTER).
+# A *Model.forward with an audio encoder puts the audio features into the audio placeholders (as FEATURE_SCATTER).
 AUDIO_SCATTER = (
     Edit("expr", "inputs_embeds.masked_scatter(audio_mask, audio_features)",
          '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_features, input_ids, "audio")'),
 )
 
-# Omni's audio attention: the same split as the vision attention's, by the window sizes the planned
+# The audio encoder's attention: the same split as the vision attention's, by the window sizes the planned
 # max_seqlen carries (a plain int or None without a plan: then read once per cu_seqlens tensor).
 AUDIO_ATTENTION = (
     Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),

@@ -1,6 +1,6 @@
 """The generic fix: the per-block vision attention split, in any family syncfree does not fully support.
 
-About 35 model families of Transformers copied Qwen2-VL's vision attention, whose non-flash path splits
+About 35 model families of Transformers copied one family's vision attention, whose non-flash path splits
 the packed sequence with ``lengths.tolist()`` in every block, for q, k and v. Where a module's forward
 holds that exact code (``lengths = cu_seqlens[1:] - cu_seqlens[:-1]`` and one ``lengths.tolist()``),
 the line is rewritten so the sizes are read once per tower call (every block is handed the same

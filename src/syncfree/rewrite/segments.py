@@ -45,7 +45,7 @@ def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) ->
     """Vision attention's split sizes (stock: ``lengths.tolist()`` in every block, for q, k and v).
 
     The plan's host ints when the tower passed them (keyed by how many segments ``cu_seqlens``
-    describes: full and window segmentations alternate in Qwen2.5-VL). Otherwise the sizes are read
+    describes: full and window segmentations alternate in a tower with window attention). Otherwise the sizes are read
     once per ``cu_seqlens`` tensor (a tower hands the same one to every block) and kept while that
     tensor lives unchanged: one wait per tower call instead of three per block.
     """

@@ -45,9 +45,9 @@ __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_dev
            "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
            "make_ignore_causal_mask_sdpa", "make_per_sample_recurrent"]
 
-# (and audio: the Omni thinkers' features, raw waveforms)
+# (and audio: an audio encoder's features, raw waveforms)
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
-_FLAGS = ("use_audio_in_video",)  # Omni thinkers: how the tokens of a video with its audio are laid out
+_FLAGS = ("use_audio_in_video",)  # how the tokens of a video with its audio are laid out (Layout.rope_class)
 
 
 def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
@@ -167,7 +167,8 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
         # Nothing to plan: no vision, or a decode step, or no 2D device mask whose checks would read it.
         return None
     # (A text-only micro-batch on the device with a padding mask: stock's mask code reads that mask
-    # twice (the SDPA skip check; Qwen3.5's recurrent-layer check); one read here answers both.)
+    # twice (the SDPA skip check; a recurrent-layer check, in a text model with such layers); one read here answers
+    # both.)
     # No prepare(): read the small control tensors once (one wait), plan on the host, send the plan back.
     wanted = {n: given.get(n) for n in plan_inputs()}
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
@@ -273,7 +274,8 @@ def make_generate(stock):
         given["input_ids"] = inputs
         # Planned once for the whole call: generate() runs the vision encoder and the prefill on copies
         # of these tensors, which then find this plan (without prepare(): after one explicit read here).
-        # The multimodal *Model (or, where a release has none, e.g. Omni thinkers before 5.2x, this model itself).
+        # The multimodal *Model (or, where a release has none, e.g. a family with an audio encoder before 5.2x, this
+        # model itself).
         inner = getattr(self, "model", None)
         entry = resolve(inner if hasattr(getattr(inner, "config", None), "vision_config") else self, given, explicit,
                         taken=plan_inputs())
@@ -359,8 +361,8 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         traced = torch.compiler.is_compiling()
         # (traced: the tables sized by the pixels' own patch count and the segments handed over as host tensors,
         # sizes that Dynamo keeps dynamic, so the graph does not depend on the layout)
-        # (a tower handed flattened patches, (patches, channels), as the Qwen-VL towers are; other layouts keep the
-        # plan's count)
+        # (a tower handed flattened patches, (patches, channels), as the M-RoPE families' towers are; other layouts
+        # keep the plan's count)
         patches = hidden_states.shape[0] if traced and hidden_states.dim() == 2 else None
         extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced and vp.host_seqlens is not None:

@@ -99,12 +99,12 @@ def make_omni_rope_index(stock):
                 plan = entry.plan
             elif _fits_generation(entry, input_ids):  # generate()'s copy of the prompt (maybe repeated)
                 plan = entry.plan.expanded(input_ids.shape[0])
-            found = plan.omni_positions(flag) if plan is not None else None
+            found = plan.positions_for_audio_in_video(flag) if plan is not None else None
             if found is not None:
                 return found
         elif entry is None:
             plan = _registered_plan(given)
-            found = plan.omni_positions(flag) if plan is not None else None
+            found = plan.positions_for_audio_in_video(flag) if plan is not None else None
             if found is not None:
                 return found
         # No plan: one read of the control tensors, stock's index on the host, the result sent back.

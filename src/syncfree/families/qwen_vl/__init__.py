@@ -8,7 +8,7 @@ positions; Qwen2.5-VL's windows and video time scale).
 
 from __future__ import annotations
 
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import Layout, ModelSpec, PositionTable
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_per_sample_recurrent
@@ -17,7 +17,7 @@ from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
-           "qwen3_vl_targets", "QWEN3_LAYOUT"]
+           "qwen3_vl_targets", "QWEN3_LAYOUT", "ASSUMED_SPEC"]
 
 MODEL_CLASSES: dict = {}  # model_type -> class to build from a config: none needed (the auto class builds them)
 
@@ -69,6 +69,18 @@ FAMILIES: tuple[Family, ...] = (
                                   rope_needs=("tokens_per_second * ",)),
             windows=True, video_time_scale=True, **ONE_GRAPH, **PACKS),
 )
+
+
+def _published_spec(values: dict) -> ModelSpec:
+    """The plan's values of a published config: merge, position table side and placeholder token ids."""
+    vision, model_type = values["vision_config"], values["model_type"]
+    return ModelSpec(model_type, vision["spatial_merge_size"], int(vision["num_position_embeddings"] ** 0.5),
+                     values["image_token_id"], values["video_token_id"], family_module(model_type))
+
+
+# What ``prepare(batch)`` assumes without a model (registered by ``syncfree.families``): the published Qwen3-VL
+# checkpoints' values, which they all share; the forward checks them against the model.
+ASSUMED_SPEC = _published_spec(PRESETS["qwen3-vl-2b"].values)
 
 
 def handles(config) -> bool:

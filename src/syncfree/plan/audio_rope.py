@@ -1,6 +1,7 @@
-"""The Omni thinkers' part of a plan: stock's rope index run on the host, the audio encoder's plan, counts per row.
+"""The part of a plan for a family with an audio encoder whose rotary index stock computes (``Layout.rope_class``):
+that index run as stock's on the host, the audio encoder's plan, counts per row.
 
-Kept apart from ``plan.py`` (which builds the ``Plan``): what an Omni batch adds to it.
+Kept apart from ``batch.py`` (which builds the ``Plan``): what such a batch adds to it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from .audio import audio_plan
 from .rope_stock import mm_counts_per_row, stock_rope_on_host
 from .tensors import host_array
 
-__all__ = ["omni_rope", "omni_fields"]
+__all__ = ["audio_rope", "audio_fields"]
 
 
-def omni_rope(spec, host: dict, mask, use_audio_in_video: bool):
-    """Stock's Omni index on the host; None where stock does not compute it (no 2D mask) or fails."""
+def audio_rope(spec, host: dict, mask, use_audio_in_video: bool):
+    """Stock's index (audio and video interleaved by time) on the host; None where stock does not compute it (no 2D
+    mask) or fails."""
     ids = host["input_ids"]
     if ids is None or mask is None:  # (stock's compute_3d_position_ids needs both too)
         return None
@@ -32,8 +34,8 @@ def omni_rope(spec, host: dict, mask, use_audio_in_video: bool):
         return None
 
 
-def omni_fields(spec, host: dict, use_audio_in_video: bool) -> dict:
-    """The Plan fields an Omni batch adds: the audio encoder's plan, audio placeholders, counts per row."""
+def audio_fields(spec, host: dict, use_audio_in_video: bool) -> dict:
+    """The Plan fields such a batch adds: the audio encoder's plan, audio placeholders, counts per row."""
     ids, features = host["input_ids"], host["feature_attention_mask"]
     n_window, n_window_infer = spec.audio_window
     audio = audio_plan(features, spec.vision_module, n_window, n_window_infer) if features is not None else None
