@@ -155,7 +155,7 @@ class Entry:
 
     def covers(self, mask: torch.Tensor) -> bool:
         """True when a (B, S) tensor has the plan's batch shape."""
-        return tuple(mask.shape[:2]) == tuple(self.plan.batch_shape)
+        return tuple(mask.shape[:2]) == self.plan.shape
 
 
 class _Local(threading.local):

@@ -107,6 +107,12 @@ class Plan(DeviceFields):
     def n_visual_tokens(self) -> int:
         return self.n_image_tokens + self.n_video_tokens
 
+    @property
+    def shape(self) -> tuple:
+        """``batch_shape``, as the sizes ``prepare`` gave a traced forward where it made them (``shape_carrier``):
+        what a forward compares a call's (rows, tokens) with. Ints there would make a traced graph one shape's."""
+        return tuple(self.batch_shape if self.shape_carrier is None else self.shape_carrier.shape[:2])
+
     def to(self, device) -> "Plan":
         # (Positions made later for the other use_audio_in_video flag are made again on the new device.)
         moved = dataclasses.replace(super().to(device), rope_cache={}, weights_made={})

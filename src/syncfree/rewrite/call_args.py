@@ -54,4 +54,4 @@ def call_shape(given: dict) -> tuple[int, int] | None:
 
 def fits(plan, shape) -> bool:
     """True when a (rows, width) call is the plan's batch, or each of its rows repeated (generate()'s expansion)."""
-    return shape is not None and plan.batch_shape[1] == shape[1] and shape[0] % plan.batch_shape[0] == 0
+    return shape is not None and plan.shape[1] == shape[1] and shape[0] % plan.shape[0] == 0

@@ -98,9 +98,7 @@ def traced_entry(model, given: dict, explicit: Plan | None, taken) -> active.Ent
     plan.check_model(spec)
     plan.check_present({**dict.fromkeys(taken), **given})  # (one the forward takes but the call leaves out is None)
     shape = call_shape(given)
-    # (the plan's shape as sizes, not ints: an int compared with a token dimension makes the graph one shape's)
-    planned = plan.batch_shape if plan.shape_carrier is None else plan.shape_carrier.shape[:2]
-    if shape is None or tuple(planned) != tuple(shape):
+    if shape is None or plan.shape != tuple(shape):
         raise ValueError(f"this syncfree plan describes a batch of shape {plan.batch_shape} but the call has {shape}; "
                          "call syncfree.prepare() on the batch you pass")
     assert_given_match(plan, given, host_too=True)

@@ -82,7 +82,7 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
                           feature_split=FEATURE_SPLIT + _FRAME_GRID, **tower_options)
     return Family(model_type, targets, Layout(family_module(model_type), frames_as_runs=True,
                                               video_frames_as_images=True, vision_modeling=tower_module,
-                                              one_graph=True, **PACKS if packs else {}),
+                                              one_graph=True, stream=True, **PACKS if packs else {}),
                   helpers={"video_frame_rows": video_frame_rows, "video_frame_grid": video_frame_grid})
 
 
