@@ -178,3 +178,13 @@ def test_filler_images_take_exactly_the_missing_images_and_patches_or_none_when_
     if widths is not None:
         assert len(widths) == items and sum(merge * w for w in widths) == patches
         assert all(w >= merge and w % merge == 0 for w in widths)
+
+
+@given(max_tokens=st.integers(1, 10_000), max_patches=st.integers(0, 50_000), max_items=st.integers(0, 64))
+def test_powers_of_two_double_from_the_smallest_up_to_the_max_included(max_tokens, max_patches, max_items):
+    made = syncfree.Buckets.powers_of_two(max_tokens, max_patches if max_items else 0, max_items if max_patches else 0)
+    for sizes, most in ((made.tokens, max_tokens), (made.patches, max_patches), (made.items, max_items)):
+        if not sizes:
+            continue
+        assert sizes[-1] == most and all(b == 2 * a for a, b in zip(sizes[:-2], sizes[1:-1]))
+    assert made.tokens[0] == min(64, max_tokens)
