@@ -5,7 +5,7 @@ several counts and sizes, videos, text-only rows, padding) twice: stock under ``
 allowed, as it must be: stock's data-dependent reads break its graph), and patched under
 ``torch.compile(model, fullgraph=True)`` with each batch from ``syncfree.prepare``. For each: the graphs Dynamo made
 (its ``unique_graphs``), the seconds spent compiling (Dynamo's ``_compile.compile_inner``, the backend's compile
-inside it) and the wall time of the whole stream.
+inside it; Inductor's on-disk caches off, so both sides compile cold) and the wall time of the whole stream.
 
     python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v --batches 16 --out results/compile_stream.json
 
@@ -23,6 +23,7 @@ import sys
 import time
 
 import torch
+import torch._inductor.config as inductor_config
 from tqdm import tqdm
 
 import syncfree
@@ -129,10 +130,13 @@ def main(argv=None) -> int:
     families = args.families or [f for f in discover() if f in FAMILIES and layout_of(f) is not None
                                  and layout_of(f).one_graph]
     torch.set_num_threads(1)
+    # (cold compiles on both sides: Inductor's on-disk caches would serve one side what an earlier run compiled)
+    inductor_config.force_disable_caches = True
     import transformers
 
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "backend": args.backend,
-            "threads": 1, "seed": args.seed, "device": args.device, "dtype": args.dtype, "mode": args.mode}
+            "threads": 1, "seed": args.seed, "device": args.device, "dtype": args.dtype, "mode": args.mode,
+            "inductor_caches": "off"}
     rows = []
 
     def write(partial: dict | None = None) -> None:

@@ -186,11 +186,13 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
         seqlens = t * h * w
     cu_seqlens = _cumulative(seqlens)
+    # (max and sums in NumPy, before the one ``tolist`` each: a NaViT batch has thousands of crops)
+    longest, patches, features = int(seqlens.max()), int(seqlens.sum()), int(split_sizes.sum())
     seqlens, split_sizes = tuple(seqlens.tolist()), tuple(split_sizes.tolist())
     return VisionPlan(
         grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes,
-        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=cu_seqlens, device_grid=grid,
-        features_follow_patches=sum(split_sizes) * merge**2 == sum(seqlens) and not spec.segment_class_token,
+        max_seqlen=longest, n_patches=patches, cu_seqlens=cu_seqlens, device_grid=grid,
+        features_follow_patches=features * merge**2 == patches and not spec.segment_class_token,
         items=item_columns(host, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )
