@@ -60,7 +60,7 @@ _WHY_LEFT = {
 # The command that writes each recorded file (the files that record their own command are read from it).
 COMMANDS = {
     "census.json": "syncfree census --out results",
-    "compile_stream.json": "python benchmarks/compile_stream.py --families qwen2_5_vl --batches 16 "
+    "compile_stream.json": "python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v --batches 16 "
                            "--out results/compile_stream.json",
     "bench-cpu.json": "syncfree bench --device cpu --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --budget 8 "
                       "--repeats 3 --out results --name bench-cpu",
@@ -643,7 +643,9 @@ def render_compile_stream() -> str:
     head = ("family", "batches", "graphs, stock → patched", "compile s, stock → patched", "whole stream s")
     note = (f"Stock: `torch.compile(model)` on the processor's batches (graph breaks allowed); patched: "
             f"`torch.compile(model, fullgraph=True)` on batches from `syncfree.prepare`; the same stream of varied "
-            f"layouts; backend {meta.get('backend', 'inductor')}, {meta.get('threads', 1)} thread, 2 CPU cores. Stock's "
+            f"layouts; backend {meta.get('backend', 'inductor')}"
+            f"{' (cold: its on-disk caches off)' if meta.get('inductor_caches') == 'off' else ''}, "
+            f"{meta.get('threads', 1)} thread, 2 CPU cores. Stock's "
             f"frames that reach Dynamo's recompile limit (8) stop compiling and run eagerly from then on, so its "
             f"compile seconds stop growing while its graphs do not serve the stream.\n\n")
     return note + _table(head, rows, "lrrrr") + "\n" + _reproduce("compile_stream.json")
