@@ -117,3 +117,15 @@ def test_prepare_marks_its_own_tensors_for_dynamo_never_the_callers(in_worker):
     before = {name: dict(vars(value)) for name, value in batch.items() if isinstance(value, torch.Tensor)}
     syncfree.prepare(syncfree.prepare(batch, None, model) if in_worker else batch, "cpu", model)
     assert {name: dict(vars(value)) for name, value in batch.items() if isinstance(value, torch.Tensor)} == before
+
+
+@pytest.mark.slow
+def test_with_inductor_a_stream_is_within_float32_rounding_of_the_eager_logits():
+    # (Inductor fuses and reorders the arithmetic: not bitwise, within assert_close's float32 bound; 2.7e-7 seen)
+    model, preset = _model("qwen2_5_vl")
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        for i, batch in enumerate(_stream(model, preset, 4)):
+            expected = model(**syncfree.prepare(batch, "cpu", model)).logits
+            torch.testing.assert_close(compiled(**syncfree.prepare(batch, "cpu", model)).logits, expected,
+                                       msg=f"batch {i}")
