@@ -188,3 +188,13 @@ def test_powers_of_two_double_from_the_smallest_up_to_the_max_included(max_token
             continue
         assert sizes[-1] == most and all(b == 2 * a for a, b in zip(sizes[:-2], sizes[1:-1]))
     assert made.tokens[0] == min(64, max_tokens)
+
+
+def test_a_packed_batch_is_refused_by_buckets_in_one_line():
+    model = _model("qwen2_vl")
+    unit = unit_of(model.config)
+    samples = [_batch(model, [sample]) for sample in _samples(unit)]
+    packed = syncfree.packing_collator(model, max_tokens=64)(samples)
+    with pytest.raises(ValueError, match="this one is packed") as raised:
+        syncfree.prepare(packed, "cpu", model, buckets=BUCKETS)
+    assert "\n" not in str(raised.value)

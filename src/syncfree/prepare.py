@@ -146,6 +146,9 @@ def _bucketed(batch: dict, buckets, model) -> dict:
         raise ValueError("syncfree.prepare(batch, device, model, buckets=...) needs the model (or its config): its "
                          "processor's layout of an image")
     plan = batch.pop(PLAN_KEY, None)
+    if isinstance(plan, Plan) and plan.packing is not None:
+        raise ValueError("syncfree buckets pad padded batches; this one is packed (syncfree.packing_collator): its "
+                         "rows already hold samples end to end, and buckets do not take packed rows yet")
     padded = bucket_batch(batch, buckets, config, processor_batch)
     if plan is None:
         return padded
