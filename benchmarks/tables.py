@@ -60,8 +60,8 @@ _WHY_LEFT = {
 # The command that writes each recorded file (the files that record their own command are read from it).
 COMMANDS = {
     "census.json": "syncfree census --out results",
-    "compile_stream.json": "python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v --batches 16 "
-                           "--out results/compile_stream.json",
+    "compile_stream.json": "python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v qwen2_vl qwen3_5 "
+                           "--batches 16 --out results/compile_stream.json",
     "bench-cpu.json": "syncfree bench --device cpu --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --budget 8 "
                       "--repeats 3 --out results --name bench-cpu",
     "bench-cpu-compiled.json": "syncfree bench --device cpu --models qwen3-vl-2b --scenarios image-448 "
