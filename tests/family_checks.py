@@ -373,6 +373,16 @@ def two_rows(config, preset: str) -> dict:
     return batch
 
 
+def first_row_edit_cases(rows) -> dict:
+    """Hypothesis strategies for a host-index test over ``rows`` (sample layouts), either padding side, a seed, with
+    and without a mask, and a few ``edited_first_row`` edits: ``@given(**first_row_edit_cases(rows))``."""
+    from hypothesis import strategies as st
+
+    edits = st.lists(st.tuples(st.sampled_from(["drop", "insert", "retype"]), st.integers(0, 10**6), st.integers(0, 2)),
+                     max_size=3)
+    return dict(rows=rows, left=st.booleans(), seed=st.integers(0, 2**16), masked=st.booleans(), edits=edits)
+
+
 def edited_first_row(batch: dict, edits) -> dict:
     """``batch`` with its first row's kept tokens edited, ids and token types together (the other rows, and the
     padding side, as they were; the mask keeps the edited row's tokens): ``edits`` as ``(op, at, type)`` with op

@@ -18,6 +18,7 @@ from family_checks import (
     check_host_index_is_stocks,
     check_prepared_prefill_is_sync_and_copy_free,
     edited_first_row,
+    first_row_edit_cases,
     model_pair,
     standard_layouts,
     tower_graph_breaks,
@@ -152,10 +153,7 @@ def test_the_patched_towers_graph_breaks_are_its_own_grid_reads():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3), left=st.booleans(),
-       seed=st.integers(0, 2**16), masked=st.booleans(),
-       edits=st.lists(st.tuples(st.sampled_from(["drop", "insert", "retype"]), st.integers(0, 10**6),
-                                st.integers(0, 2)), max_size=3))
+@given(**first_row_edit_cases(st.lists(st.lists(items, min_size=1, max_size=4), min_size=1, max_size=3)))
 def test_the_numpy_index_is_stocks(rows, left, seed, masked, edits):
     """The plan's NumPy index (``families/hunyuan/rope.hunyuan_rope_index``) against stock's own ``get_rope_index`` run on
     the same host tensors, over random layouts (either padding, with and without a mask, text-only rows) and the same
