@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .plan.spec import ModelSpec
-from .prepare import _config_of, _spec, prepare
+from .plan.spec import ModelSpec, multimodal_config
+from .prepare import _spec, prepare
 
 __all__ = ["PlanningCollator", "planning_collator"]
 
@@ -32,8 +32,7 @@ class PlanningCollator:
     def __call__(self, features: list) -> dict:
         batch = self.collator(features)
         if self.buckets is not None:  # (padded first, then planned: the plan describes the bucketed batch)
-            batch = prepare(batch, None, self.config, buckets=self.buckets)
-            return batch
+            return prepare(batch, None, self.config, buckets=self.buckets)
         return prepare(batch, None, self.spec)
 
     def __repr__(self) -> str:
@@ -49,7 +48,7 @@ def planning_collator(collator: Callable[[list], Any], model=None, *, buckets=No
     """
     if not callable(collator):
         raise ValueError(f"planning_collator() wraps a callable data collator, got {type(collator).__name__}")
-    config = _config_of(model)
+    config = multimodal_config(model)
     if buckets is not None and config is None:
         raise ValueError("planning_collator(..., buckets=...) needs the model (or its config): its processor's "
                          "layout of an image")

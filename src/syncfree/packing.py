@@ -20,7 +20,7 @@ import torch
 
 from .plan.batch import PLAN_KEY, Plan
 from .plan.packing import packing_of, rows_of
-from .plan.spec import ModelSpec
+from .plan.spec import ModelSpec, multimodal_config
 from .prepare import _spec, plan_batch
 
 __all__ = ["PackingCollator", "packing_collator"]
@@ -202,7 +202,7 @@ def packing_collator(model, max_tokens: int, *, order: str = "given", pad_token_
     if order not in _ORDERS:
         raise ValueError(f"syncfree.packing_collator: order must be one of {_ORDERS}, got {order!r}")
     spec = _spec(model, {})
-    config = spec.config if spec.config is not None else _config_of(model)
+    config = spec.config if spec.config is not None else multimodal_config(model)
     text = getattr(config, "text_config", config)
     if pad_token_id is None:
         pad_token_id = getattr(text, "pad_token_id", None)
@@ -212,14 +212,3 @@ def packing_collator(model, max_tokens: int, *, order: str = "given", pad_token_
     if vc is not None and all(hasattr(vc, a) for a in ("in_channels", "patch_size", "temporal_patch_size")):
         width = int(vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2)
     return PackingCollator(spec, max_tokens, order, pad_token_id, width, config.model_type)
-
-
-def _config_of(model):
-    config = getattr(model, "config", model)
-    if hasattr(config, "vision_config"):
-        return config
-    for module in getattr(model, "modules", lambda: [])():
-        if hasattr(getattr(module, "config", None), "vision_config"):
-            return module.config
-    return config
-

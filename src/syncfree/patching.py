@@ -36,7 +36,7 @@ from .patch_registry import model_types as _model_types
 from .patch_registry import module_patches as _module_patches
 from .patch_registry import origin as _origin
 from .patch_registry import target_class as _target_class
-from .plan.spec import layout_of
+from .plan.spec import layout_of, multimodal_config
 from .rewrite import helpers
 from .rewrite.attention import check_backend
 from .rewrite.before_trace import add_presence_check, remove_presence_check
@@ -480,12 +480,7 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
 def packing_refusal(model) -> str | None:
     """Why ``model`` cannot take a padding-free packed batch (``syncfree.packing_collator``), in one line naming its
     family; None where it can: a fully supported family whose patched forward keeps packed samples apart, patched."""
-    config = getattr(model, "config", model)
-    if not hasattr(config, "vision_config"):  # (a PEFT wrapper: the model's own config, as prepare finds it)
-        for module in getattr(model, "modules", lambda: [])():
-            if hasattr(getattr(module, "config", None), "vision_config"):
-                config = module.config
-                break
+    config = multimodal_config(model)  # (a PEFT wrapper: the model's own config, as prepare finds it)
     model_type = getattr(config, "model_type", type(model).__name__)
     layout = layout_of(model_type)
     if layout is None:

@@ -10,7 +10,7 @@ from .plan import active
 from .plan.batch import PLAN_KEY, Plan, draft_plan, finish_plan, plan_inputs
 from .plan.dynamic_dims import mark_layout_dims
 from .plan.packing import Packing
-from .plan.spec import ModelSpec, assumed_spec
+from .plan.spec import ModelSpec, assumed_spec, multimodal_config
 from .plan.validate import check_batch, check_inputs
 
 __all__ = ["prepare", "plan_of", "plan_batch"]
@@ -49,7 +49,7 @@ def _spec(model, batch: Mapping) -> ModelSpec:
         return _ids_from_types(_assumed_spec(), batch)
     if isinstance(model, ModelSpec):
         return model
-    return ModelSpec.from_config(_config_of(model))
+    return ModelSpec.from_config(multimodal_config(model))
 
 
 def _assumed_spec() -> ModelSpec:
@@ -62,19 +62,6 @@ def _assumed_spec() -> ModelSpec:
         raise ValueError("syncfree.prepare(batch) without a model: no family declares the values to assume; pass the "
                          "model (or its config): syncfree.prepare(batch, device, model)")
     return spec
-
-
-def _config_of(model):
-    """The multimodal config of a model (or a config itself); None for a ``ModelSpec`` or nothing."""
-    if model is None or isinstance(model, ModelSpec):
-        return None
-    config = getattr(model, "config", model)
-    if not hasattr(config, "vision_config"):  # a vision tower alone, or a PEFT wrapper
-        for module in getattr(model, "modules", lambda: [])():
-            if hasattr(getattr(module, "config", None), "vision_config"):
-                config = module.config
-                break
-    return config
 
 
 def prepare(batch: Mapping, device: str | torch.device | None = None, model=None, *, buckets=None) -> dict:
@@ -141,7 +128,7 @@ def _bucketed(batch: dict, buckets, model) -> dict:
     from .buckets import bucket_batch
     from .families import processor_batch  # (the family's layout of a filler image)
 
-    config = _config_of(model)
+    config = multimodal_config(model)
     if config is None:
         raise ValueError("syncfree.prepare(batch, device, model, buckets=...) needs the model (or its config): its "
                          "processor's layout of an image")

@@ -13,8 +13,8 @@ import torch
 from .hooks import PlanHooks, register_inputs
 from .rope_stock import host_rope_key, rope_config_key
 
-__all__ = ["Layout", "PositionTable", "ModelSpec", "register_layout", "supported_model_types", "layout_of", "vision_merge_size",
-           "register_assumed_spec", "assumed_spec"]
+__all__ = ["Layout", "PositionTable", "ModelSpec", "multimodal_config", "register_layout", "supported_model_types",
+           "layout_of", "vision_merge_size", "register_assumed_spec", "assumed_spec"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,20 @@ _LAYOUTS: dict[str, Layout] = {}
 def register_layout(model_type: str, layout: Layout) -> None:
     _LAYOUTS[model_type] = layout
     register_inputs(layout.plan)
+
+
+def multimodal_config(model):
+    """The config of ``model`` that holds a vision config: its own, else the first module's that does (a vision tower
+    alone, a PEFT wrapper); a config passed as the model is itself; None for None or a ``ModelSpec``."""
+    if model is None or isinstance(model, ModelSpec):
+        return None
+    config = getattr(model, "config", model)
+    if hasattr(config, "vision_config"):
+        return config
+    for module in getattr(model, "modules", lambda: [])():
+        if hasattr(getattr(module, "config", None), "vision_config"):
+            return module.config
+    return config
 
 
 def restore_layout(model_type: str, layout: Layout | None) -> None:
