@@ -131,10 +131,9 @@ def _row_ends(batch: Mapping) -> torch.Tensor:
     return torch.where(attended, positions, 0).amax(1)
 
 
-def _images_before(batch: Mapping, row: int, image_token_id: int, images: int) -> int:
-    """How many of the batch's images come before the end of ``row`` (grids and pixels are in token order): each
-    image is one run of placeholder tokens; where the runs do not count the images, the fillers go last."""
-    ids = batch["input_ids"]
+def _images_before(ids: torch.Tensor, row: int, image_token_id: int, images: int) -> int:
+    """How many of the batch's images come before the end of ``row`` of ``ids`` (grids and pixels are in token order):
+    each image is one run of placeholder tokens; where the runs do not count the images, the fillers go last."""
     placeholder = ids == image_token_id
     starts = placeholder.clone()
     starts[:, 1:] &= ~placeholder[:, :-1]
@@ -226,7 +225,7 @@ def bucket_batch(batch: Mapping, buckets: Buckets, config, build) -> dict:
             batch[name] = grown
     if widths:
         start = int(ends[row])
-        before = _images_before({"input_ids": ids}, row, config.image_token_id, grid.shape[0])
+        before = _images_before(ids, row, config.image_token_id, grid.shape[0])
         for tokens, types in laid:
             span = slice(start, start + tokens.shape[0])
             batch["input_ids"][row, span] = tokens
