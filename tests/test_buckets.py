@@ -198,3 +198,17 @@ def test_a_packed_batch_is_refused_by_buckets_in_one_line():
     with pytest.raises(ValueError, match="this one is packed") as raised:
         syncfree.prepare(packed, "cpu", model, buckets=BUCKETS)
     assert "\n" not in str(raised.value)
+
+
+def test_a_bucketed_stream_of_layouts_is_sync_free_on_the_emulated_device():
+    model = _model("qwen3_vl")
+    with syncfree.emulate_cuda():
+        model.to("cuda")
+        try:
+            for samples in stream_layouts(6, unit_of(model.config), videos=False):
+                kwargs = syncfree.prepare(_batch(model, samples), "cuda", model, buckets=BUCKETS)
+                with syncfree.audit() as report, torch.no_grad():
+                    model(**kwargs)
+                assert report.syncs == []
+        finally:
+            model.to("cpu")
