@@ -184,7 +184,7 @@ def host_checksums(host: dict) -> torch.Tensor:
             if t is None:
                 sums.append(0)
             elif values is not None:
-                sums.append(int(np.dot(values, even[:values.shape[0]])))
+                sums.append(int(np.einsum("i,i->", values, even[:values.shape[0]])))  # (np.dot's sum, quicker)
             else:
                 sums.append(_host_checksum(t, full))
     return torch.tensor([*sums, _GAMMA, seed, key], dtype=torch.int64)

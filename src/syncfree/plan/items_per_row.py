@@ -27,8 +27,11 @@ def items_per_row_by_count(runs: Runs, image: VisionPlan | None, video: VisionPl
             continue
         chosen = runs.kinds == kind
         tokens = np.bincount(runs.rows[chosen], weights=runs.lengths[chosen], minlength=runs.n_rows)
-        sizes = kept_sizes(host, vp) if kind == 2 else vp.split_sizes  # (a compressed video: what it keeps)
-        ends = np.cumsum(np.fromiter(sizes, np.int64, len(sizes)))
+        if kind == 2:  # (a compressed video: what it keeps)
+            sizes = np.asarray(kept_sizes(host, vp), dtype=np.int64)
+        else:
+            sizes = vp.split_array if vp.split_array is not None else np.asarray(vp.split_sizes, dtype=np.int64)
+        ends = np.cumsum(sizes)
         row_ends = np.cumsum(tokens.astype(np.int64))
         # Each row must end where an item ends (or before the first): a lookup in the sorted ends, not ``np.isin``
         # (which sorts both sides: a NaViT batch has thousands of crops).

@@ -19,7 +19,7 @@ from .errors import MaskShapeError
 from .rope import check_options, rope_index, time_steps
 from .tensors import host_array
 
-__all__ = ["rope_index_host", "runs_of"]
+__all__ = ["row_runs", "rope_index_host", "runs_of"]
 
 _STEP_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
@@ -66,6 +66,16 @@ def runs_of(values: np.ndarray, row_starts: np.ndarray) -> tuple[np.ndarray, np.
     ends = np.empty_like(starts)
     ends[:-1], ends[-1:] = starts[1:], values.shape[0]
     return starts, ends - starts
+
+
+def row_runs(values: np.ndarray) -> np.ndarray:
+    """Where each run of equal rows of the 2D int64 array ``values`` (N >= 1) starts: a NaViT batch's grid has
+    thousands of crops, mostly of a few sizes side by side, and the plan computes per run, not per crop."""
+    changed = np.zeros(values.shape[0], dtype=bool)
+    changed[0] = True
+    for column in values.T:  # (column by column: a 2D comparison reduced over its rows is several times slower)
+        changed[1:] |= column[1:] != column[:-1]
+    return np.flatnonzero(changed)
 
 
 def _run_grids(kinds: np.ndarray, images, videos, merge: int, split_video_frames: bool, steps, temporal_merge: int):

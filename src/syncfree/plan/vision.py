@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .errors import GridDtypeError, GridError, GridShapeError
+from .rope_host import row_runs
 from .spec import ModelSpec
 from .tensors import DeviceFields, move
 from .vision_tables import (
@@ -66,6 +68,9 @@ class VisionPlan(DeviceFields):
     features_follow_patches: bool = field(default=False, compare=False, repr=False)
     # ``max_seqlen`` and ``max_window_seqlen`` for a traced forward, as sizes (see ``Plan.carriers``).
     carriers: dict = field(default_factory=dict, compare=False, repr=False)
+    # ``split_sizes`` as the host int64 array they were computed as (None where not made so): the plan's later steps
+    # take them whole (a NaViT batch has thousands of crops, and a tuple back to an array costs as much again).
+    split_array: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
     _TENSORS = ("cu_seqlens", "device_grid", "items", "cu_window_seqlens", "windows")
@@ -188,9 +193,11 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     cu_seqlens = _cumulative(seqlens)
     # (max and sums in NumPy, before the one ``tolist`` each: a NaViT batch has thousands of crops)
     longest, patches, features = int(seqlens.max()), int(seqlens.sum()), int(split_sizes.sum())
+    split_array = split_sizes.astype(np.int64)
+    split_array.setflags(write=False)
     seqlens, split_sizes = tuple(seqlens.tolist()), tuple(split_sizes.tolist())
     return VisionPlan(
-        grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes,
+        grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes, split_array=split_array,
         max_seqlen=longest, n_patches=patches, cu_seqlens=cu_seqlens, device_grid=grid,
         features_follow_patches=features * merge**2 == patches and not spec.segment_class_token,
         items=item_columns(host, table_spec), table_spec=table_spec,
@@ -241,12 +248,12 @@ def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, tuple]:
 
 
 def _rows_of(values: np.ndarray) -> tuple:
-    """The grid's rows as a tuple of ``(t, h, w)`` tuples of Python ints, one tuple object per distinct row: a NaViT
+    """The grid's rows as a tuple of ``(t, h, w)`` tuples of Python ints, one tuple object per run of equal rows: a NaViT
     batch has thousands of crops of a few sizes, and a tuple per row was a good part of its plan's host time."""
-    if values.shape[0] <= 64 or int(values.max()) >= 2**20:
+    if values.shape[0] <= 64:
         return tuple(map(tuple, values.tolist()))
-    span = int(values.max()) + 1
-    _, first, inverse = np.unique((values[:, 0] * span + values[:, 1]) * span + values[:, 2], return_index=True,
-                                  return_inverse=True)
-    distinct = [tuple(row) for row in values[first].tolist()]
-    return tuple(map(distinct.__getitem__, inverse.reshape(-1).tolist()))
+    # (By runs of equal rows, a run's tuple repeated: a NaViT image's crops are mostly one size, side by side.)
+    starts = row_runs(values)
+    counts = np.diff(np.append(starts, values.shape[0])).tolist()
+    runs = [(tuple(row),) * n for row, n in zip(values[starts].tolist(), counts)]
+    return tuple(itertools.chain.from_iterable(runs))

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .rope_host import row_runs
+
 __all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs",
            "item_columns", "window_columns", "tables_from_grid", "ITEM", "DECODINGS", "WINDOW"]
 
@@ -135,16 +137,24 @@ def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
     Whole-column NumPy arithmetic, not a Python tuple per item: a NaViT batch has thousands of crops, and
     the per-item loop was most of its plan's host time."""
     grid = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-    t, h, w = grid.T
-    merge = np.asarray(merges, dtype=np.int64) if merges is not None else np.full_like(t, spec.merge)
+    merge = np.asarray(merges, dtype=np.int64) if merges is not None else np.full(grid.shape[0], spec.merge)
+    keys = np.concatenate([grid, merge[:, None]], 1)
+    # (Computed once per run of equal rows, then repeated: a NaViT image's crops are mostly one size, side by side.)
+    starts = row_runs(keys) if keys.shape[0] > 64 else None
+    t, h, w, merge = (keys if starts is None else keys[starts]).T
     kh, kw = spec.pool or (1, 1)
     shuffle = spec.shuffle or 1
     count, frame = t * h * w, h * w
     pooled = (h // kh) * (w // kw)
-    return torch.from_numpy(np.stack([
-        count, np.cumsum(count) - count, t, h, w, frame, merge, np.cumsum(pooled) - pooled, w // kw,
+    table = np.stack([
+        count, count, t, h, w, frame, merge, pooled, w // kw,
         *_decoding_columns(merge, w // merge, frame), *_decoding_columns(merge, h // merge, frame),
-        *_decoding_columns(np.full_like(t, shuffle), w // shuffle, frame)]))
+        *_decoding_columns(np.full_like(t, shuffle), w // shuffle, frame)])
+    if starts is not None:
+        table = np.repeat(table, np.diff(np.append(starts, keys.shape[0])), axis=1)
+    for column in (_I["start"], _I["pool_start"]):  # (where each item's patches and pooled tokens start)
+        table[column] = np.cumsum(table[column]) - table[column]
+    return torch.from_numpy(table)
 
 
 def window_columns(rows, spec: TableSpec) -> torch.Tensor:

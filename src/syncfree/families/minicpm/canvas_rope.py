@@ -66,15 +66,16 @@ def canvas_rope_index(spec, host: dict, mask):
         return None
     B, S = ids.shape
     x, y = host_array(ids), host_array(types)
-    if y.dtype.kind not in "biu" or ((y != 0) & (y != 1) & (y != 2)).any():
+    if y.dtype.kind not in "biu" or (y.size and (y.min() < 0 or y.max() > 2)):  # (two reductions, not five passes)
         return None  # (stock keys its grid iterators by type: 1 and 2 only)
     if mask is None:
         keep = None
     else:
         m = host_array(mask)
-        if m.dtype.kind not in "biu" or ((m != 0) & (m != 1)).any():
+        low, high = (m.min(), m.max()) if m.size else (1, 1)
+        if m.dtype.kind not in "biu" or low < 0 or high > 1:
             return None  # (stock's deltas subtract the mask's sum: only 0/1 makes that the kept count)
-        keep = None if m.all() else m != 0
+        keep = None if low == 1 else m != 0
     if keep is None:
         xs, ys, row_of = x.reshape(-1), y.reshape(-1), np.repeat(np.arange(B), S)
         counts = np.full(B, S)
@@ -84,17 +85,17 @@ def canvas_rope_index(spec, host: dict, mask):
     K = xs.shape[0]
     row_end = np.cumsum(counts)
     row_begin = row_end - counts
-    positions = np.zeros((3, K), dtype=np.int64)
+    positions = np.empty((3, K), dtype=np.int64) if K else np.zeros((3, 0), dtype=np.int64)  # (_fill writes all)
     if K:
         grids = _grids(host, config)
         if grids is None:
             return None
         if not _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config):
             return None
-    out = np.zeros((3, B, S), dtype=np.int64)
-    if keep is None:
-        out[:] = positions.reshape(3, B, S)
+    if keep is None:  # (every token kept: the positions are the batch's, row after row)
+        out = positions.reshape(3, B, S)
     else:
+        out = np.zeros((3, B, S), dtype=np.int64)
         out[:, keep] = positions
     # (Positions are >= 0 and padding 0: the row's max is its kept tokens' max, as stock's amax over the row.)
     deltas = out.max(axis=(0, 2)) + 1 - counts
@@ -129,8 +130,11 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     row_starts[row_begin[row_begin < row_end]] = True
     starts, lengths = runs_of(ys, row_starts)
     crop = ys[starts] != 0
-    cs, ce = starts[crop], starts[crop] + lengths[crop]  # crops: maximal runs of one nonzero type
-    crow = row_of[cs] if cs.shape[0] else np.zeros(0, dtype=np.int64)
+    crop_runs = np.flatnonzero(crop)
+    cs = starts[crop_runs]  # crops: maximal runs of one nonzero type
+    length = lengths[crop_runs]
+    ce = cs + length
+    crow = row_of[cs]
     C = cs.shape[0]
     if not C:  # text only: each row counts from 0
         positions[:] = np.arange(K) - row_begin[row_of]
@@ -168,17 +172,17 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     end[:-1][same_row] = np.minimum(end[:-1][same_row], fs[1:][same_row])
 
     # Each crop takes the next grid of its frame's type, in crop order across the batch (stock's iterators).
-    kind = fm[frame_of]
-    ordinal = np.empty(C, dtype=np.int64)
-    sizes = np.empty((C, 2), dtype=np.int64)
-    for k in (1, 2):
-        chosen = kind == k
-        ordinal[chosen] = np.arange(int(chosen.sum()))
-        if int(chosen.sum()) > grids[k].shape[0]:
-            return False  # (stock's iterator runs dry, or is None: it raises)
-        sizes[chosen] = grids[k][ordinal[chosen]]
+    video = fm[frame_of] == 2
+    n_video = int(np.count_nonzero(video))
+    if C - n_video > grids[1].shape[0] or n_video > grids[2].shape[0]:
+        return False  # (stock's iterator runs dry, or is None: it raises)
+    if not n_video or n_video == C:  # (one kind: its grids in order)
+        sizes = grids[2 if n_video else 1][:C]
+    else:
+        sizes = np.empty((C, 2), dtype=np.int64)
+        sizes[~video], sizes[video] = grids[1][:C - n_video], grids[2][:n_video]
     lh, lw = sizes[:, 0] // merge, sizes[:, 1] // merge
-    if not np.array_equal(ce - cs, lh * lw):
+    if not np.array_equal(length, lh * lw):
         return False  # (stock's assignment of a crop's positions fails, or broadcasts one)
 
     # Canvas per frame: the thumbnail's own grid, or its slices' (rows x columns of the first slice's size).
@@ -187,12 +191,13 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     slice_h, slice_w = np.zeros(F, dtype=np.int64), np.zeros(F, dtype=np.int64)
     cols = np.zeros(F, dtype=np.int64)
     slice_idx = np.flatnonzero(is_slice)
-    k_in_frame = slice_idx - frame_crop[frame_of[slice_idx]] - 1  # a slice's place among its frame's slices
+    f = frame_of[slice_idx]  # each slice's frame
+    k_in_frame = slice_idx - frame_crop[f] - 1  # a slice's place among its frame's slices
     if slice_idx.shape[0]:
         # Columns: up to the first gap between slices wider than ``</slice><slice>`` (a newline), else all of them.
         nxt = np.minimum(slice_idx + 1, C - 1)
-        wide = (slice_idx < last_crop[frame_of[slice_idx]]) & (cs[nxt] - ce[slice_idx] > 2)
-        candidate = np.where(wide, k_in_frame + 1, n_slices[frame_of[slice_idx]])
+        wide = (slice_idx < last_crop[f]) & (cs[nxt] - ce[slice_idx] > 2)
+        candidate = np.where(wide, k_in_frame + 1, n_slices[f])
         firsts = np.flatnonzero(k_in_frame == 0)
         cols[has] = np.minimum.reduceat(candidate, firsts)
         n = n_slices[has]
@@ -206,10 +211,10 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     # One prefix sum over the row: a text token advances the position by one, a frame's span by its canvas' larger
     # side + 1, booked on its last token; so every token of a span sits at the frame's origin (its base coat), and a
     # text token at its own position.
-    in_frame = np.zeros(K + 1, dtype=np.int64)
+    in_frame = np.zeros(K + 1, dtype=np.int32)  # (int32: the frames open at a token, half the traffic of int64)
     np.add.at(in_frame, fs, 1)
     np.add.at(in_frame, end, -1)
-    advance = (np.cumsum(in_frame[:K]) == 0).astype(np.int64)
+    advance = (np.cumsum(in_frame[:K], dtype=np.int32) == 0).astype(np.int64)
     advance[end - 1] = np.maximum(canvas_h, canvas_w) + 1
     before = np.cumsum(advance) - advance
     lengths_of_rows = row_end - row_begin
@@ -217,8 +222,44 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
         pos = (before.reshape(row_begin.shape[0], -1) - before[row_begin][:, None]).reshape(-1)
     else:
         pos = before - np.append(before, 0)[row_begin][row_of]  # (a row with no kept token begins at K)
-    positions[:] = pos
     origin = pos[fs]
+    if slice_idx.shape[0]:  # (each slice's place on its frame's canvas)
+        h_off = (k_in_frame // cols[f]) * slice_h[f]
+        w_off = (k_in_frame % cols[f]) * slice_w[f]
+
+    # The crops' own positions: stock's per crop size and canvas, offset by the crop's place on its frame's canvas
+    # (the frame's origin is already every crop token's base coat).
+    thumb = ~is_slice
+    canvas_of = np.zeros((C, 2), dtype=np.int64)  # (a slice's canvas: stock's 0, its own grid)
+    canvas_of[thumb] = np.stack([canvas_h, canvas_w], 1)
+    keys = np.stack([sizes[:, 0], sizes[:, 1], canvas_of[:, 0], canvas_of[:, 1]], 1)
+    span = int(keys.max()) + 1
+    if span < 2**15:  # (one int64 code per key: the distinct codes over the runs of equal ones, a frame's slices
+        # being one run: a few dozen, not every crop)
+        codes = ((keys[:, 0] * span + keys[:, 1]) * span + keys[:, 2]) * span + keys[:, 3]
+        run_start = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+        codes, inverse = np.unique(codes[run_start], return_inverse=True)
+        inverse = np.repeat(inverse.reshape(-1), np.diff(np.append(run_start, C)))
+        unique = np.stack([codes // span**3, codes // span**2 % span, codes // span % span, codes % span], 1)
+    else:
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    tables = [_crop_positions(spec, *map(int, key), merge) for key in unique]
+    # Every token reads ``table`` at its run's start plus its place in the run: a crop's run starts at its crop's
+    # table, any other run in a block of zeros as long as the longest of them (whole-row passes, no scatter).
+    zeros = int(lengths[~crop].max(initial=0))
+    table = np.concatenate([np.zeros((2, zeros), dtype=np.int64), *tables], axis=1)
+    table_start = zeros + np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
+    run_entry, run_h, run_w = (np.zeros(starts.shape[0], dtype=np.int64) for _ in range(3))
+    run_entry[crop_runs] = table_start[inverse]
+    if slice_idx.shape[0]:
+        run_h[crop_runs[slice_idx]], run_w[crop_runs[slice_idx]] = h_off, w_off
+    entry = np.arange(K) + np.repeat(run_entry - starts, lengths)
+    positions[0] = pos
+    np.add(pos, np.repeat(run_h, lengths), out=positions[1])
+    positions[1] += table[0].take(entry)
+    np.add(pos, np.repeat(run_w, lengths), out=positions[2])
+    positions[2] += table[1].take(entry)
 
     def marker(where, h, w, keep=None):
         where, h, w = (where, h, w) if keep is None else (where[keep], h[keep], w[keep])
@@ -227,45 +268,13 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     marker(fs, np.maximum(origin - 1, 0), np.maximum(origin - 1, 0))  # the halo on <image>
     marker(te, origin + canvas_h, origin + canvas_w, te < end)  # </image>: the thumbnail's far corner
     if slice_idx.shape[0]:
-        f = frame_of[slice_idx]
-        h_off = (k_in_frame // cols[f]) * slice_h[f]
-        w_off = (k_in_frame % cols[f]) * slice_w[f]
         s, e = cs[slice_idx], ce[slice_idx]
         marker(e, origin[f] + h_off + lh[slice_idx] - 1, origin[f] + w_off + lw[slice_idx] - 1, e < end[f])
         marker(s - 1, origin[f] + h_off, origin[f] + w_off)  # (after every </slice>: a <slice> there wins)
-    else:
-        h_off = w_off = np.zeros(0, dtype=np.int64)
-
-    # The crops' own positions: stock's per crop size and canvas, offset by the crop's place and its frame's origin.
-    thumb = ~is_slice
-    canvas_of = np.zeros((C, 2), dtype=np.int64)  # (a slice's canvas: stock's 0, its own grid)
-    canvas_of[thumb] = np.stack([canvas_h, canvas_w], 1)
-    keys = np.stack([sizes[:, 0], sizes[:, 1], canvas_of[:, 0], canvas_of[:, 1]], 1)
-    span = int(keys.max()) + 1
-    if span < 2**15:  # (one int64 code per key: a 1D unique sorts the crops' codes, not rows of four)
-        codes, inverse = np.unique(((keys[:, 0] * span + keys[:, 1]) * span + keys[:, 2]) * span + keys[:, 3],
-                                   return_inverse=True)
-        unique = np.stack([codes // span**3, codes // span**2 % span, codes // span % span, codes % span], 1)
-    else:
-        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    tables = [_crop_positions(spec, *map(int, key), merge) for key in unique]
-    table = np.concatenate(tables, axis=1)
-    table_start = np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
-    crop_h_off, crop_w_off = np.zeros(C, dtype=np.int64), np.zeros(C, dtype=np.int64)
-    crop_h_off[slice_idx], crop_w_off[slice_idx] = h_off, w_off
-    base = origin[frame_of]
-    length = ce - cs
-    small = np.int32 if K < 2**31 else np.int64
-    place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
-    tokens = np.repeat(cs, length) + place
-    entry = np.repeat(table_start[inverse.reshape(-1)].astype(small), length) + place
-    positions[1, tokens] = np.repeat(base + crop_h_off, length) + table[0, entry]
-    positions[2, tokens] = np.repeat(base + crop_w_off, length) + table[1, entry]
 
     # The newlines ending a row of slices (a gap wider than ``</slice><slice>``): past that row's right edge.
     if slice_idx.shape[0]:
         gap = np.where(wide, cs[nxt] - ce[slice_idx] - 2, 0)
-        f = frame_of[slice_idx]
         first_newline = ce[slice_idx] + 1
         where = np.repeat(first_newline, gap) + (np.arange(int(gap.sum())) - np.repeat(np.cumsum(gap) - gap, gap))
         positions[1, where] = np.repeat(origin[f] + (k_in_frame // cols[f] + 1) * slice_h[f] - 1, gap)
