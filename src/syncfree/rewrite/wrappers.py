@@ -173,7 +173,7 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
     spec = spec_of(model)
-    flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope_class else {}
+    flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope.audio_class else {}
     plan = build_plan(spec, **host, **flags)
     return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
 

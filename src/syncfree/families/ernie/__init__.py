@@ -22,7 +22,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pack_rows, pixel_inputs
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
@@ -52,7 +52,8 @@ def _ernie() -> Family:
         Target(f"{_P}Model", "get_video_features", check_only=True,
                needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
     )
-    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False, plan=PLAN,
+    layout = Layout(family_module("ernie4_5_vl_moe"), video=VideoLayout(temporal_merge=True),
+                    tower=TowerShape(holds_projector=False), plan=PLAN,
                     packing_refused="its batch carries per-token inputs of its own (moe_mm_token_type_ids) that the "
                                     "packing collator does not lay out")
     return Family("ernie4_5_vl_moe", targets, layout, helpers=modality_moe)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Video
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, VideoLayout
 from ...rewrite.edits import BLOCK_KWARGS
 from ...rewrite.targets import Family, Target
 from ..glm import build_glm_inputs
@@ -51,8 +51,8 @@ def _glm5_next() -> Family:
         Target(f"{_P}TextIndexer", "forward", edits=POOLED_WRITTEN),
         Target(f"{_P}TextIndexer", "get_pooled_states", edits=POOLED_KEEP),
     )
-    layout = Layout(family_module("glm5_next"), frames_as_runs=True, mrope=False, video_frames_as_images=True,
-                    video_spans=True)
+    layout = Layout(family_module("glm5_next"), rope=RotaryIndex(mrope=False),
+                    video=VideoLayout(frames_as_runs=True, frames_as_images=True, spans=True))
     return Family("glm5_next", targets, layout, helpers=pooled_keep)
 
 

@@ -21,7 +21,7 @@ Registered only where Transformers ships this code (5.25): older releases have n
 
 from __future__ import annotations
 
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
@@ -59,7 +59,8 @@ def _written_for() -> bool:
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("llava_onevision1_5", _TARGETS,
-           Layout(_MODELING, mrope=False, token_types=False, segment_class_token=True, one_graph=True)),
+           Layout(_MODELING, rope=RotaryIndex(mrope=False), token_types=False,
+                  tower=TowerShape(segment_class_token=True), one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, merge 2, no temporal patches, a class token per frame, axial

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
@@ -111,9 +111,9 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
-    layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,
-                    tower_holds_projector=False, plan=PLAN, host_rope_class=f"{p}Model" if host_rope else None,
-                    one_graph=True)
+    layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
+                    tower=TowerShape(holds_projector=False), plan=PLAN,
+                    rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True)
     return Family(model_type, targets, layout, helpers=navit)
 
 

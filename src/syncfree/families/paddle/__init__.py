@@ -21,7 +21,7 @@ from __future__ import annotations
 from ...items import Video
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import Layout, PositionTable, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
@@ -62,9 +62,9 @@ def _paddle() -> Family:
                       "get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)")),
     )
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
-    layout = Layout(family_module("paddleocr_vl"), tower_merge=1,
+    layout = Layout(family_module("paddleocr_vl"),
                     table=PositionTable(side="image_size", align_corners_from="PaddleOCRVisionEmbeddings"),
-                    pixels_4d=True, tower_holds_projector=False, one_graph=True, **PACKS,
+                    tower=TowerShape(encoder_merge=1, pixels_4d=True, holds_projector=False), one_graph=True, **PACKS,
                     plan=PlanHooks(feature_words=_feature_words, values=_text_width))
     return Family("paddleocr_vl", targets, layout)
 

@@ -27,7 +27,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
@@ -65,8 +65,9 @@ def _videollama3() -> Family:
         Target(f"{_P}Model", "get_image_features", edits=ITEM_SPLIT,
                needs=("image_grid_thw.prod(dim=1) // (image_merge_sizes**2)",)),
     )
-    layout = Layout(family_module("video_llama_3"), mrope=False, vision_markers=False, token_types=False,
-                    tower_holds_projector=False, item_merge_sizes=True, one_graph=True, plan=PLAN)
+    layout = Layout(family_module("video_llama_3"), rope=RotaryIndex(mrope=False), vision_markers=False,
+                    token_types=False, tower=TowerShape(holds_projector=False, item_merge_sizes=True), one_graph=True,
+                    plan=PLAN)
     own = {name: getattr(module, name) for module in (compression, item_sizes) for name in module.__all__}
     return Family("video_llama_3", targets, layout, helpers=own)
 
