@@ -1,4 +1,4 @@
-"""The part of a plan for a family with an audio encoder whose rotary index stock computes (``Layout.rope_class``):
+"""The part of a plan for a family with an audio encoder whose rotary index stock computes (``RotaryIndex.audio_class``):
 that index run as stock's on the host, the audio encoder's plan, counts per row.
 
 Kept apart from ``batch.py`` (which builds the ``Plan``): what such a batch adds to it.

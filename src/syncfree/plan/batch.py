@@ -131,7 +131,7 @@ class Plan(DeviceFields):
 
     def positions_for_audio_in_video(self, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The 3D positions for this ``use_audio_in_video`` flag, where stock's index interleaves audio and video
-        (``Layout.rope_class``): the plan's own, or made on the host now (no wait)."""
+        (``RotaryIndex.audio_class``): the plan's own, or made on the host now (no wait)."""
         flag = bool(use_audio_in_video)
         if flag == self.use_audio_in_video:
             return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
@@ -270,7 +270,7 @@ class Draft:
     runs: Runs
     image: VisionPlan | None
     video: VisionPlan | None
-    video_frames: VisionPlan | None = None  # (Layout.video_frames_as_images: the tower's per-frame grid rows)
+    video_frames: VisionPlan | None = None  # (VideoLayout.frames_as_images: the tower's per-frame grid rows)
 
     def count(self, kind: int) -> int:
         """Placeholders of ``kind`` in the tokens (every position, masked or not: stock counts them so)."""

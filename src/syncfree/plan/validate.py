@@ -67,7 +67,7 @@ def check_inputs(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, att
                  feature_attention_mask=None, input_features=None, ids_assumed: bool = False, **_) -> None:
     """What can be checked before planning: the tokens' shapes and placeholder ids, and the audio features."""
     _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
-    if spec.audio_window is not None:  # (an audio encoder's plan, Layout.audio; other audio needs no check here)
+    if spec.audio_window is not None:  # (an audio encoder's plan, AudioLayout.encoder; other audio needs no check here)
         _check_audio(spec, input_ids, feature_attention_mask, input_features)
 
 
@@ -136,7 +136,7 @@ def grid_name(spec: ModelSpec, kind: int) -> str:
 
 
 def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_features) -> None:
-    """An audio encoder's plan (``Layout.audio``): the audio placeholders against the audio features the batch
+    """An audio encoder's plan (``AudioLayout.encoder``): the audio placeholders against the audio features the batch
     carries."""
     tokens = int((input_ids == spec.audio_token_id).sum()) if input_ids is not None else 0
     if feature_attention_mask is None:

@@ -5,7 +5,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * the tower is ``vision_tower`` and the projector is a resampler outside it (``resampler_model``), which pairs a
   video's frames (``temporal_merge_size`` 2): a video of t frames has t // 2 frames of placeholders, positions
-  and split sizes (``Layout.video_temporal_merge``); the rotary index is Qwen2-VL's with that division;
+  and split sizes (``VideoLayout.temporal_merge``); the rotary index is Qwen2-VL's with that division;
 * the resampler builds its frame-pairing indices on the host (from the host grid) and moves them with a blocking
   copy: pinned and non-blocking instead (``TEMPORAL_SLICES``);
 * the text model's MoE blocks route by ``moe_mm_token_type_ids`` (types that also mark the start/end tokens),

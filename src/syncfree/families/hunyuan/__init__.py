@@ -10,12 +10,12 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept);
 * each segment's attention call passes only the scale (``VISION_ATTENTION_SCALING``);
 * the merger appends a newline column to every merged row and a begin and an end embedding to every image: an image
-  is ``lh * (lw + 1) + 2`` placeholders (``Layout.row_extra_tokens`` / ``item_extra_tokens``), between the
+  is ``lh * (lw + 1) + 2`` placeholders (``TowerShape.row_extra_tokens`` / ``item_extra_tokens``), between the
   ``im_start`` and ``im_end`` ids;
 * the placeholder check selects the placeholders with the expanded mask (``PLACEHOLDER_NUMEL``: the plan's count);
 * its rotary index (``len(mrope_section)`` axes; (width, height, image ordinal) on the last three over each image's
   grid) is its own: the plan computes it in NumPy per run of tokens (``rope.hunyuan_rope_index``, checked against
-  stock's), or runs stock's index on the host where that does not model the layout (``Layout.host_rope_class``), and
+  stock's), or runs stock's index on the host where that does not model the layout (``RotaryIndex.host_class``), and
   the forward takes them from the plan (``make_host_rope_index``).
 
 HY-V4-VL (``hy_v4_vl``): the same tower forward and attention (AST-identical), a merger that keeps the newline column

@@ -7,7 +7,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``cu_seqlens`` by one per segment and ``max_seqlen`` by one, and drops the class tokens before its merger; it splits
   frames by ``get_vision_frame_lengths`` (stock: ``repeat_interleave(...).tolist()``, two reads). The plan hands that
   helper its host per-frame patch counts (``frame_lengths``) and the attention its segments one token longer
-  (``Layout.segment_class_token``); stock's own code shifts the device ``cu_seqlens`` (no read);
+  (``TowerShape.segment_class_token``); stock's own code shifts the device ``cu_seqlens`` (no read);
 * no rotary index: the text model numbers tokens 0..S-1 itself (the multimodal forward builds 1D positions, and
   ``_prepare_position_ids_for_generation`` is stock's default), and the processor returns no ``mm_token_type_ids``
   (the EXAONE-4.5 layout: the plan computes no positions, counts placeholders);

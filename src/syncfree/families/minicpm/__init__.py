@@ -20,7 +20,7 @@ MiniCPM-V 4.7 adds its own "canvas" M-RoPE (``get_rope_index``): host Python ove
 ``mm_token_type_ids.tolist()`` that groups frames by their markers, stretches each thumbnail over its slices' canvas and
 pins the ``<slice>`` markers to their corners, then ``rope_deltas`` on the device. The plan computes the same index in
 NumPy per crop and frame on its host copies (``canvas_rope``; stock's own index on the host where that does not model
-the layout: ``Layout.host_rope_class``) and the forward's
+the layout: ``RotaryIndex.host_class``) and the forward's
 ``compute_3d_position_ids`` and generate()'s position setup (which prepends the text row) take the plan's positions
 and deltas, moved with the plan without a wait (``make_host_rope_index``); the decode steps add the cached deltas on
 the device, as stock. A call's own ``downsample_mode`` other than the config's runs stock's index on one read. Its

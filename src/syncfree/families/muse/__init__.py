@@ -9,7 +9,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``kwargs`` when given: the segments, Qwen2.5-VL's window index with merge 1 (windows of ``pos_emb_height`` patches),
   merge-1 rotary ids (stock flips and shifts them after the pop), the learned table's taps on the h/w-swapped grid with
   ``padding="zeros"`` and ``align_corners=False``, and the pixel-shuffle index. The plan makes all of them on the
-  device (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``), checked against stock's helpers once;
+  device (``PositionTable.swap_hw`` / ``padding``, ``TowerShape.pixel_shuffle``), checked against stock's helpers once;
 * its blocks are called without ``**kwargs``, with the segmentation of their layer type (full or window):
   ``BLOCK_KWARGS_BY_TYPE`` passes the plan's sizes of both on, the attention picks its own by count;
 * the adapter and projection sit outside the tower (``vision_every_step`` is refused);

@@ -5,8 +5,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * the tower's helpers take merge 1 (rotary ids are plain (row, col)) and its learned 27x27 table (image_size //
   patch_size on a side) is resampled as its embeddings say (``align_corners=False`` since 5.2x, True in 5.17, read
-  from the installed code): the plan's tables are made so (``Layout.tower_merge``, ``interp_align_corners_from``,
-  ``table_side_from_image_size``);
+  from the installed code): the plan's tables are made so (``TowerShape.encoder_merge``, the
+  ``PositionTable``'s ``align_corners_from`` and ``side``);
 * the helpers live in nested modules (``PaddleOCRVisionModel`` -> ``...Transformer`` -> ``...Embeddings`` /
   ``...Encoder``): the wrapper sits on the outer tower, and check-only targets pin the code it relies on;
 * ``get_image_features`` calls the tower by keyword (``pixel_values=``), with pixels (1, patches, C, P, P);

@@ -4,7 +4,7 @@ spatial merge size, a projector after the tower, and Qwen2's text model without 
 What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * merge sizes per item are forward inputs (``image_merge_sizes`` 1, ``video_merge_sizes`` 2 from its processors), not a
-  config value (``Layout.item_merge_sizes``): the plan keeps host copies, splits each item by its own ``t*h*w //
+  config value (``TowerShape.item_merge_sizes``): the plan keeps host copies, splits each item by its own ``t*h*w //
   merge**2`` and makes the tower's rotary ids with each row's merge (``vision_tables``, ``item_merges``);
 * the tower (``vision_model``) takes ``(pixel_values, grid_thw, merge_sizes)`` and un-shuffles each item in a loop
   (``pixel_unshuffle``: ``view`` / ``reshape`` / ``interpolate`` sized by ``h // merge_size``): stock's loop is kept
