@@ -424,6 +424,6 @@ def check_host_index_is_stocks(index, config, batch: dict, names: tuple, masked:
         assert got is not None  # (the processor's layouts: never left to stock's walk)
     if got is None:
         return
-    want = stock_rope_index(spec.vision_module, spec.host_rope_class, config, attention_mask=mask, **host)
+    want = stock_rope_index(spec.vision_module, spec.rope.host_class, config, attention_mask=mask, **host)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)

@@ -3,6 +3,7 @@ from outside: ``patch(model, like=...)`` and ``register_family``."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -68,8 +69,13 @@ def test_register_family_refuses_a_taken_model_type_and_a_non_family(registry):
     mine = syncfree.register_family(syncfree.Family("my_qwen2_vl", family.targets, family.layout))
     assert FAMILIES["my_qwen2_vl"] is mine and spec.layout_of("my_qwen2_vl") is family.layout
     # (the declared object's trait types are public: a family of one's own is made of them)
-    assert {"Family", "Target", "Edit", "Layout", "PositionTable", "PlanHooks"} <= set(syncfree.__all__)
+    traits = {f.name: type(f.default).__name__ for f in dataclasses.fields(syncfree.Layout)
+              if dataclasses.is_dataclass(f.default)}
+    assert set(traits.values()) == {"TowerShape", "VideoLayout", "RotaryIndex", "AudioLayout", "PlanHooks"}
+    assert {"Family", "Target", "Edit", "Layout", "PositionTable", *traits.values()} <= set(syncfree.__all__)
     assert isinstance(family.layout, syncfree.Layout) and isinstance(family.layout.plan, syncfree.PlanHooks)
+    assert all(isinstance(getattr(family.layout, name), getattr(syncfree, kind)) for name, kind in traits.items())
+    assert isinstance(FAMILIES["qwen3_vl"].layout.table, syncfree.PositionTable)
     assert all(isinstance(e, syncfree.Edit) for t in family.targets for e in t.edits)
 
 

@@ -18,12 +18,12 @@ from syncfree.inputs import Image, Text, Video, build_inputs
 from syncfree.plan import vision as vision_module
 from syncfree.plan import vision_tables
 from syncfree.plan.batch import PLAN_KEY
-from syncfree.plan.vision_tables import TableSpec, host_tables, tables_from_grid, window_seqlens
+from syncfree.plan.vision_tables import TowerTables, host_tables, tables_from_grid, window_seqlens
 from syncfree.presets import build_model, load_config
 
-QWEN3 = TableSpec("transformers.models.qwen3_vl.modeling_qwen3_vl", 2, 8, None, 16)
-QWEN25 = TableSpec("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", 2, None, 112, 14)
-QWEN2 = TableSpec("transformers.models.qwen2_vl.modeling_qwen2_vl", 2, None, None, 14)
+QWEN3 = TowerTables("transformers.models.qwen3_vl.modeling_qwen3_vl", 2, 8, None, 16)
+QWEN25 = TowerTables("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", 2, None, 112, 14)
+QWEN2 = TowerTables("transformers.models.qwen2_vl.modeling_qwen2_vl", 2, None, None, 14)
 
 
 def _uploaded(plan) -> dict:

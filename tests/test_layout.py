@@ -3,8 +3,10 @@ without upward imports (lint-imports, where import-linter is installed: ``pip in
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -15,7 +17,8 @@ import pytest
 
 import syncfree
 from syncfree.families import FAMILIES, GROUP_NAMES, GROUPS, MODEL_CLASSES, MODULE_TARGETS, PRESETS, VISION_CLASSES
-from syncfree.plan.spec import supported_model_types
+from syncfree.plan.hooks import PlanHooks
+from syncfree.plan.spec import Layout, PositionTable, supported_model_types
 from syncfree.rewrite.roles import TOWER, does, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,3 +188,49 @@ def test_every_target_that_replaces_a_function_changes_it():
     empty = [f"{family.model_type}: {target.cls}.{target.attr}" for family in FAMILIES.values()
              for target in family.targets if not target.check_only and target.wrap is None and not target.edits]
     assert not empty, empty
+
+
+# ---- a family is one declared object; what only some families do are small traits it owns -----------------------
+def _traits() -> list:
+    """Every trait object the registered families declare, and each trait type's default (the shared plan's)."""
+    from syncfree.plan import traits
+
+    declared = [getattr(f.layout, field.name) for f in FAMILIES.values() for field in dataclasses.fields(Layout)]
+    return ([t for t in declared if dataclasses.is_dataclass(t)]
+            + [getattr(traits, name)() for name in traits.__all__] + [PlanHooks()])
+
+
+def test_a_layout_holds_only_what_several_family_groups_set():
+    """``Layout`` has at most 12 fields, each one set (off its default) by the families of two groups or more; what one
+    group alone does lives in a trait (``TowerShape``, ``VideoLayout``, ``RotaryIndex``, ``AudioLayout``, ``PlanHooks``,
+    ``PositionTable``), whose defaults are the shared plan's."""
+    fields = dataclasses.fields(Layout)
+    assert len(fields) <= 12, [f.name for f in fields]
+    for field in fields:
+        if field.name == "modeling":  # (every family's own)
+            continue
+        setting = {name for name, group in zip(GROUP_NAMES, GROUPS)
+                   for f in group.FAMILIES if getattr(f.layout, field.name) != field.default}
+        assert len(setting) >= 2, f"Layout.{field.name} is set by one family group only ({setting}): make it a trait"
+
+
+def test_every_trait_is_frozen_hashable_and_picklable():
+    """A trait is a frozen value: hashable (the vision tables' stock check is cached by the tables' part of the spec,
+    traits included), picklable to an equal one (a plan and its spec travel from DataLoader workers), and keyed the same
+    in every process (``ModelSpec.key``)."""
+    from syncfree.plan.spec import _fields_key
+    from syncfree.plan.vision_tables import TowerTables
+
+    traits = _traits()
+    assert {type(t).__name__ for t in traits} >= {"TowerShape", "VideoLayout", "RotaryIndex", "AudioLayout",
+                                                   "PositionTable", "PlanHooks"}
+    for trait in traits:
+        assert type(trait).__dataclass_params__.frozen, type(trait).__name__
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(trait, dataclasses.fields(trait)[0].name, None)
+        copy = pickle.loads(pickle.dumps(trait))
+        assert copy == trait and hash(copy) == hash(trait) and _fields_key(copy) == _fields_key(trait)
+    for family in FAMILIES.values():  # (the tables' part of a spec too: hashable, picklable)
+        tables = TowerTables(family.layout.modeling, 2, None, None, 16, table=family.layout.table or PositionTable(),
+                             tower=family.layout.tower)
+        assert pickle.loads(pickle.dumps(tables)) == tables and hash(pickle.loads(pickle.dumps(tables))) == hash(tables)

@@ -56,7 +56,7 @@ def _takes_videos(config) -> bool:
 
 def _takes_videos_with_images(config) -> bool:
     """Whether the family's forward takes a batch holding images and videos (GLM's counts frames as images)."""
-    return _takes_videos(config) and not FAMILIES[config.model_type].layout.video_frames_as_images
+    return _takes_videos(config) and not FAMILIES[config.model_type].layout.video.frames_as_images
 
 
 def _video_samples(config) -> list[list]:

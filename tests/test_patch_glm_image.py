@@ -261,7 +261,7 @@ def test_the_numpy_index_is_stocks(drawn, left, seed, edits, per_sample, masked)
         assert got is not None  # (the processor's layouts: never left to stock's walk)
     if got is None:
         return
-    (positions, deltas), model = stock_on_host(spec.vision_module, spec.host_rope_class, config, "get_rope_index",
+    (positions, deltas), model = stock_on_host(spec.vision_module, spec.rope.host_class, config, "get_rope_index",
                                                **host)
     want = dict(position_ids=positions, rope_deltas=deltas, decode_position_ids=model._cached_decode_position_ids,
                 prefill_len=model._prefill_len)

@@ -105,7 +105,7 @@ def test_the_plans_segments_and_tables_are_stocks(grids):
     grid = torch.tensor(grids)
     for spec in (ModelSpec.from_config(stock.config), ModelSpec.for_vision_model(tower)):
         plan = vision_plan(grid, spec)
-        assert plan.tables_by_device and device_tables_match_stock(plan.table_spec)
+        assert plan.tables_by_device and device_tables_match_stock(plan.tower_tables)
         cu_seqlens, max_seqlen = vision_utils.get_vision_attention_seqlens(grid, tower.config, merge_temporal=True)
         assert torch.equal(plan.cu_seqlens, cu_seqlens) and plan.max_seqlen == int(cu_seqlens.diff().max())
         kwargs = plan.vision_kwargs()

@@ -103,7 +103,7 @@ def test_the_plans_segments_and_tables_are_stocks(grids):
     assert tower.merge_temporal and tower.include_temporal  # the flags the plan's layout stands for
     grid = torch.tensor(grids)
     plan = vision_plan(grid, ModelSpec.from_config(stock.config))
-    assert plan.tables_by_device and device_tables_match_stock(plan.table_spec)
+    assert plan.tables_by_device and device_tables_match_stock(plan.tower_tables)
     cu_seqlens, max_seqlen = vision_utils.get_vision_attention_seqlens(grid, tower.config, merge_temporal=True)
     assert torch.equal(plan.cu_seqlens, cu_seqlens) and plan.max_seqlen == int(cu_seqlens.diff().max())
     want = vision_utils.get_vision_position_ids(grid, 2, include_temporal=True)

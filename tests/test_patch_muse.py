@@ -67,11 +67,12 @@ grids = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 12), st.integers(1,
 @given(rows=grids, window=st.sampled_from([2, 3, 4, 32]), merge=st.sampled_from([1, 2]))
 def test_the_planned_tables_equal_stocks_helpers(rows, window, merge):
     """Every table the plan makes on the device is what stock's helpers give for the same grid and options."""
-    from syncfree.plan.vision_tables import TableSpec, host_tables, tables_from_grid
+    from syncfree.plan.traits import PositionTable
+    from syncfree.plan.vision_tables import TowerTables, host_tables, tables_from_grid
 
     grid = torch.tensor([(t, h * merge, w * merge) for t, h, w in rows], dtype=torch.long)
-    spec = TableSpec("transformers.models.muse_glimmer.modeling_muse_glimmer", 1, window, window * 14, 14,
-                     align_corners=False, swap_hw=True, padding="zeros", shuffle=merge)
+    spec = TowerTables("transformers.models.muse_glimmer.modeling_muse_glimmer", 1, window, window * 14, 14,
+                       align_corners=False, table=PositionTable(swap_hw=True, padding="zeros"), pixel_shuffle=merge)
     ours = tables_from_grid(grid, spec)
     stock = host_tables(grid, spec)
     assert ours.keys() == stock.keys() >= {"position_ids", "interp_indices", "interp_weights", "window_index",

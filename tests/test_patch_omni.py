@@ -207,7 +207,7 @@ def test_the_numpy_index_is_stocks(rows, padding, name, edits, flag):
         assert got is not None  # (the processor's layouts: never left to stock's walk)
     if got is None:
         return
-    want = stock_rope_on_host(spec.vision_module, spec.rope_class, config, batch["input_ids"],
+    want = stock_rope_on_host(spec.vision_module, spec.rope.audio_class, config, batch["input_ids"],
                               batch["attention_mask"], host["image_grid_thw"], host["video_grid_thw"], flag, None,
                               host["video_second_per_grid"])
     for g, w in zip(got, want):

@@ -161,10 +161,11 @@ def test_an_images_pixels_repeat_over_the_temporal_patch_as_the_image_processor_
 def test_the_planned_tables_equal_stocks_helpers(rows, window, side):
     """Rotary ids, bicubic taps (spatial-merge order, no aligned corners) and the window order the plan makes on the
     device are what stock's helpers give for the same grid."""
-    from syncfree.plan.vision_tables import TableSpec, host_tables, tables_from_grid
+    from syncfree.plan.traits import PositionTable
+    from syncfree.plan.vision_tables import TowerTables, host_tables, tables_from_grid
 
     grid = torch.tensor([(t, 2 * h, 2 * w) for t, h, w in rows], dtype=torch.long)
-    spec = TableSpec(MODULE, 2, side, window, 16, align_corners=False, mode="bicubic")
+    spec = TowerTables(MODULE, 2, side, window, 16, align_corners=False, table=PositionTable(mode="bicubic"))
     ours, stock = tables_from_grid(grid, spec), host_tables(grid, spec)
     assert ours.keys() == stock.keys() == {"position_ids", "interp_indices", "interp_weights", "window_index"}
     assert all(ours[k].dtype == v.dtype and torch.equal(ours[k], v) for k, v in stock.items())

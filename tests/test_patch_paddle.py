@@ -59,8 +59,8 @@ def test_the_plans_tables_are_the_towers_own_merge_1_and_resampling_ones(grid):
     grid_thw = torch.tensor([[1, 2 * h, 2 * w] for h, w in grid])
     plan = vision_plan(grid_thw, ModelSpec.from_config(patched.config))
     align = patched.model.visual.vision_model.embeddings.interpolation_align_corners
-    assert plan.tables_by_device and plan.table_spec.merge == 1 and plan.table_spec.align_corners == align
-    for name, table in host_tables(grid_thw, plan.table_spec).items():
+    assert plan.tables_by_device and plan.tower_tables.merge == 1 and plan.tower_tables.align_corners == align
+    for name, table in host_tables(grid_thw, plan.tower_tables).items():
         assert torch.equal(plan.tables()[name], table), name
     from transformers.models.paddleocr_vl import modeling_paddleocr_vl as m
 

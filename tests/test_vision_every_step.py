@@ -58,12 +58,12 @@ def test_refused_where_it_cannot_apply():
 @pytest.mark.parametrize("preset", sorted(n for n in PRESETS if n.endswith("-tiny")))
 def test_every_tiny_preset_either_takes_it_or_refuses_it(preset):
     """Never a silent no-op: a family whose tower the one-unit pass would not reach is refused, untouched; one whose
-    projector sits outside its tower (``Layout.tower_holds_projector``) is refused with that reason."""
+    projector sits outside its tower (``TowerShape.holds_projector``) is refused with that reason."""
     family = syncfree.families.FAMILIES.get(PRESETS[preset].values["model_type"])
     if family is None or not installed(family.modeling):
         pytest.skip(f"this Transformers release has no {preset} syncfree supports")
     model = build_model(preset)
-    projector_outside = getattr(model.config, "vision_config", None) is not None and not family.layout.tower_holds_projector
+    projector_outside = getattr(model.config, "vision_config", None) is not None and not family.layout.tower.holds_projector
     try:
         syncfree.patch(model, vision_every_step=True)
     except ValueError as refusal:

@@ -31,7 +31,9 @@ _EXPORTS = {
     "patch": ".patching", "unpatch": ".patching",
     "prepare": ".prepare",
     "Family": ".rewrite.targets", "Target": ".rewrite.targets", "Edit": ".rewrite.rewriter",
-    "Layout": ".plan.spec", "PositionTable": ".plan.spec", "PlanHooks": ".plan.hooks",
+    "Layout": ".plan.spec", "PositionTable": ".plan.traits", "PlanHooks": ".plan.hooks",
+    "TowerShape": ".plan.traits", "VideoLayout": ".plan.traits", "RotaryIndex": ".plan.traits",
+    "AudioLayout": ".plan.traits",
     "planning_trainer": ".trainer_hook",
 }
 
@@ -109,6 +111,10 @@ __all__ = [
     "Edit",
     "Layout",
     "PositionTable",
+    "TowerShape",
+    "VideoLayout",
+    "RotaryIndex",
+    "AudioLayout",
     "PlanHooks",
     "__version__",
 ]

@@ -39,7 +39,7 @@ def compile_vision(model, buckets: tuple[int, ...] | None = None, *, mode: str |
             raise ValueError(f"syncfree.compile_vision does not support {type(visual).__name__} yet (its tower takes "
                              "its grid on the device, or no rotary ids); torch.compile the patched tower itself, "
                              "which compiles whole with inputs from syncfree.prepare")
-        if ModelSpec.for_vision_model(visual).segment_class_token:
+        if ModelSpec.for_vision_model(visual).tower.segment_class_token:
             raise ValueError(f"syncfree.compile_vision does not support {type(visual).__name__} yet (its tower adds a "
                              "class token to each frame, so a bucket's token count depends on the layout); "
                              "torch.compile the patched tower itself, which compiles whole with inputs from "

@@ -141,7 +141,9 @@ def family_like(model: torch.nn.Module, like: str,
                     f"holds the code of {target.cls}.{target.attr} (found: {[c.__name__ for c in found]})")
             cls = found[0]
         targets.append(_in(target, cls))
-    layout = dataclasses.replace(base.layout, modeling=module_name, vision_modeling=None)
+    tower = base.layout.tower  # (the copy's module holds its tower too)
+    tower = dataclasses.replace(tower, modeling=None) if tower.modeling is not None else tower
+    layout = dataclasses.replace(base.layout, modeling=module_name, tower=tower)
     key = model_type if model_type not in FAMILIES or FAMILIES[model_type].modeling == module_name \
         else f"{model_type}@{module_name}"
     return Family(key, tuple(targets), layout, helpers=base.helpers)  # (registered by patch, once nothing refuses)

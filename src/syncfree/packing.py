@@ -61,7 +61,7 @@ class PackingCollator:
             raise ValueError(f"sample {with_labels.index(not with_labels[0])} {'has' if with_labels[0] else 'lacks'} "
                              f"labels where sample 0 {'lacks' if with_labels[0] else 'has'} them; give all or none")
         spec = self.spec
-        if spec.video_frames_as_images and spec.video_span_ids is None:
+        if spec.video.frames_as_images and spec.video_span_ids is None:
             # (stock counts video frames as image placeholders: a batch with both fails its feature check)
             kinds = [("image_grid_thw" in s) + 2 * ("video_grid_thw" in s) for s in samples]
             if any(k & 1 for k in kinds) and any(k & 2 for k in kinds):

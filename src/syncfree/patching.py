@@ -268,7 +268,7 @@ def patch(model: torch.nn.Module | None = None, *, families: tuple[str, ...] | N
     if family is not None and vision_every_step and getattr(model.config, "vision_config", None) is None:
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} (an audio "
                          "model: it has no vision tower)")
-    if family is not None and vision_every_step and not family.layout.tower_holds_projector:
+    if family is not None and vision_every_step and not family.layout.tower.holds_projector:
         raise ValueError(f"syncfree.patch: vision_every_step=True does not support {family.model_type} yet (its "
                          "projector sits outside the vision tower, which the one-unit tower pass would not reach)")
     if family is not None and vision_every_step and not any(_takes_vision_every_step(m) for m in model.modules()):

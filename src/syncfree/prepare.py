@@ -161,7 +161,7 @@ def plan_batch(batch: Mapping, spec: ModelSpec, *, ids_assumed: bool = False, pa
     check_batch(draft, **given)
     # A family with an audio encoder whose index stock computes (``rope_class``): the batch may carry the forward's
     # use_audio_in_video flag; positions are made for it.
-    return finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope_class is not None, packing)
+    return finish_plan(draft, bool(batch.get("use_audio_in_video")) and spec.rope.audio_class is not None, packing)
 
 
 def _target(device) -> torch.device | None:

@@ -21,15 +21,15 @@ def tower_call(model, kind: str, pixels: torch.Tensor, grid: torch.Tensor, plan,
     model_type = model.config.model_type  # (a tower alone carries its sub-config's type: "paddleocr_vl_vision")
     layout = layout_of(model_type) or layout_of(model_type.removesuffix("_vision"))
     pixels = pixels.to(model.dtype)
-    if layout is not None and layout.pixels_4d:
+    if layout is not None and layout.tower.pixels_4d:
         pixels = pixels.unsqueeze(0)
     if plan is not None:
         vp = plan.video_frames if kind == "video" and plan.video_frames is not None else getattr(plan, kind)
         return pixels, vp.grid_thw, {"syncfree_vision_plan": vp}
     if layout is not None and layout.plan.tower_grid is not None:  # (the tower sees the sources: stock's own split)
-        model_class = getattr(importlib.import_module(layout.modeling), layout.host_rope_class)
+        model_class = getattr(importlib.import_module(layout.modeling), layout.rope.host_class)
         return pixels, model_class.get_image_grids_for_generation(None, images_per_sample, grid), {}
-    if kind == "video" and layout is not None and layout.video_frames_as_images:
+    if kind == "video" and layout is not None and layout.video.frames_as_images:
         rows = torch.repeat_interleave(grid[:, 1:], grid[:, 0], dim=0)
         return pixels, torch.cat([torch.ones_like(rows[:, :1]), rows], dim=1), {}
     return pixels, grid, {}

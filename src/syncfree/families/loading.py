@@ -139,7 +139,7 @@ def build_vision_model(model: str = "qwen3-vl-tiny", *, attn: str = "sdpa", dtyp
         return vision_tower_of(build_model(model, attn=attn, dtype=dtype))
     config = load_config(model, attn=attn)
     layout = FAMILIES[config.model_type].layout
-    module = importlib.import_module(layout.vision_modeling or layout.modeling)  # (GLM-4.6V: GLM-4.1V's tower)
+    module = importlib.import_module(layout.tower.modeling or layout.modeling)  # (GLM-4.6V: GLM-4.1V's tower)
     cls = getattr(module, VISION_CLASSES[config.model_type])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""The audio side of a plan (``Layout.audio``): what the audio encoder derives from ``feature_attention_mask``.
+"""The audio side of a plan (``AudioLayout.encoder``): what the audio encoder derives from ``feature_attention_mask``.
 
 Stock reads the device several times per audio-encoder call to lay the mel frames out: the frames
 kept by the mask (boolean indexing), the chunk sizes (``chunk_lengths.tolist()``), the longest chunk

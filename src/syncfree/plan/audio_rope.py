@@ -1,4 +1,4 @@
-"""The part of a plan for a family with an audio encoder whose rotary index stock computes (``Layout.rope_class``):
+"""The part of a plan for a family with an audio encoder whose rotary index stock computes (``RotaryIndex.audio_class``):
 that index run as stock's on the host, the audio encoder's plan, counts per row.
 
 Kept apart from ``batch.py`` (which builds the ``Plan``): what such a batch adds to it.
@@ -27,7 +27,7 @@ def audio_rope(spec, host: dict, mask, use_audio_in_video: bool):
             return found
     features = host.get("feature_attention_mask")
     try:
-        return stock_rope_on_host(spec.vision_module, spec.rope_class, spec.config, ids, mask,
+        return stock_rope_on_host(spec.vision_module, spec.rope.audio_class, spec.config, ids, mask,
                                   host["image_grid_thw"], host["video_grid_thw"], use_audio_in_video,
                                   features.sum(dim=1) if features is not None else None, host.get("video_second_per_grid"))
     except Exception:  # inconsistent inputs: stock's own index reports it when the forward runs it

@@ -131,7 +131,7 @@ class Plan(DeviceFields):
 
     def positions_for_audio_in_video(self, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The 3D positions for this ``use_audio_in_video`` flag, where stock's index interleaves audio and video
-        (``Layout.rope_class``): the plan's own, or made on the host now (no wait)."""
+        (``RotaryIndex.audio_class``): the plan's own, or made on the host now (no wait)."""
         flag = bool(use_audio_in_video)
         if flag == self.use_audio_in_video:
             return (self.position_ids, self.rope_deltas) if self.position_ids is not None else None
@@ -190,7 +190,7 @@ class Plan(DeviceFields):
         if rows % own:
             raise ValueError(f"a syncfree plan for {own} rows cannot describe a batch of {rows}")
         k = rows // own
-        if self.spec.rope_class is not None:
+        if self.spec.rope.audio_class is not None:
             # Where stock's index interleaves audio and video, generate() repeats every batch tensor row by row
             # (GenerationMixin's default): the plan describes what the forward will then be given.
             return build_plan(self.spec, use_audio_in_video=self.use_audio_in_video,
@@ -270,7 +270,7 @@ class Draft:
     runs: Runs
     image: VisionPlan | None
     video: VisionPlan | None
-    video_frames: VisionPlan | None = None  # (Layout.video_frames_as_images: the tower's per-frame grid rows)
+    video_frames: VisionPlan | None = None  # (VideoLayout.frames_as_images: the tower's per-frame grid rows)
 
     def count(self, kind: int) -> int:
         """Placeholders of ``kind`` in the tokens (every position, masked or not: stock counts them so)."""
@@ -286,7 +286,7 @@ class Draft:
     def _image_placeholders(self) -> int | None:
         """The image placeholders in input_ids where video frames use them too (counted once), else None."""
         ids = self.host["input_ids"]
-        if self.spec.video_frames_as_images and self.spec.video_span_ids is None and ids is not None and ids.dim() == 2:
+        if self.spec.video.frames_as_images and self.spec.video_span_ids is None and ids is not None and ids.dim() == 2:
             return int(np.count_nonzero(host_array(ids) == self.spec.image_token_id))
         return None
 
@@ -323,7 +323,7 @@ def draft_plan(spec: ModelSpec, **inputs) -> Draft:
     video = (vision_plan(host["video_grid_thw"], spec, names[1], spec.video_temporal_merge, **merges["video"])
              if video_grid_thw is not None else None)
     frames = None
-    if video is not None and spec.video_frames_as_images:  # the tower is handed one (1, h, w) row per frame
+    if video is not None and spec.video.frames_as_images:  # the tower is handed one (1, h, w) row per frame
         grid = host_array(video.grid_thw)
         rows = np.repeat(grid, grid[:, 0], axis=0)
         rows[:, 0] = 1
@@ -344,7 +344,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
     spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
     if packing is None and mask is None:  # (a padding-free packed batch made elsewhere: its text row says so)
         packing = packing_from_positions(host.get("position_ids"), tuple(types.shape))
-        if packing is None and spec.mrope and restarts_without_text_row(host.get("position_ids"), tuple(types.shape)):
+        if packing is None and spec.rope.mrope and restarts_without_text_row(host.get("position_ids"), tuple(types.shape)):
             raise ValueError("position_ids restart inside a row but have no text row: a padding-free packed batch "
                              "whose samples' boundaries nothing can read (stock attends across them); give 4-row "
                              "position_ids, the text positions first (syncfree.packing_collator makes them)")
@@ -353,9 +353,9 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
             raise ValueError(f"the packing describes a batch of shape {packing.batch_shape} but the tokens have "
                              f"{tuple(types.shape)}")
         position_ids, rope_deltas = None, None
-        extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
+        extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.rope.mrope
                      else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host), packing=packing)
-    elif spec.rope_class is not None:  # audio and video interleaved: stock's index on the host, the audio plan
+    elif spec.rope.audio_class is not None:  # audio and video interleaved: stock's index on the host, the audio plan
         found = audio_rope(spec, host, mask, bool(use_audio_in_video))
         position_ids, rope_deltas = found if found else (None, None)
         extra = audio_fields(spec, host, bool(use_audio_in_video))
@@ -365,7 +365,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
         extra.update(items_per_row(spec, draft.runs, draft.video))
     else:
         position_ids, rope_deltas, stock_rope = _mrope_index(spec, host, mask, draft.image or draft.video)
-        extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.mrope
+        extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.rope.mrope
                      else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host),
                      stock_rope=stock_rope)
         if spec.audio_token_id is not None and host["input_ids"] is not None:  # (audio placeholders without an audio plan)
@@ -386,21 +386,21 @@ def _mrope_index(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
     only stock's own index gives stock's answer (runs that do not match their grids, a row with no kept token: stock
     fails or places positions its own way)."""
     ids, mm_types, given_mask = host["input_ids"], host["mm_token_type_ids"], host["attention_mask"]
-    if ids is not None and ids.dtype != torch.long and has_vision and (spec.mrope or spec.host_rope_class is not None):
+    if ids is not None and ids.dtype != torch.long and has_vision and (spec.rope.mrope or spec.rope.host_class is not None):
         # Stock's index makes its positions in the ids' dtype and writes int64 ones into them: int32 ids fail there
         # (PyTorch's "Index put requires the source and destination dtypes match") or give int32 positions. Only
         # stock's own index gives stock's answer, or its error.
         return None, None, True
     # (A host index of the family's own places positions even where the plan's runs carry no meaning.)
-    if ((spec.mrope or spec.host_rope_class is not None) and ids is not None and mm_types is not None
+    if ((spec.rope.mrope or spec.rope.host_class is not None) and ids is not None and mm_types is not None
             and ids.shape == mm_types.shape and has_vision and (given_mask is None or mask is not None)):
-        if spec.host_rope_class is not None:  # the family's own index, as stock, on the host
+        if spec.rope.host_class is not None:  # the family's own index, as stock, on the host
             # (Its NumPy form where the family declares one and it models the layout: stock's walk costs milliseconds.)
             found = spec.hooks.rope_index(spec, host, mask) if spec.hooks.rope_index is not None else None
             if found is not None:
                 return (*found, False)
             try:
-                return (*stock_rope_index(spec.vision_module, spec.host_rope_class, spec.config, input_ids=ids,
+                return (*stock_rope_index(spec.vision_module, spec.rope.host_class, spec.config, input_ids=ids,
                                           mm_token_type_ids=mm_types, image_grid_thw=host["image_grid_thw"],
                                           video_grid_thw=host["video_grid_thw"], attention_mask=mask,
                                           **{n: host[n] for n in spec.hooks.inputs}), False)

@@ -44,16 +44,16 @@ class PlanHooks:
     # ``rope_deltas`` and what else its index leaves), instead of the shared M-RoPE index.
     positions: Callable | None = None
     # ``rope_index(spec, host, mask) -> (position_ids, rope_deltas) | None``: the family's own rotary index
-    # (``Layout.host_rope_class``) computed on the host copies without stock's token-by-token walk, exactly stock's
+    # (``RotaryIndex.host_class``) computed on the host copies without stock's token-by-token walk, exactly stock's
     # numbers; None where it does not model the batch's layout (the plan then runs stock's own index on the host).
-    # One that interleaves audio and video (``Layout.rope_class``) is also given ``use_audio_in_video=``.
+    # One that interleaves audio and video (``RotaryIndex.audio_class``) is also given ``use_audio_in_video=``.
     rope_index: Callable | None = None
     # ``fields(spec, host) -> dict``: Plan fields the family adds (its audio encoder's plan).
     fields: Callable | None = None
     # ``expand(plan, k) -> dict``: the inputs of a batch generate() expanded ``k`` times, where the shared rule
     # (``batch.expanded_inputs``) does not give them.
     expand: Callable | None = None
-    # The config attributes the family's own host rotary index reads (``Layout.host_rope_class``), beyond the image
+    # The config attributes the family's own host rotary index reads (``RotaryIndex.host_class``), beyond the image
     # token, ``mrope_section`` and the merge size: kept in the spec's ``rope_key``.
     rope_config: tuple[str, ...] = ()
     # ``values(config) -> dict``: the config values the family's hooks depend on (kept in ``ModelSpec.values``,

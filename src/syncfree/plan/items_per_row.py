@@ -56,7 +56,7 @@ def items_per_row(spec: ModelSpec, runs: Runs, video: VisionPlan | None) -> dict
     """Images and videos per row, kept to rebuild the plan for an expanded batch (generate with beams)."""
     frames_per_row = runs.per_row(2)
     videos_per_row = list(frames_per_row)
-    if video is not None and spec.split_video_frames:  # one run per frame
+    if video is not None and spec.video.frames_as_runs:  # one run per frame
         frames = list(itertools.accumulate(t for t, _, _ in video.grid_thw.tolist()))
         done, videos_per_row = 0, []
         for n in frames_per_row:

@@ -28,11 +28,11 @@ and the host never waits:
 The families differ only in how videos are laid out and timed (keyword-only parameters):
 
 ==============================================  ===================  =================  ================
-family's layout (``Layout``)                    split_video_frames   tokens_per_second  truncate_seconds
+family's videos (``VideoLayout``)               split_video_frames   tokens_per_second  truncate_seconds
 ==============================================  ===================  =================  ================
 each frame a run (``frames_as_runs``)           True (default)       None               False
 one run per video                               False                None               False
-video time scale (``video_time_scale``), 5.24   False                config value       False
+video time scale (``time_scale``), 5.24         False                config value       False
 video time scale, Transformers 5.17             False                config value       True
 ==============================================  ===================  =================  ================
 

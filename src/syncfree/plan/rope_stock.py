@@ -1,7 +1,7 @@
 """A family's own 3D rotary index, computed by stock's own ``get_rope_index`` on host tensors.
 
-An index that interleaves audio and video positions by time (audio in video, ``Layout.rope_class``), or a
-family's own (``Layout.host_rope_class``), reads its inputs token by token (``input_ids.tolist()``,
+An index that interleaves audio and video positions by time (audio in video, ``RotaryIndex.audio_class``), or a
+family's own (``RotaryIndex.host_class``), reads its inputs token by token (``input_ids.tolist()``,
 ``.item()``-style branches on device counts): on the device that is dozens of waits per forward. On host tensors
 the very same code waits for nothing, and its result is stock's by construction. The plan runs it once, on the
 host, and moves the positions with the rest of the plan.

@@ -12,97 +12,30 @@ import torch
 
 from .hooks import PlanHooks, register_inputs
 from .rope_stock import host_rope_key, rope_config_key
+from .traits import AudioLayout, PositionTable, RotaryIndex, TowerShape, VideoLayout
 
-__all__ = ["Layout", "PositionTable", "ModelSpec", "multimodal_config", "register_layout", "supported_model_types",
+__all__ = ["Layout", "PositionTable", "TowerShape", "VideoLayout", "RotaryIndex", "AudioLayout", "ModelSpec",
+           "multimodal_config", "register_layout", "supported_model_types",
            "layout_of", "vision_merge_size", "register_assumed_spec", "assumed_spec"]
 
 
 @dataclass(frozen=True)
-class PositionTable:
-    """A vision tower's learned position table, which stock resamples to each grid (the plan makes the taps): how the
-    family's tower reads it. Declared by the family (``Layout(table=PositionTable(...))``)."""
-
-    # Where its side comes from: ``num_position_embeddings`` (its square root), ``image_size`` (image_size //
-    # patch_size), or the vision config attribute that holds it.
-    side: str = "num_position_embeddings"
-    # The class whose ``self.interpolation_align_corners = ...`` says how it is resampled (it changed between
-    # releases); None: align_corners=True, the helpers' fixed choice where no class says.
-    align_corners_from: str | None = None
-    mode: str = "bilinear"  # stock's interpolation mode (``mode=``: "bicubic" takes 16 taps)
-    swap_hw: bool = False  # read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``)
-    padding: str = "border"  # outside the table: the border's values, or zeros
-
-
-@dataclass(frozen=True)
 class Layout:
-    """How a family lays out its inputs: what the plan and the rope index need to know about it."""
+    """How a family lays out its inputs: what the plan and the rope index need to know about it. What only some families
+    do is in its traits (``plan.traits``: small frozen objects, one concept each, whose defaults are the shared plan's);
+    the fields here are those several family groups set."""
 
     modeling: str  # the Transformers modeling module holding the family's classes and vision helpers
     table: PositionTable | None = None  # a learned position table in the vision tower, resampled to each grid
-    frames_as_runs: bool = False  # each video frame is its own placeholder run, timestamps between
-    windows: bool = False  # window attention in the vision tower
-    video_time_scale: bool = False  # video positions step by tokens_per_second * seconds
-    # An audio encoder, and a rotary index interleaving audio and video by time that the plan runs as stock on the
-    # host (defined on this class).
-    audio: bool = False
-    rope_class: str | None = None
-    # 3D rotary positions (M-RoPE) from a get_rope_index; False: the text model numbers tokens 0..S-1 itself, so
-    # the plan computes no positions and placeholder runs carry no meaning.
-    mrope: bool = True
+    tower: TowerShape = TowerShape()  # how the vision tower is built and what it makes of a grid row
+    video: VideoLayout = VideoLayout()  # how a video's placeholders and positions are laid out
+    rope: RotaryIndex = RotaryIndex()  # how positions are made (the shared 3D index, none, or stock's on the host)
+    audio: AudioLayout = AudioLayout()  # an audio encoder, or audio placeholders
     # The processor's markers around each image or video (the config's ids); False where the chat template
     # writes them and the config names none.
     vision_markers: bool = True
     # The processor returns (and the forward takes) mm_token_type_ids.
     token_types: bool = True
-    # Video frames are written with the image placeholder and typed 2 only by mm_token_type_ids; stock counts
-    # "video" placeholders as image tokens, and the tower sees each frame as its own (1, h, w) grid row.
-    video_frames_as_images: bool = False
-    # The module holding the vision tower, where it is not the family's own (a family that runs another's tower).
-    vision_modeling: str | None = None
-    # A tower that merges patches only after its encoder (its helpers take this merge, 1; its learned table is
-    # image_size // patch_size on a side).
-    tower_merge: int | None = None
-    pixels_4d: bool = False  # the processor's pixels are (patches, channels, patch, patch)
-    # The tower ends in the projector to the text width (its merger); False where a projector outside it follows:
-    # vision_every_step's one-unit tower pass would not reach that projector.
-    tower_holds_projector: bool = True
-    # Video frames are merged in groups of ``vision_config.temporal_merge_size`` after the tower (a resampler): a
-    # video's placeholders and its temporal positions count t // that size frames.
-    video_temporal_merge: bool = False
-    # Each image and video comes with its own spatial merge size, a forward input (``image_merge_sizes`` /
-    # ``video_merge_sizes``) instead of a config value: the plan keeps them on the host per item.
-    item_merge_sizes: bool = False
-    # A rotary index of the family's own that the plan runs as stock on the host (``rope_stock.stock_rope_index``):
-    # the class defining it. Unlike ``rope_class``, a batch of text, images and videos (no audio).
-    host_rope_class: str | None = None
-    # Placeholders beyond the merged patches: tokens the merger appends to each merged row (a newline column: 1) and
-    # to each image (begin and end embeddings: 2).
-    row_extra_tokens: int = 0
-    item_extra_tokens: int = 0
-    # The tower attends over each image or video as one segment (stock's ``merge_temporal=True``), not frame by frame;
-    # and its rotary ids carry the frame, (t, row, col) (``include_temporal=True``).
-    clip_segments: bool = False
-    temporal_position_ids: bool = False
-    # The tower prepends a class token to each attention segment (each frame) before its blocks and drops them before
-    # its merger: the attention splits segments one token longer than their patches, and stock's
-    # ``get_vision_frame_lengths`` takes the per-frame patch counts from the plan (``frame_lengths``).
-    segment_class_token: bool = False
-    # Video frames are image placeholders that lie between the config's video start and end ids: the
-    # plan types tokens by those spans from input_ids (stock's get_placeholder_mask does, and counts the two kinds
-    # apart), not from mm_token_type_ids. With video_frames_as_images for the tower's per-frame grid rows.
-    video_spans: bool = False
-    # The vision config's name for its merge; windows as many patches on a side as the position table; a pixel
-    # shuffle by the merge after the encoder (``TableSpec.shuffle``).
-    merge_attr: str = "spatial_merge_size"
-    window_from_table: bool = False
-    pixel_shuffle: bool = False
-    # Audio placeholders (``config.audio_token_id``) the plan counts, without an audio encoder's plan (``audio``).
-    audio_tokens: bool = False
-    # A tower with a ``merge_kernel_size`` (h, w) instead of ``spatial_merge_size`` that, after its encoder, averages
-    # each clip's frames onto one frame's merged tokens (a grid row yields h*w/merge**2 tokens whatever its
-    # t), and it adds a frame embedding per patch: the plan's split sizes ignore t, and it makes the frame index and
-    # the pooling's destination and weight (``TableSpec.pool``).
-    temporal_pooling: bool = False
     # The whole prepared forward traces as one graph (``torch.compile(fullgraph=True)``): the wrappers hand a traced
     # call the plan (``rewrite.wrappers.traced_entry``). Only where that was shown (tests/test_one_graph.py); elsewhere a
     # traced call runs stock's code, breaks and all.
@@ -179,6 +112,8 @@ def assumed_spec() -> ModelSpec | None:
 
 
 _PLAIN = (int, str, float, bool, type(None))
+# A family's frozen objects, which it declares once: keyed once each (by identity), not on every prepare.
+_TRAITS = (PlanHooks, PositionTable, TowerShape, VideoLayout, RotaryIndex, AudioLayout)
 
 
 def _key(value) -> str:
@@ -187,8 +122,8 @@ def _key(value) -> str:
     if type(value) in _PLAIN:  # (most fields: their repr, without the checks below)
         return repr(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if isinstance(value, PlanHooks):  # (a family's one frozen object: its key once, not on every prepare)
-            return _hooks_key(value)
+        if isinstance(value, _TRAITS):  # (a family's frozen objects: their key once, not on every prepare)
+            return _trait_key(value)
         return _fields_key(value)
     if isinstance(value, (tuple, list)):
         return "(" + ",".join(_key(v) for v in value) + ")"
@@ -202,20 +137,21 @@ def _fields_key(value) -> str:
     return f"{type(value).__qualname__}({fields})"
 
 
-_HOOK_KEYS: dict[int, tuple] = {}
+_TRAIT_KEYS: dict[int, tuple] = {}
 
 
-def _hooks_key(hooks: PlanHooks) -> str:
+def _trait_key(trait) -> str:
     # (by identity, the object kept beside its key so that its id is not reused: families declare a handful)
-    kept = _HOOK_KEYS.get(id(hooks))
-    if kept is None or kept[0] is not hooks:
-        kept = _HOOK_KEYS[id(hooks)] = (hooks, _fields_key(hooks))
+    kept = _TRAIT_KEYS.get(id(trait))
+    if kept is None or kept[0] is not trait:
+        kept = _TRAIT_KEYS[id(trait)] = (trait, _fields_key(trait))
     return kept[1]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The config values a plan depends on (checked against the model at forward time)."""
+    """The config values a plan depends on, and the family's traits that say how (checked against the model at forward
+    time)."""
 
     model_type: str
     spatial_merge_size: int
@@ -223,35 +159,25 @@ class ModelSpec:
     image_token_id: int
     video_token_id: int
     vision_module: str  # where the stock vision helpers live (a transformers modeling module)
-    window_size: int | None = None  # window attention (Layout.windows)
+    window_size: int | None = None  # window attention in pixels (TowerShape.windows)
     patch_size: int = 16
-    split_video_frames: bool = True  # one placeholder run per frame (Layout.frames_as_runs); False: one per video
-    tokens_per_second: float | None = None  # video time scaling (Layout.video_time_scale)
+    tokens_per_second: float | None = None  # video time scaling (VideoLayout.time_scale)
     truncate_seconds: bool = False  # Transformers <= 5.17 truncated second_per_grid_ts to int before scaling
-    # An audio encoder (Layout.audio): audio placeholders, the encoder's windows, and the stock rope index run on the
-    # host.
+    # An audio encoder (AudioLayout.encoder): audio placeholders, the encoder's windows, and the stock rope index run
+    # on the host; audio placeholders alone (AudioLayout.tokens): their id.
     audio_token_id: int | None = None
     audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
-    rope_class: str | None = None  # the class whose stock get_rope_index the plan runs on the host
-    rope_key: tuple = ()  # the config values that index reads
-    mrope: bool = True  # the family has a 3D rotary index (Layout.mrope)
-    video_frames_as_images: bool = False  # (Layout.video_frames_as_images)
-    tower_merge: int | None = None  # (Layout.tower_merge: the merge the tower's own helpers take)
-    align_corners: bool = True  # (PositionTable.align_corners_from: how stock resamples the table)
-    video_temporal_merge: int = 1  # (Layout.video_temporal_merge: frames per video token; 1 elsewhere)
-    item_merge_sizes: bool = False  # (Layout.item_merge_sizes: spatial_merge_size is then 1, the merges come per item)
-    host_rope_class: str | None = None  # (Layout.host_rope_class; its config values in rope_key)
-    row_extra_tokens: int = 0  # (Layout.row_extra_tokens)
-    item_extra_tokens: int = 0  # (Layout.item_extra_tokens)
-    clip_segments: bool = False  # (Layout.clip_segments)
-    segment_class_token: bool = False  # (Layout.segment_class_token)
-    temporal_position_ids: bool = False  # (Layout.temporal_position_ids)
-    video_span_ids: tuple[int, int] | None = None  # (Layout.video_spans: the video start and end ids)
-    interp_swap_hw: bool = False  # (PositionTable.swap_hw)
-    interp_padding: str = "border"  # (PositionTable.padding)
-    pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (Layout.pixel_shuffle), else 0
-    temporal_pooling: tuple[int, int] | None = None  # (Layout.temporal_pooling: the merge kernel)
-    interp_mode: str = "bilinear"  # (PositionTable.mode)
+    rope_key: tuple = ()  # the config values a rotary index run as stock on the host reads (RotaryIndex)
+    align_corners: bool = True  # how stock resamples the table (read where PositionTable.align_corners_from says)
+    video_temporal_merge: int = 1  # frames per video token (VideoLayout.temporal_merge); 1 elsewhere
+    video_span_ids: tuple[int, int] | None = None  # the video start and end ids (VideoLayout.spans)
+    pixel_shuffle: int = 0  # the tower's pixel-shuffle factor after its encoder (TowerShape.pixel_shuffle), else 0
+    temporal_pooling: tuple[int, int] | None = None  # the merge kernel (TowerShape.temporal_pooling)
+    # The family's traits (its Layout's): the learned table (None: none), its tower, its videos, its positions.
+    table: PositionTable | None = None
+    tower: TowerShape = TowerShape()
+    video: VideoLayout = VideoLayout()
+    rope: RotaryIndex = RotaryIndex()
     hooks: PlanHooks = PlanHooks()  # (Layout.plan: what the family adds to the plan)
     values: tuple = ()  # the config values the family's hooks read, as sorted (name, value) pairs (PlanHooks.values)
     config: object = dataclasses.field(default=None, compare=False, repr=False)
@@ -272,36 +198,30 @@ class ModelSpec:
         family = dict(hooks=layout.plan, values=tuple(sorted(layout.plan.values(config).items()))
                       if layout.plan.values is not None else ())
         if getattr(config, "vision_config", None) is None:  # audio only: no vision values, no image or video tokens
-            return cls(model_type, 1, None, -1, -1, layout.modeling, mrope=False, audio_token_id=config.audio_token_id,
-                       **family)
+            return cls(model_type, 1, None, -1, -1, layout.modeling, rope=_NO_INDEX,
+                       audio_token_id=config.audio_token_id, **family)
         vc = config.vision_config
-        module = layout.vision_modeling or layout.modeling
-        audio_and_index = {"audio_token_id": config.audio_token_id} if layout.audio_tokens else {}
-        if layout.audio:
+        module = layout.tower.modeling or layout.modeling
+        audio_and_index = {"audio_token_id": config.audio_token_id} if layout.audio.tokens else {}
+        if layout.audio.encoder:
             ac = config.audio_config
             audio_and_index = dict(audio_token_id=config.audio_token_id,
                                    audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
-                                   rope_class=layout.rope_class, rope_key=rope_config_key(config), config=config)
-        if layout.host_rope_class is not None:
-            audio_and_index = dict(host_rope_class=layout.host_rope_class,
-                                   rope_key=host_rope_key(config, layout.plan.rope_config), config=config)
+                                   rope_key=rope_config_key(config), config=config)
+        if layout.rope.host_class is not None:
+            audio_and_index = dict(rope_key=host_rope_key(config, layout.plan.rope_config), config=config)
+        video = layout.video
         return cls(
             model_type, _spatial_merge(config, layout), _table_side(vc, layout),
             config.image_token_id, getattr(config, "video_token_id", -1), module,  # (-1: an image-only family)
             window_size=_window_size(vc, layout), patch_size=vc.patch_size,
-            split_video_frames=layout.frames_as_runs,
-            tokens_per_second=vc.tokens_per_second if layout.video_time_scale else None,
-            truncate_seconds=layout.video_time_scale and _truncates_seconds(module), mrope=layout.mrope,
-            video_frames_as_images=layout.video_frames_as_images, tower_merge=layout.tower_merge,
+            tokens_per_second=vc.tokens_per_second if video.time_scale else None,
+            truncate_seconds=video.time_scale and _truncates_seconds(module),
             align_corners=_align_corners(module, layout),
-            video_temporal_merge=vc.temporal_merge_size if layout.video_temporal_merge else 1,
-            item_merge_sizes=layout.item_merge_sizes, row_extra_tokens=layout.row_extra_tokens,
-            item_extra_tokens=layout.item_extra_tokens, clip_segments=layout.clip_segments,
-            segment_class_token=layout.segment_class_token,
-            temporal_position_ids=layout.temporal_position_ids,
-            video_span_ids=(config.video_start_token_id, config.video_end_token_id) if layout.video_spans else None,
-            temporal_pooling=_pool_kernel(vc, layout), interp_mode=_table(layout).mode,
-            **_tower_options(vc, layout), **audio_and_index, **family,
+            video_temporal_merge=vc.temporal_merge_size if video.temporal_merge else 1,
+            video_span_ids=(config.video_start_token_id, config.video_end_token_id) if video.spans else None,
+            pixel_shuffle=_shuffle(vc, layout), temporal_pooling=_pool_kernel(vc, layout),
+            table=layout.table, tower=layout.tower, video=video, rope=layout.rope, **audio_and_index, **family,
         )
 
     def value(self, name: str):
@@ -310,7 +230,7 @@ class ModelSpec:
 
     def rope_options(self, second_per_grid_ts=None) -> dict:
         """The keyword arguments of ``rope_index`` for this model family."""
-        options = {"spatial_merge_size": self.spatial_merge_size, "split_video_frames": self.split_video_frames}
+        options = {"spatial_merge_size": self.spatial_merge_size, "split_video_frames": self.video.frames_as_runs}
         if self.video_temporal_merge != 1:
             options["video_temporal_merge"] = self.video_temporal_merge
         if self.tokens_per_second is not None:
@@ -325,65 +245,70 @@ class ModelSpec:
         module = type(visual).__module__
         model_type = module.rsplit(".", 1)[-1].removeprefix("modeling_")
         layout = _LAYOUTS.get(model_type)
-        # (A tower that merges after its encoder keeps its table on a nested module: its layout says.)
-        nested = layout is not None and layout.tower_merge is not None
-        # (A table the layout sizes, not the tower: on a nested module, or in the embeddings.)
-        own_table = layout is not None and layout.table is not None and (
-            nested or layout.table.side != "num_position_embeddings")
-        per_item = layout is not None and layout.item_merge_sizes  # (its config names no merge size)
-        if layout is not None and layout.pixel_shuffle:  # (the layout names the config values, as above)
-            return cls(model_type, getattr(vc, layout.merge_attr), _table_side(vc, layout), -1, -1, module,
-                       window_size=_window_size(vc, layout), patch_size=vc.patch_size, tower_merge=layout.tower_merge,
-                       align_corners=_align_corners(module, layout), **_tower_options(vc, layout))
+        if layout is None:  # (a tower syncfree has no layout for: the shared plan's, its values read off the tower)
+            return cls(model_type, vc.spatial_merge_size, getattr(visual, "num_grid_per_side", None), -1, -1, module,
+                       window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size)
+        tower = _tower_alone(layout.tower)
+        # (A table the layout sizes, not the tower: on a nested module, as where it merges after its encoder, or in
+        # the embeddings.)
+        own_table = layout.table is not None and (
+            tower.encoder_merge is not None or layout.table.side != "num_position_embeddings")
+        if tower.pixel_shuffle:  # (the layout names the config values, as above)
+            return cls(model_type, getattr(vc, tower.merge_attr), _table_side(vc, layout), -1, -1, module,
+                       window_size=_window_size(vc, layout), patch_size=vc.patch_size,
+                       align_corners=_align_corners(module, layout), pixel_shuffle=_shuffle(vc, layout),
+                       table=layout.table, tower=tower)
         return cls(
-            model_type, 1 if per_item else _merge_size(vc, layout),
+            model_type, 1 if tower.item_merge_sizes else _merge_size(vc, layout),  # (per item: its config names none)
             _table_side(vc, layout) if own_table else getattr(visual, "num_grid_per_side", None), -1, -1, module,
             window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size,
-            tower_merge=layout.tower_merge if nested else None,
-            align_corners=_align_corners(module, layout) if own_table else True, item_merge_sizes=per_item,
-            clip_segments=layout is not None and layout.clip_segments,
-            segment_class_token=layout is not None and layout.segment_class_token,
-            temporal_position_ids=layout is not None and layout.temporal_position_ids,
-            temporal_pooling=_pool_kernel(vc, layout) if layout is not None else None,
-            interp_mode=_table(layout).mode,
+            align_corners=_align_corners(module, layout) if own_table else True,
+            temporal_pooling=_pool_kernel(vc, layout), table=layout.table, tower=tower,
         )
 
 
-def _table(layout: Layout | None) -> PositionTable:
-    """The layout's position table, or the defaults where it has none (the spec's resampling values then go unused)."""
-    return layout.table if layout is not None and layout.table is not None else PositionTable()
+# The rotary index of a family without vision (audio only): no positions of its own to plan.
+_NO_INDEX = RotaryIndex(mrope=False)
+_ALONE: dict[int, tuple] = {}
+
+
+def _tower_alone(tower: TowerShape) -> TowerShape:
+    """The tower's shape as a plan of the tower alone sees it: without the tokens its model's merger adds around the
+    merged rows and items (a tower called on its own is planned by its patches; kept by identity, as ``_trait_key``)."""
+    if not (tower.row_extra_tokens or tower.item_extra_tokens):
+        return tower
+    kept = _ALONE.get(id(tower))
+    if kept is None or kept[0] is not tower:
+        kept = _ALONE[id(tower)] = (tower, dataclasses.replace(tower, row_extra_tokens=0, item_extra_tokens=0))
+    return kept[1]
 
 
 def _window_size(vc, layout: Layout) -> int | None:
     """The tower's window side in pixels (window attention), else None."""
-    if not layout.windows:
+    if not layout.tower.windows:
         return None
-    return _table_side(vc, layout) * vc.patch_size if layout.window_from_table else vc.window_size
+    return _table_side(vc, layout) * vc.patch_size if layout.tower.window_from_table else vc.window_size
 
 
-def _tower_options(vc, layout: Layout) -> dict:
-    """The ModelSpec values of a tower that reads its table at (w, h) or pixel-shuffles; none elsewhere."""
-    table = _table(layout)
-    if not (table.swap_hw or layout.pixel_shuffle or table.padding != "border"):
-        return {}
-    return dict(interp_swap_hw=table.swap_hw, interp_padding=table.padding,
-                pixel_shuffle=getattr(vc, layout.merge_attr) if layout.pixel_shuffle else 0)
+def _shuffle(vc, layout: Layout) -> int:
+    """The tower's pixel-shuffle factor after its encoder (its merge), else 0."""
+    return getattr(vc, layout.tower.merge_attr) if layout.tower.pixel_shuffle else 0
 
 
 def _spatial_merge(config, layout: Layout) -> int:
     """The merge on a side the plan's split sizes divide by (per item: 1; the family's own where its hooks say)."""
-    if layout.item_merge_sizes:
+    if layout.tower.item_merge_sizes:
         return 1
     if layout.plan.merge is not None:  # (the family's own: no merge size in its vision config)
         return layout.plan.merge(config)
-    if layout.temporal_pooling:  # (its merge_kernel_size)
+    if layout.tower.temporal_pooling:  # (its merge_kernel_size)
         return _merge_size(config.vision_config, layout)
-    return getattr(config.vision_config, layout.merge_attr)
+    return getattr(config.vision_config, layout.tower.merge_attr)
 
 
 def _pool_kernel(vc, layout: Layout) -> tuple[int, int] | None:
-    """The merge kernel (h, w), where the tower pools frames after its encoder (``Layout.temporal_pooling``)."""
-    return tuple(vc.merge_kernel_size) if layout.temporal_pooling else None
+    """The merge kernel (h, w), where the tower pools frames after its encoder (``TowerShape.temporal_pooling``)."""
+    return tuple(vc.merge_kernel_size) if layout.tower.temporal_pooling else None
 
 
 def vision_merge_size(vc) -> int:
@@ -393,9 +318,9 @@ def vision_merge_size(vc) -> int:
     return merge if merge is not None else vc.merge_kernel_size[0]
 
 
-def _merge_size(vc, layout: Layout | None) -> int:
+def _merge_size(vc, layout: Layout) -> int:
     """The tokens' spatial merge: ``spatial_merge_size``, or a square ``merge_kernel_size``."""
-    if layout is None or not layout.temporal_pooling:
+    if not layout.tower.temporal_pooling:
         return vc.spatial_merge_size
     kh, kw = vc.merge_kernel_size
     if kh != kw:
@@ -452,7 +377,7 @@ def _table_side(vc, layout: Layout) -> int | None:
 
 @_source_fact
 def _truncates_seconds(module_name: str) -> bool:
-    # Older Transformers computed the video time step (Layout.video_time_scale) as tokens_per_second * int(seconds).
+    # Older Transformers computed the video time step (VideoLayout.time_scale) as tokens_per_second * int(seconds).
     import inspect
 
     module = importlib.import_module(module_name)

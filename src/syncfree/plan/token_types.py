@@ -47,7 +47,7 @@ def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | N
     input_ids' video start/end spans where those tell them apart, as that family's stock does)."""
     if spec.video_span_ids is not None and input_ids is not None and input_ids.dim() == 2:
         return span_types(host_array(input_ids), spec.image_token_id, *spec.video_span_ids)
-    if (spec.video_frames_as_images and mm_token_type_ids is not None and mm_token_type_ids.dim() == 2
+    if (spec.video.frames_as_images and mm_token_type_ids is not None and mm_token_type_ids.dim() == 2
             and (input_ids is None or input_ids.shape == mm_token_type_ids.shape)):
         return host_array(mm_token_type_ids).astype(np.int64)
     if input_ids is not None and input_ids.dim() == 2:

@@ -45,7 +45,7 @@ def _check_tokens(spec: ModelSpec, input_ids, mm_token_type_ids, attention_mask,
                     f"video placeholders but input_ids holds {int((spans == 1).sum())} image tokens "
                     f"{spec.image_token_id} outside video spans and {int((spans == 2).sum())} inside them")
             kinds = ()
-        elif spec.video_frames_as_images:  # video frames are image placeholders typed 2: both kinds mark image tokens
+        elif spec.video.frames_as_images:  # video frames are image placeholders typed 2: both kinds mark image tokens
             types_np, kinds = np.where(types_np == 2, 1, types_np), kinds[:1]
         for kind, token in kinds:
             marked, found = types_np == kind, ids_np == token
@@ -67,7 +67,7 @@ def check_inputs(spec: ModelSpec, *, input_ids=None, mm_token_type_ids=None, att
                  feature_attention_mask=None, input_features=None, ids_assumed: bool = False, **_) -> None:
     """What can be checked before planning: the tokens' shapes and placeholder ids, and the audio features."""
     _check_tokens(spec, input_ids, mm_token_type_ids, attention_mask, ids_assumed)
-    if spec.audio_window is not None:  # (an audio encoder's plan, Layout.audio; other audio needs no check here)
+    if spec.audio_window is not None:  # (an audio encoder's plan, AudioLayout.encoder; other audio needs no check here)
         _check_audio(spec, input_ids, feature_attention_mask, input_features)
 
 
@@ -81,7 +81,7 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
     if spec.audio_window is not None:
         seconds, seconds_name = video_second_per_grid, "video_second_per_grid"
     merge2 = spec.spatial_merge_size ** 2
-    if draft.mask is not None and (draft.image or draft.video) and spec.rope_class is None and spec.mrope:
+    if draft.mask is not None and (draft.image or draft.video) and spec.rope.audio_class is None and spec.rope.mrope:
         empty = np.flatnonzero(~host_array(draft.mask).any(1))
         if empty.size:  # stock's get_rope_index fails there (torch.cat of no positions); say why
             raise ValueError(f"row {empty[0]} of attention_mask is all padding: stock's get_rope_index cannot place "
@@ -106,16 +106,15 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
             raise ValueError(f"{words} ({grids} describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
         runs = draft.runs.lengths_of(kind)
-        if kind == 2 and spec.split_video_frames:  # each frame between its own start/end tokens
+        if kind == 2 and spec.video.frames_as_runs:  # each frame between its own start/end tokens
             expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
             unit = "video frame"
         else:
             expected, unit = list(vp.split_sizes), name
-        if runs != expected and spec.mrope and not (kind == 2 and spec.audio_token_id is not None):
+        if runs != expected and spec.rope.mrope and not (kind == 2 and spec.audio_token_id is not None):
             # (A video carrying its audio has its pads interleaved with the audio's: runs do not apply.
             # Without 3D positions, stock places features in token order whatever the runs.)
-            rule = (f"t*(h/m)*(w/m + {spec.row_extra_tokens}) + {spec.item_extra_tokens}, m = {spec.spatial_merge_size}"
-                    if spec.row_extra_tokens or spec.item_extra_tokens else f"t*h*w / {merge2}")  # (with extra tokens)
+            rule = spec.tower.split_rule(spec.spatial_merge_size)  # (the tower's: with extra tokens, its own)
             raise ValueError(f"the {name} placeholder runs in the tokens have {runs} tokens but {grids} "
                              f"needs one run per {unit} of {expected} tokens ({rule})")
         # (Grids from the family's own inputs, NaViT crops: pixels in one (1, C, p, patches * p) strip)
@@ -137,7 +136,7 @@ def grid_name(spec: ModelSpec, kind: int) -> str:
 
 
 def _check_audio(spec: ModelSpec, input_ids, feature_attention_mask, input_features) -> None:
-    """An audio encoder's plan (``Layout.audio``): the audio placeholders against the audio features the batch
+    """An audio encoder's plan (``AudioLayout.encoder``): the audio placeholders against the audio features the batch
     carries."""
     tokens = int((input_ids == spec.audio_token_id).sum()) if input_ids is not None else 0
     if feature_attention_mask is None:

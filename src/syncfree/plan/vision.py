@@ -15,7 +15,7 @@ from .rope_host import row_runs
 from .spec import ModelSpec
 from .tensors import DeviceFields, move
 from .vision_tables import (
-    TableSpec,
+    TowerTables,
     device_tables,
     device_tables_match_stock,
     host_tables,
@@ -42,17 +42,17 @@ class VisionPlan(DeviceFields):
     device_grid: torch.Tensor  # (N, 3) int64: the grid rows, moved with the plan (a tower that takes its grid there)
     items: torch.Tensor  # (len(ITEM), N) int64: host integers per image or video, moved with the plan; the tables'
     # per-patch values are expanded from it
-    table_spec: TableSpec
+    tower_tables: TowerTables  # what the tables read of the spec
     tables_by_device: bool  # built on the device (the installed stock helpers checked), else stock's on the host
-    cu_window_seqlens: torch.Tensor | None = None  # window attention (Layout.windows)
+    cu_window_seqlens: torch.Tensor | None = None  # window attention (TowerShape.windows)
     windows: torch.Tensor | None = None  # (len(WINDOW), windows) int64: host integers per window, moved with the plan
     window_seqlens: tuple[int, ...] = ()
     max_window_seqlen: int = 0
     device: str = "cpu"  # where the tensors above live (grid_thw stays on the host)
-    # Per-item merge sizes (``Layout.item_merge_sizes``): (N,) int64 on the host (``items`` holds them too).
+    # Per-item merge sizes (``TowerShape.item_merge_sizes``): (N,) int64 on the host (``items`` holds them too).
     merge_sizes: torch.Tensor | None = None
     merges: tuple[int, ...] = ()  # the same merge sizes as Python ints
-    # Tokens the tower prepends to each attention segment before its blocks (``Layout.segment_class_token``: 1), which
+    # Tokens the tower prepends to each attention segment before its blocks (``TowerShape.segment_class_token``: 1), which
     # its attention's split sizes count; ``seqlens`` and ``cu_seqlens`` count patches only, as stock's helpers do.
     segment_prefix: int = 0
     # The per-patch tables made on ``device`` (cached: a plan serves one batch, e.g. every step of generate()).
@@ -86,7 +86,7 @@ class VisionPlan(DeviceFields):
 
     def tables(self, patches=None) -> dict:
         """``position_ids`` (patches, 2) rotary (row, col) ids, or (patches, 3) (t, row, col) ones (with
-        ``Layout.temporal_position_ids``);
+        ``TowerShape.temporal_position_ids``);
         ``interp_indices`` / ``interp_weights`` (patches, taps) into a learned position table (``Layout.table``);
         a windowed tower's ``window_index`` (merged patches,): made on the plan's device from ``device_grid`` (no sync,
         nothing big uploaded), once."""
@@ -94,11 +94,11 @@ class VisionPlan(DeviceFields):
             return self.tables_made
         if self.tables_by_device:
             # (``patches``: the patch count as the traced forward's pixels give it, a size Dynamo keeps dynamic)
-            tables = device_tables(self.items, self.num_patches if patches is None else patches, self.table_spec,
+            tables = device_tables(self.items, self.num_patches if patches is None else patches, self.tower_tables,
                                    self.windows)
         else:
             tables = {k: move(v, self.device)
-                      for k, v in host_tables(self.grid_thw, self.table_spec, **merge_kwargs(self.merge_sizes)).items()}
+                      for k, v in host_tables(self.grid_thw, self.tower_tables, **merge_kwargs(self.merge_sizes)).items()}
         if not torch.compiler.is_compiling():  # (a graph made with the plan computes them in the graph)
             self.tables_made.update(tables)
         return tables
@@ -111,7 +111,7 @@ class VisionPlan(DeviceFields):
 
     @property
     def has_windows(self) -> bool:
-        return self.table_spec.window is not None
+        return self.tower_tables.window_size is not None
 
     def seqlens_by_length(self) -> dict:
         """Host segment sizes keyed by the length of the cu_seqlens they go with: attention layers find their
@@ -161,35 +161,28 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
                 merge_sizes: torch.Tensor | None = None) -> VisionPlan:
     """Build a VisionPlan on the host: integers per image, frame and window (the per-patch tables come later,
     on the device, from the grid rows). ``temporal_merge``: frames merged into one token after the tower (a resampler's
-    videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size`` does.
-    ``merge_sizes``: a host (N,) tensor of each row's own merge size (``spec.item_merge_sizes``)."""
+    videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size``.
+    ``merge_sizes``: a host (N,) tensor of each row's own merge size (``TowerShape.item_merge_sizes``).
+    What the tower makes of each row (its segments, its features) is its ``TowerShape``'s to say."""
     grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
     host = grid.numpy()
-    if spec.item_merge_sizes and merge_sizes is not None:
-        return _item_merge_plan(grid, rows, merge_sizes, spec, name)
+    tower = spec.tower
+    per_item = tower.item_merges(grid, rows, merge_sizes, name)  # (merge_sizes, merges), or None: the spec's merge
+    tables = TowerTables.of(spec, item_merges=per_item is not None)
     merge = spec.spatial_merge_size
-    # (The tower's own merge for its tables: 1 where it merges only after its encoder.)
-    table_spec = TableSpec(spec.vision_module, spec.tower_merge or merge, spec.num_grid_per_side, spec.window_size,
-                           spec.patch_size, spec.align_corners, temporal=spec.temporal_position_ids,
-                           swap_hw=spec.interp_swap_hw, padding=spec.interp_padding, shuffle=spec.pixel_shuffle,
-                           mode=spec.interp_mode, pool=spec.temporal_pooling)
     extra = {}
-    if spec.window_size is not None:
-        table = window_columns(rows, table_spec)  # (one host table per window: window_seqlens' sizes its first row)
-        sizes = table[0].numpy() * table_spec.merge ** 2
+    if per_item is not None:
+        extra.update(merge_sizes=per_item[0], merges=tuple(per_item[1]))
+        merge = np.asarray(per_item[1], dtype=np.int64)
+    if tables.window_size is not None:
+        table = window_columns(rows, tables)  # (one host table per window: window_seqlens' sizes its first row)
+        sizes = table[0].numpy() * tables.merge ** 2
         windows = tuple(sizes.tolist())
         extra.update(cu_window_seqlens=_cumulative(sizes), window_seqlens=windows, max_window_seqlen=max(windows),
                      windows=table)
     # (Sizes per item in NumPy over the grid's columns, then one ``tolist``: a NaViT batch has thousands of crops.)
     t, h, w = host.T
-    seqlens = np.repeat(h * w, t)
-    split_sizes = t * h * w // merge**2 // temporal_merge
-    if spec.row_extra_tokens or spec.item_extra_tokens:  # (a merger that adds a newline per row, begin and end)
-        split_sizes = t * (h // merge) * (w // merge + spec.row_extra_tokens) + spec.item_extra_tokens
-    if spec.temporal_pooling is not None:  # a clip's frames averaged onto one frame's tokens
-        split_sizes = h * w // merge**2
-    if spec.clip_segments:  # one segment per image or video (stock's merge_temporal=True)
-        seqlens = t * h * w
+    seqlens, split_sizes = tower.segment_lengths(t, h, w), tower.split_sizes(t, h, w, merge, temporal_merge)
     cu_seqlens = _cumulative(seqlens)
     # (max and sums in NumPy, before the one ``tolist`` each: a NaViT batch has thousands of crops)
     longest, patches, features = int(seqlens.max()), int(seqlens.sum()), int(split_sizes.sum())
@@ -199,33 +192,9 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     return VisionPlan(
         grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes, split_array=split_array,
         max_seqlen=longest, n_patches=patches, cu_seqlens=cu_seqlens, device_grid=grid,
-        features_follow_patches=features * merge**2 == patches and not spec.segment_class_token,
-        items=item_columns(host, table_spec), table_spec=table_spec,
-        tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
-    )
-
-
-def _item_merge_plan(grid: torch.Tensor, rows: tuple, merge_sizes, spec: ModelSpec, name: str) -> VisionPlan:
-    """The plan of a grid whose rows have their own merge sizes: stock's split ``t*h*w // merge**2`` per row, the
-    rotary ids made with each row's merge (no window, no learned table in such a tower)."""
-    merges_name = name.replace("grid_thw", "merge_sizes")
-    if not isinstance(merge_sizes, torch.Tensor) or merge_sizes.shape != (grid.shape[0],) \
-            or merge_sizes.dtype.is_floating_point or merge_sizes.dtype == torch.bool:
-        raise ValueError(f"{merges_name} must be an integer tensor of shape ({grid.shape[0]},) (one per {name} row), "
-                         f"got {getattr(merge_sizes, 'shape', type(merge_sizes).__name__)}")
-    merge_sizes = merge_sizes.to("cpu", torch.long)
-    merges = merge_sizes.tolist()  # host tensor: no device involved
-    if any(m <= 0 or h % m or w % m for (_, h, w), m in zip(rows, merges)):
-        raise GridError(f"{name} heights and widths must be multiples of their {merges_name}, got {grid.tolist()} and "
-                        f"{merges}")
-    table_spec = TableSpec(spec.vision_module, 1, None, None, spec.patch_size, item_merges=True)
-    seqlens = tuple(h * w for t, h, w in rows for _ in range(t))
-    return VisionPlan(
-        grid_thw=grid, rows=rows, seqlens=seqlens,
-        split_sizes=tuple(t * h * w // m**2 for (t, h, w), m in zip(rows, merges)),
-        max_seqlen=max(seqlens), n_patches=sum(seqlens), cu_seqlens=_cumulative(seqlens), device_grid=grid,
-        items=item_columns(rows, table_spec, merges), table_spec=table_spec,
-        tables_by_device=device_tables_match_stock(table_spec), merge_sizes=merge_sizes, merges=tuple(merges),
+        features_follow_patches=per_item is None and tower.features_follow_patches(features, patches, merge),
+        items=item_columns(host, tables, per_item and per_item[1]), tower_tables=tables,
+        tables_by_device=device_tables_match_stock(tables), segment_prefix=tower.segment_prefix, **extra,
     )
 
 

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from .rope_host import row_runs
+from .traits import PositionTable, TowerShape
 
-__all__ = ["TableSpec", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs",
+__all__ = ["TowerTables", "device_tables", "host_tables", "window_seqlens", "device_tables_match_stock", "merge_kwargs",
            "item_columns", "window_columns", "tables_from_grid", "ITEM", "DECODINGS", "WINDOW"]
 
 
@@ -37,33 +38,42 @@ def _module(name: str):
     return sys.modules.get(name) or __import__(name, fromlist=["_"])
 
 
-class TableSpec(NamedTuple):
-    """What the tables need from the model (hashable: the stock check is made once per spec; picklable: plans
-    travel from DataLoader workers)."""
+class TowerTables(NamedTuple):
+    """What the tables read of a ``ModelSpec``: its values and traits under their own names, and the merge the tower's
+    own helpers take (hashable: the stock check is made once per configuration; picklable: plans travel from DataLoader
+    workers)."""
 
-    module: str  # the modeling module whose stock helpers these tables stand for
+    vision_module: str  # the modeling module whose stock helpers these tables stand for
+    # The tower's own merge: ``TowerShape.encoder_merge`` where it merges only after its encoder, else the spec's
+    # ``spatial_merge_size`` (1 where the merges come per item: the tables take the rows' own, ``merges=``).
     merge: int
-    side: int | None  # learned position table side (Layout.table), else None
-    window: int | None  # window size in pixels (Layout.windows), else None
-    patch: int
+    num_grid_per_side: int | None  # learned position table side (Layout.table), else None
+    window_size: int | None  # window size in pixels (TowerShape.windows), else None
+    patch_size: int
     align_corners: bool = True  # how the learned table is resampled (stock's align_corners)
-    # Each grid row has its own merge size, handed with the grid (e.g. images 1, videos 2); ``merge`` is then 1
-    # and the tables take the rows' merges (``merges=``).
+    # How the learned table is read and resampled (its interpolation mode, (w, h), padding).
+    table: PositionTable = PositionTable()
+    # The tower's rotary ids (``temporal_position_ids``: a leading frame column, stock's ``include_temporal=True``).
+    tower: TowerShape = TowerShape()
+    # The tower's pixel-shuffle factor after its encoder (``get_vision_pixel_shuffle_index``), 0 where there is none.
+    pixel_shuffle: int = 0
+    # A tower that pools a clip's frames: each patch's index into its frame-embedding table (``get_vision_frame_index``)
+    # and the temporal pooling after its encoder (``get_vision_temporal_merge_index``) by this (height, width) kernel.
+    temporal_pooling: tuple[int, int] | None = None
+    # Each grid row has its own merge size, handed with the grid (``TowerShape.item_merge_sizes``, where the forward
+    # is handed them): the tables take the rows' merges (``merges=``).
     item_merges: bool = False
-    # Rotary ids with a leading frame column, (t, row, col) per patch: stock's ``include_temporal=True``
-    # (a tower that rotates the temporal axis too); False: (row, col), repeated for each frame.
-    temporal: bool = False
-    # A learned table read at (w, h) (stock's helper takes ``grid_thw[:, [0, 2, 1]]``) with
-    # out-of-range taps weighted zero (``padding="zeros"``); ``shuffle``: the tower's pixel-shuffle factor after its
-    # encoder (``get_vision_pixel_shuffle_index``), 0 where there is none.
-    swap_hw: bool = False
-    padding: str = "border"
-    shuffle: int = 0
-    # How the learned table is resampled: stock's interpolation mode ("bicubic": 16 taps).
-    mode: str = "bilinear"
-    # A tower that pools a clip's frames: each patch's index into its frame-embedding table (``get_vision_frame_index``) and the
-    # temporal pooling after its encoder (``get_vision_temporal_merge_index``) by this (height, width) kernel.
-    pool: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, spec, item_merges: bool = False) -> "TowerTables":
+        """The tables' part of ``spec`` (a ``ModelSpec``)."""
+        tower = spec.tower
+        return cls(spec.vision_module, tower.encoder_merge or spec.spatial_merge_size, spec.num_grid_per_side,
+                   spec.window_size, spec.patch_size, spec.align_corners, spec.table or _NO_TABLE, tower,
+                   spec.pixel_shuffle, spec.temporal_pooling, item_merges)
+
+
+_NO_TABLE = PositionTable()  # (where the tower has no learned table: its values go unused)
 
 
 @functools.lru_cache(maxsize=256)
@@ -83,11 +93,11 @@ def _item_windows(t: int, lh: int, lw: int, size: int) -> np.ndarray:
     return table
 
 
-def _windows(rows, spec: TableSpec) -> np.ndarray:
+def _windows(rows, spec: TowerTables) -> np.ndarray:
     """Every attention window of the grid ``rows`` in stock's order: a (len(WINDOW), windows) int64 host table (one
     cached table per item size, then offsets: host work that grows with the items, not the windows)."""
     merge = spec.merge
-    size = spec.window // merge // spec.patch  # window side in merged patches
+    size = spec.window_size // merge // spec.patch_size  # window side in merged patches
     parts = [_item_windows(t, h // merge, w // merge, size) for t, h, w in rows]
     starts = np.cumsum([0] + [t * (h // merge) * (w // merge) for t, h, w in rows[:-1]])
     sizes, source, width, stride = np.concatenate(parts, axis=1)
@@ -96,7 +106,7 @@ def _windows(rows, spec: TableSpec) -> np.ndarray:
     return np.stack([sizes, place, source, width, stride])
 
 
-def window_seqlens(rows, spec: TableSpec) -> list[int]:
+def window_seqlens(rows, spec: TowerTables) -> list[int]:
     """Patches per attention window, in stock's order (``_windows``)."""
     return (_windows(rows, spec)[0] * spec.merge ** 2).tolist()
 
@@ -131,7 +141,7 @@ WINDOW = ("size",  # merged patches in the window
 _W = {name: i for i, name in enumerate(WINDOW)}
 
 
-def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
+def item_columns(rows, spec: TowerTables, merges=None) -> torch.Tensor:
     """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size).
 
     Whole-column NumPy arithmetic, not a Python tuple per item: a NaViT batch has thousands of crops, and
@@ -142,8 +152,8 @@ def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
     # (Computed once per run of equal rows, then repeated: a NaViT image's crops are mostly one size, side by side.)
     starts = row_runs(keys) if keys.shape[0] > 64 else None
     t, h, w, merge = (keys if starts is None else keys[starts]).T
-    kh, kw = spec.pool or (1, 1)
-    shuffle = spec.shuffle or 1
+    kh, kw = spec.temporal_pooling or (1, 1)
+    shuffle = spec.pixel_shuffle or 1
     count, frame = t * h * w, h * w
     pooled = (h // kh) * (w // kw)
     table = np.stack([
@@ -157,7 +167,7 @@ def item_columns(rows, spec: TableSpec, merges=None) -> torch.Tensor:
     return torch.from_numpy(table)
 
 
-def window_columns(rows, spec: TableSpec) -> torch.Tensor:
+def window_columns(rows, spec: TowerTables) -> torch.Tensor:
     """The (len(WINDOW), windows) int64 host table of the grid ``rows``' attention windows (``_windows``)."""
     return torch.from_numpy(_windows(rows, spec))
 
@@ -192,37 +202,38 @@ def _window_index(windows: torch.Tensor, merged: int) -> torch.Tensor:
     return per[_W["source"]] + (local // width) * per[_W["stride"]] + local % width
 
 
-def device_tables(items: torch.Tensor, total: int, spec: TableSpec, windows: torch.Tensor | None = None) -> dict:
+def device_tables(items: torch.Tensor, total: int, spec: TowerTables, windows: torch.Tensor | None = None) -> dict:
     """The per-patch tables on ``items.device`` (``items``: ``item_columns``' table, already there; ``windows``:
-    ``window_columns``' table, there too, where ``spec.window``)."""
+    ``window_columns``' table, there too, where ``spec.window_size``)."""
     per, local = _spread(items, total)
     merge = per[_I["merge"]] if spec.item_merges else spec.merge  # (the decoding is elementwise)
     places = _decode(per, local, merge, "merge")
     row, col = places
     heights, widths = per[_I["height"]], per[_I["width"]]
     tables = {"position_ids": places.t()}
-    if spec.temporal:
+    if spec.tower.temporal_position_ids:
         tables["position_ids"] = torch.stack([local // per[_I["frame"]], row, col], -1)
-    if spec.side is not None:
-        helper = _module(spec.module).get_vision_interpolation_indices_and_weights
+    if spec.num_grid_per_side is not None:
+        helper = _module(spec.vision_module).get_vision_interpolation_indices_and_weights
         kernel = _module(helper.__module__)  # where stock's per-axis kernel lives
         # (read at (w, h): each patch decoded as if its frame were transposed)
-        at = ((*_decode(per, local, merge, "transposed"), widths, heights) if spec.swap_hw
+        at = ((*_decode(per, local, merge, "transposed"), widths, heights) if spec.table.swap_hw
               else (row, col, heights, widths))
-        options = {"padding": spec.padding} if spec.padding != "border" else {}  # (older kernels take no padding)
-        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], spec.side, spec.mode,
+        table, side = spec.table, spec.num_grid_per_side
+        options = {"padding": table.padding} if table.padding != "border" else {}  # (older kernels take no padding)
+        h_taps, h_weights = kernel._interpolation_axis_taps_weights(at[0], at[2], side, table.mode,
                                                                     spec.align_corners, **options)
-        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], spec.side, spec.mode,
+        w_taps, w_weights = kernel._interpolation_axis_taps_weights(at[1], at[3], side, table.mode,
                                                                     spec.align_corners, **options)
         n = h_taps.shape[1]
-        tables["interp_indices"] = (h_taps[:, :, None] * spec.side + w_taps[:, None, :]).reshape(-1, n * n)
+        tables["interp_indices"] = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, n * n)
         tables["interp_weights"] = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, n * n)
-    if spec.window is not None:
+    if spec.window_size is not None:
         tables["window_index"] = _window_index(windows, total // spec.merge ** 2)
-    if spec.shuffle:
-        tables["pixel_shuffle_index"] = _shuffle_index(per, local, spec.shuffle)
-    if spec.pool is not None:
-        tables.update(_pooling(per, local, spec.pool))
+    if spec.pixel_shuffle:
+        tables["pixel_shuffle_index"] = _shuffle_index(per, local, spec.pixel_shuffle)
+    if spec.temporal_pooling is not None:
+        tables.update(_pooling(per, local, spec.temporal_pooling))
     return tables
 
 
@@ -248,12 +259,12 @@ def _shuffle_index(per: torch.Tensor, local: torch.Tensor, factor: int) -> torch
     return per[_I["start"]] + local - local % frame + row * per[_I["width"]] + col
 
 
-def tables_from_grid(grid: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
+def tables_from_grid(grid: torch.Tensor, spec: TowerTables, merges: torch.Tensor | None = None) -> dict:
     """``device_tables`` of the (N, 3) ``grid`` (``merges``: its rows' own merge sizes), on ``grid.device``: the
     columns made on the host from its rows, then moved there (a reference and test entry; plans hold the columns)."""
     rows = grid.tolist()
     items = item_columns(rows, spec, None if merges is None else merges.tolist()).to(grid.device)
-    windows = window_columns(rows, spec).to(grid.device) if spec.window else None
+    windows = window_columns(rows, spec).to(grid.device) if spec.window_size else None
     return device_tables(items, sum(t * h * w for t, h, w in rows), spec, windows)
 
 
@@ -262,42 +273,44 @@ def merge_kwargs(merges: torch.Tensor | None) -> dict:
     return {} if merges is None else {"merges": merges}
 
 
-def host_tables(grid_thw: torch.Tensor, spec: TableSpec, merges: torch.Tensor | None = None) -> dict:
+def host_tables(grid_thw: torch.Tensor, spec: TowerTables, merges: torch.Tensor | None = None) -> dict:
     """The same tables from the installed stock helpers, on the host (the fallback, and the reference)."""
-    module = _module(spec.module)
+    module = _module(spec.vision_module)
     # (A tower without rotary ids imports no such helper; its plan never hands the ids over.)
     position_ids = (getattr(module, "get_vision_position_ids", None)
                     or _module("transformers.vision_utils").get_vision_position_ids)
     merge = merges if spec.item_merges else spec.merge
-    tables = {"position_ids": (position_ids(grid_thw, merge, include_temporal=True) if spec.temporal
+    tables = {"position_ids": (position_ids(grid_thw, merge, include_temporal=True) if spec.tower.temporal_position_ids
                                else position_ids(grid_thw, merge))}
-    if spec.side is not None:
-        options = {"padding": spec.padding} if spec.padding != "border" else {}
+    if spec.num_grid_per_side is not None:
+        table = spec.table
+        options = {"padding": table.padding} if table.padding != "border" else {}
         tables["interp_indices"], tables["interp_weights"] = module.get_vision_interpolation_indices_and_weights(
-            grid_thw[:, [0, 2, 1]] if spec.swap_hw else grid_thw, num_grid_per_side=spec.side, mode=spec.mode,
+            grid_thw[:, [0, 2, 1]] if table.swap_hw else grid_thw, num_grid_per_side=spec.num_grid_per_side,
+            mode=table.mode,
             align_corners=spec.align_corners, spatial_merge_size=spec.merge, **options)
-    if spec.window is not None:
+    if spec.window_size is not None:
         tables["window_index"] = module.get_vision_window_index(
-            grid_thw, spatial_merge_size=spec.merge, window_size=spec.window, patch_size=spec.patch)[0]
-    if spec.shuffle:
-        tables["pixel_shuffle_index"] = module.get_vision_pixel_shuffle_index(grid_thw, spec.shuffle)
-    if spec.pool is not None:
+            grid_thw, spatial_merge_size=spec.merge, window_size=spec.window_size, patch_size=spec.patch_size)[0]
+    if spec.pixel_shuffle:
+        tables["pixel_shuffle_index"] = module.get_vision_pixel_shuffle_index(grid_thw, spec.pixel_shuffle)
+    if spec.temporal_pooling is not None:
         tables["frame_index"] = module.get_vision_frame_index(grid_thw)
         tables["merge_destination"], tables["frame_weight"], _ = module.get_vision_temporal_merge_index(
-            grid_thw, *spec.pool)
+            grid_thw, *spec.temporal_pooling)
     return tables
 
 
-def _probe_grids(spec: TableSpec) -> torch.Tensor:
+def _probe_grids(spec: TowerTables) -> torch.Tensor:
     """Grids that reach every branch: one block, non-square, a video, window grids that do and do not divide."""
-    m = max(spec.merge, spec.shuffle)  # (a pixel shuffle needs sides that its factor divides)
-    size = (spec.window // m // spec.patch) if spec.window else 2
+    m = max(spec.merge, spec.pixel_shuffle)  # (a pixel shuffle needs sides that its factor divides)
+    size = (spec.window_size // m // spec.patch_size) if spec.window_size else 2
     rows = [(1, m, m), (2, 2 * m, 3 * m), (1, 3 * m, m), (3, (2 * size + 1) * m, (size + 2) * m),
             (1, 2 * size * m, size * m), (2, (size + 1) * m, (size - 1 or 1) * m)]
     return torch.tensor(rows, dtype=torch.long)
 
 
-def _probe_merges(grids: torch.Tensor, spec: TableSpec) -> torch.Tensor | None:
+def _probe_merges(grids: torch.Tensor, spec: TowerTables) -> torch.Tensor | None:
     """Per-row merges for the probe grids (``spec.item_merges``): 1 and 2 in turn, on grids doubled to divide."""
     if not spec.item_merges:
         return None
@@ -306,8 +319,8 @@ def _probe_merges(grids: torch.Tensor, spec: TableSpec) -> torch.Tensor | None:
 
 
 @functools.lru_cache(maxsize=None)
-def device_tables_match_stock(spec: TableSpec) -> bool:
-    """Whether ``device_tables`` equals the installed stock helpers (checked once on the host, per spec)."""
+def device_tables_match_stock(spec: TowerTables) -> bool:
+    """Whether ``device_tables`` equals the installed stock helpers (checked once on the host, per configuration)."""
     grids = _probe_grids(spec)
     merges = _probe_merges(grids, spec)
     try:
@@ -318,7 +331,7 @@ def device_tables_match_stock(spec: TableSpec) -> bool:
     stock = host_tables(grids, spec, **merge_kwargs(merges))
     same = ours is not None and all(torch.equal(ours[k], v) for k, v in stock.items())
     if not same:
-        warnings.warn(f"syncfree: the installed Transformers' vision helpers in {spec.module} differ from the "
+        warnings.warn(f"syncfree: the installed Transformers' vision helpers in {spec.vision_module} differ from the "
                       "ones syncfree builds on the device; their tables are made on the host and copied with the "
                       "batch instead (correct, no sync, more host time and upload per batch)", stacklevel=2)
     return same

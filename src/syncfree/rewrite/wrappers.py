@@ -9,7 +9,7 @@
 * ``make_generate``: ``generate()`` of the ``*ForConditionalGeneration`` class, so the plan of a
   prepared batch reaches the prefill forward through ``generate``'s own copies of the inputs.
 * ``make_get_rope_index``: the 3D rotary index, from the plan or computed without a sync.
-* ``make_host_rope_index``: a family's own rotary index (``Layout.host_rope_class``), from the plan (made by stock's own index
+* ``make_host_rope_index``: a family's own rotary index (``RotaryIndex.host_class``), from the plan (made by stock's own index
   on the host); without a plan, one read of its inputs, then stock's index on the host.
 * ``make_ignore_causal_mask_sdpa``: Transformers' SDPA mask shortcut check, answered from the
   plan's host copy of the padding mask instead of reading the device.
@@ -47,7 +47,7 @@ __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_dev
 
 # (and audio: an audio encoder's features, raw waveforms)
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
-_FLAGS = ("use_audio_in_video",)  # how the tokens of a video with its audio are laid out (Layout.rope_class)
+_FLAGS = ("use_audio_in_video",)  # how the tokens of a video with its audio are laid out (RotaryIndex.audio_class)
 
 
 def _explicit_plan(plan: Plan, spec: ModelSpec, given: dict, shape) -> Plan:
@@ -173,7 +173,7 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
     host = read_to_host_syncs_once(wanted)
     spec = spec_of(model)
-    flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope_class else {}
+    flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope.audio_class else {}
     plan = build_plan(spec, **host, **flags)
     return active.Entry(send_plan_back(plan, device) if device is not None else plan, input_ids, mask)
 

@@ -15,7 +15,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-from ...plan.spec import Layout
+from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.edits import GRID_LIST, VISION_ATTENTION_CAT, feature_split
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_vision_forward_seqlens_only
@@ -54,8 +54,9 @@ def _cosmos() -> Family:
                        needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,")),
                 Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", edits=GRID_LIST,
                        needs=("for temporal, height, width in grid_thw.tolist():",)))
-    return Family("cosmos3_edge", targets, Layout(_MODELING, frames_as_runs=True, tower_holds_projector=False,
-                                                  one_graph=True, **_packing()))
+    return Family("cosmos3_edge", targets, Layout(_MODELING, video=VideoLayout(frames_as_runs=True),
+                                                  tower=TowerShape(holds_projector=False), one_graph=True,
+                                                  **_packing()))
 
 
 FAMILIES: tuple[Family, ...] = (_cosmos(),)

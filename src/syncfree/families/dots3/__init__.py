@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Draft, Image, Row, Text, Video, Waveform, batch_builder, item_grid, pixel_inputs
-from ...plan.spec import Layout
+from ...plan.spec import AudioLayout, Layout, RotaryIndex
 from ...rewrite.edits import VISION_ATTENTION, feature_split
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
@@ -65,8 +65,9 @@ def _dots3_note() -> Family:
         Target(f"{_P}ForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
         Target(f"{_P}ForConditionalGeneration", "_expand_inputs_for_generation", edits=AUDIO_CHUNK_GROUPS),
     )
-    return Family("dots3_note", targets, Layout(family_module("dots3_note"), mrope=False, vision_markers=False,
-                                                token_types=False, audio_tokens=True, plan=PLAN, one_graph=True),
+    return Family("dots3_note", targets, Layout(family_module("dots3_note"), rope=RotaryIndex(mrope=False),
+                                                vision_markers=False, token_types=False, audio=AudioLayout(tokens=True),
+                                                plan=PLAN, one_graph=True),
                   helpers={name: getattr(m, name) for m in (audio_chunks, placeholders) for name in m.__all__})
 
 

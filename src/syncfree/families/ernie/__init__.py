@@ -5,7 +5,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * the tower is ``vision_tower`` and the projector is a resampler outside it (``resampler_model``), which pairs a
   video's frames (``temporal_merge_size`` 2): a video of t frames has t // 2 frames of placeholders, positions
-  and split sizes (``Layout.video_temporal_merge``); the rotary index is Qwen2-VL's with that division;
+  and split sizes (``VideoLayout.temporal_merge``); the rotary index is Qwen2-VL's with that division;
 * the resampler builds its frame-pairing indices on the host (from the host grid) and moves them with a blocking
   copy: pinned and non-blocking instead (``TEMPORAL_SLICES``);
 * the text model's MoE blocks route by ``moe_mm_token_type_ids`` (types that also mark the start/end tokens),
@@ -22,7 +22,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pack_rows, pixel_inputs
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
 from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
@@ -52,7 +52,8 @@ def _ernie() -> Family:
         Target(f"{_P}Model", "get_video_features", check_only=True,
                needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
     )
-    layout = Layout(family_module("ernie4_5_vl_moe"), video_temporal_merge=True, tower_holds_projector=False, plan=PLAN,
+    layout = Layout(family_module("ernie4_5_vl_moe"), video=VideoLayout(temporal_merge=True),
+                    tower=TowerShape(holds_projector=False), plan=PLAN,
                     packing_refused="its batch carries per-token inputs of its own (moe_mm_token_type_ids) that the "
                                     "packing collator does not lay out")
     return Family("ernie4_5_vl_moe", targets, layout, helpers=modality_moe)

@@ -8,7 +8,7 @@ placeholders (the chat template writes the markers around them, with ids the con
 
 from __future__ import annotations
 
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
@@ -19,8 +19,8 @@ __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", 
 FAMILIES: tuple[Family, ...] = (
     Family("exaone4_5", vlm_targets("Exaone4_5_VisionAttention", "Exaone4_5_VisionModel", "Exaone4_5_Model",
                                     "Exaone4_5_ForConditionalGeneration", vision_needs=WINDOW_NEEDS, rope_needs=None),
-           Layout(family_module("exaone4_5"), windows=True, mrope=False, vision_markers=False, token_types=False,
-                  one_graph=True)),
+           Layout(family_module("exaone4_5"), tower=TowerShape(windows=True), rope=RotaryIndex(mrope=False),
+                  vision_markers=False, token_types=False, one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, merge 2, 112-pixel windows (so test images larger than

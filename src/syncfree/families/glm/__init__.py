@@ -24,7 +24,7 @@ import torch
 from ...items import Draft, Image, Row, Video, batch_builder, frame_timestamps, item_grid, pixel_inputs
 from ...plan import active
 from ...plan.errors import InputsNotTaken
-from ...plan.spec import Layout
+from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.edits import BLOCK_KWARGS, FEATURE_SPLIT
 from ...rewrite.helpers import traced_vision_plan
 from ...rewrite.rewriter import Edit
@@ -80,8 +80,9 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
     targets = vlm_targets(f"{tower}VisionAttention", f"{tower}VisionModel", f"{prefix}Model",
                           f"{prefix}ForConditionalGeneration", rope_needs=_ROPE_NEEDS, vision_module=tower_module,
                           feature_split=FEATURE_SPLIT + _FRAME_GRID, **tower_options)
-    return Family(model_type, targets, Layout(family_module(model_type), frames_as_runs=True,
-                                              video_frames_as_images=True, vision_modeling=tower_module,
+    return Family(model_type, targets, Layout(family_module(model_type),
+                                              video=VideoLayout(frames_as_runs=True, frames_as_images=True),
+                                              tower=TowerShape(modeling=tower_module),
                                               one_graph=True, stream=True, **PACKS if packs else {}),
                   helpers={"video_frame_rows": video_frame_rows, "video_frame_grid": video_frame_grid})
 

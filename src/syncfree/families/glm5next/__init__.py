@@ -7,7 +7,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   EXAONE-4.5 layout), although the processor returns them;
 * video frames are written with the image placeholder, and stock tells them apart by the video start/end spans
   around them (``in_video_span``), counting image and video placeholders apart: the plan types tokens the same way
-  from input_ids (``Layout.video_spans``); as in GLM-4.6V, ``get_video_features`` hands the tower one ``(1, h, w)``
+  from input_ids (``VideoLayout.spans``); as in GLM-4.6V, ``get_video_features`` hands the tower one ``(1, h, w)``
   grid row per frame (``video_frames_as_images``);
 * the tower calls its blocks without ``**kwargs`` (``BLOCK_KWARGS``, as GLM-OCR's);
 * the pooled DSA indexer keeps its usable pools with a boolean select: by the plan's host mask where that shows
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Video
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, VideoLayout
 from ...rewrite.edits import BLOCK_KWARGS
 from ...rewrite.targets import Family, Target
 from ..glm import build_glm_inputs
@@ -51,8 +51,8 @@ def _glm5_next() -> Family:
         Target(f"{_P}TextIndexer", "forward", edits=POOLED_WRITTEN),
         Target(f"{_P}TextIndexer", "get_pooled_states", edits=POOLED_KEEP),
     )
-    layout = Layout(family_module("glm5_next"), frames_as_runs=True, mrope=False, video_frames_as_images=True,
-                    video_spans=True)
+    layout = Layout(family_module("glm5_next"), rope=RotaryIndex(mrope=False),
+                    video=VideoLayout(frames_as_runs=True, frames_as_images=True, spans=True))
     return Family("glm5_next", targets, layout, helpers=pooled_keep)
 
 

@@ -30,7 +30,7 @@ import torch
 
 from ...items import Draft, Image, Row, Text, batch_builder, item_grid, pixel_inputs
 from ...plan.errors import InputsNotTaken
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
@@ -84,7 +84,7 @@ def installed_code_supported() -> bool:
 
 
 FAMILIES: tuple[Family, ...] = () if not installed_code_supported() else (
-    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, host_rope_class=_MODEL, plan=PLAN),
+    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, rope=RotaryIndex(host_class=_MODEL), plan=PLAN),
            helpers=image_ids),
 )
 

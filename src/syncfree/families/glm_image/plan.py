@@ -29,7 +29,7 @@ def source_grids(spec, host: dict, image_tokens: int) -> torch.Tensor | None:
     grid = host["image_grid_thw"]
     if grid is None or not image_tokens:
         return None
-    found, _ = stock_on_host(spec.vision_module, spec.host_rope_class, spec.config, "get_image_grids_for_generation",
+    found, _ = stock_on_host(spec.vision_module, spec.rope.host_class, spec.config, "get_image_grids_for_generation",
                              images_per_sample=host["images_per_sample"], image_grid_thw=grid)
     return found
 
@@ -45,7 +45,7 @@ def target_grid_rope(spec, host: dict) -> dict:
     if found is not None:
         return found
     try:
-        (positions, deltas), model = stock_on_host(spec.vision_module, spec.host_rope_class, spec.config,
+        (positions, deltas), model = stock_on_host(spec.vision_module, spec.rope.host_class, spec.config,
                                                    "get_rope_index", **{n: host[n] for n in _ROPE_INPUTS})
     except (RuntimeError, ValueError, IndexError, TypeError):
         return dict(position_ids=None, rope_deltas=None, stock_rope=True)

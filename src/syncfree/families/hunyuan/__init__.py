@@ -10,12 +10,12 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept);
 * each segment's attention call passes only the scale (``VISION_ATTENTION_SCALING``);
 * the merger appends a newline column to every merged row and a begin and an end embedding to every image: an image
-  is ``lh * (lw + 1) + 2`` placeholders (``Layout.row_extra_tokens`` / ``item_extra_tokens``), between the
+  is ``lh * (lw + 1) + 2`` placeholders (``TowerShape.row_extra_tokens`` / ``item_extra_tokens``), between the
   ``im_start`` and ``im_end`` ids;
 * the placeholder check selects the placeholders with the expanded mask (``PLACEHOLDER_NUMEL``: the plan's count);
 * its rotary index (``len(mrope_section)`` axes; (width, height, image ordinal) on the last three over each image's
   grid) is its own: the plan computes it in NumPy per run of tokens (``rope.hunyuan_rope_index``, checked against
-  stock's), or runs stock's index on the host where that does not model the layout (``Layout.host_rope_class``), and
+  stock's), or runs stock's index on the host where that does not model the layout (``RotaryIndex.host_class``), and
   the forward takes them from the plan (``make_host_rope_index``).
 
 HY-V4-VL (``hy_v4_vl``): the same tower forward and attention (AST-identical), a merger that keeps the newline column
@@ -35,7 +35,7 @@ import torch
 from ...items import Draft, Image, Row, Text, Video, batch_builder, item_grid, pixel_inputs
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import PLACEHOLDER_MASK
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
 from ...rewrite.targets import Family, Target
@@ -76,7 +76,8 @@ def _hunyuan() -> Family:
     # which is the plan's host grid there.
     targets += (Target("HunYuanVLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),)
     return Family("hunyuan_vl", targets, Layout(
-        family_module("hunyuan_vl"), host_rope_class=_MODEL, row_extra_tokens=1, item_extra_tokens=2,
+        family_module("hunyuan_vl"), rope=RotaryIndex(host_class=_MODEL),
+        tower=TowerShape(row_extra_tokens=1, item_extra_tokens=2),
         plan=PlanHooks(feature_words=_hunyuan_vl_words, rope_index=hunyuan_rope_index)))
 
 
@@ -103,7 +104,8 @@ def _hyv4() -> Family:
     targets += (Target("HYV4VLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),
                 Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)))
     return Family("hy_v4_vl", targets, Layout(
-        family_module("hy_v4_vl"), host_rope_class=_HYV4, row_extra_tokens=1, vision_markers=False,
+        family_module("hy_v4_vl"), rope=RotaryIndex(host_class=_HYV4), tower=TowerShape(row_extra_tokens=1),
+        vision_markers=False,
         plan=PlanHooks(rope_index=hyv4_rope_index),
         packing_refused="its four rotary axes (text, width, height, image ordinal) are not the text row and 3D rows "
                         "a packed batch's positions are made of (a packed sample's logits differ by 1e-3)"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pixel_inputs
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.helpers import traced_grid_rows
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
@@ -75,10 +75,11 @@ def _written_for() -> bool:
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("kimi_k25", _TARGETS,
-           Layout(_MODELING, mrope=False, vision_markers=False, token_types=False,
+           Layout(_MODELING, rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
                   table=PositionTable(side="pos_emb_height", align_corners_from="Kimi_K25VisionPositionEmbeddings",
                                       mode="bicubic"),
-                  tower_merge=1, pixels_4d=True, tower_holds_projector=False, clip_segments=True, temporal_pooling=True,
+                  tower=TowerShape(encoder_merge=1, pixels_4d=True, holds_projector=False, clip_segments=True,
+                                   temporal_pooling=True),
                   one_graph=True),
            helpers={"spatial_split_sizes": spatial_split_sizes}),
 )

@@ -17,7 +17,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 from __future__ import annotations
 
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape, VideoLayout
 from ...rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
 from ...rewrite.targets import Family
 from ..preset import Preset
@@ -33,8 +33,8 @@ FAMILIES: tuple[Family, ...] = (
                                   vision_params=("pixel_values", "grid_thw"), vision_needs=("grid_thw.tolist()",),
                                   vision_edits=GRID_LIST,
                                   feature_split=feature_split("self.vision_tower.spatial_merge_size", kinds=("image",))),
-           Layout(family_module("lfm3_vl"), frames_as_runs=True, mrope=False, token_types=False,
-                  tower_holds_projector=False, one_graph=True)),
+           Layout(family_module("lfm3_vl"), video=VideoLayout(frames_as_runs=True), rope=RotaryIndex(mrope=False),
+                  token_types=False, tower=TowerShape(holds_projector=False), one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2 (in the projector), a convolution

@@ -7,7 +7,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``cu_seqlens`` by one per segment and ``max_seqlen`` by one, and drops the class tokens before its merger; it splits
   frames by ``get_vision_frame_lengths`` (stock: ``repeat_interleave(...).tolist()``, two reads). The plan hands that
   helper its host per-frame patch counts (``frame_lengths``) and the attention its segments one token longer
-  (``Layout.segment_class_token``); stock's own code shifts the device ``cu_seqlens`` (no read);
+  (``TowerShape.segment_class_token``); stock's own code shifts the device ``cu_seqlens`` (no read);
 * no rotary index: the text model numbers tokens 0..S-1 itself (the multimodal forward builds 1D positions, and
   ``_prepare_position_ids_for_generation`` is stock's default), and the processor returns no ``mm_token_type_ids``
   (the EXAONE-4.5 layout: the plan computes no positions, counts placeholders);
@@ -21,7 +21,7 @@ Registered only where Transformers ships this code (5.25): older releases have n
 
 from __future__ import annotations
 
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.targets import Family
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
@@ -59,7 +59,8 @@ def _written_for() -> bool:
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("llava_onevision1_5", _TARGETS,
-           Layout(_MODELING, mrope=False, token_types=False, segment_class_token=True, one_graph=True)),
+           Layout(_MODELING, rope=RotaryIndex(mrope=False), token_types=False,
+                  tower=TowerShape(segment_class_token=True), one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, merge 2, no temporal patches, a class token per frame, axial

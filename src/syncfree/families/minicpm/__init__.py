@@ -20,7 +20,7 @@ MiniCPM-V 4.7 adds its own "canvas" M-RoPE (``get_rope_index``): host Python ove
 ``mm_token_type_ids.tolist()`` that groups frames by their markers, stretches each thumbnail over its slices' canvas and
 pins the ``<slice>`` markers to their corners, then ``rope_deltas`` on the device. The plan computes the same index in
 NumPy per crop and frame on its host copies (``canvas_rope``; stock's own index on the host where that does not model
-the layout: ``Layout.host_rope_class``) and the forward's
+the layout: ``RotaryIndex.host_class``) and the forward's
 ``compute_3d_position_ids`` and generate()'s position setup (which prepends the text row) take the plan's positions
 and deltas, moved with the plan without a wait (``make_host_rope_index``); the decode steps add the cached deltas on
 the device, as stock. A call's own ``downsample_mode`` other than the config's runs stock's index on one read. Its
@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
@@ -111,9 +111,9 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
-    layout = Layout(family_module(model_type), mrope=False, vision_markers=False, token_types=host_rope,
-                    tower_holds_projector=False, plan=PLAN, host_rope_class=f"{p}Model" if host_rope else None,
-                    one_graph=True)
+    layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
+                    tower=TowerShape(holds_projector=False), plan=PLAN,
+                    rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True)
     return Family(model_type, targets, layout, helpers=navit)
 
 

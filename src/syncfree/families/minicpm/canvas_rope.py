@@ -42,10 +42,10 @@ _CROPS: dict[tuple, np.ndarray] = {}
 def _crop_positions(spec, h: int, w: int, canvas_h: int, canvas_w: int, merge: int) -> np.ndarray:
     """Stock's (h, w) positions of one crop of ``h`` x ``w`` patches on its canvas, from origin 0 and offset 0: a
     (2, tokens) int64 array. Stock's own method (its ``linspace`` in the default dtype, rounded), once per size."""
-    key = (spec.vision_module, spec.host_rope_class, h, w, canvas_h, canvas_w, merge, torch.get_default_dtype())
+    key = (spec.vision_module, spec.rope.host_class, h, w, canvas_h, canvas_w, merge, torch.get_default_dtype())
     table = _CROPS.get(key)
     if table is None:
-        found, _ = stock_on_host(spec.vision_module, spec.host_rope_class, spec.config, "get_vision_position_ids",
+        found, _ = stock_on_host(spec.vision_module, spec.rope.host_class, spec.config, "get_vision_position_ids",
                                  start_position=0, grid_thw=[h, w], canvas_height=canvas_h, canvas_width=canvas_w,
                                  spatial_merge_size=merge)
         table = found[1:].numpy().astype(np.int64)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pixel_inputs
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ...rewrite.targets import Family, Target
@@ -54,8 +54,9 @@ def _written_for() -> bool:
 
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("minimax_m3_vl", _TARGETS,
-           Layout(_MODELING, mrope=False, vision_markers=False, token_types=False,
-                  tower_holds_projector=False, clip_segments=True, temporal_position_ids=True, one_graph=True)),
+           Layout(_MODELING, rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
+                  tower=TowerShape(holds_projector=False, clip_segments=True, temporal_position_ids=True),
+                  one_graph=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2 (in the projector), a vision head of 12

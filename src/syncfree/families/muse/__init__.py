@@ -9,7 +9,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``kwargs`` when given: the segments, Qwen2.5-VL's window index with merge 1 (windows of ``pos_emb_height`` patches),
   merge-1 rotary ids (stock flips and shifts them after the pop), the learned table's taps on the h/w-swapped grid with
   ``padding="zeros"`` and ``align_corners=False``, and the pixel-shuffle index. The plan makes all of them on the
-  device (``TableSpec.swap_hw`` / ``padding`` / ``shuffle``), checked against stock's helpers once;
+  device (``PositionTable.swap_hw`` / ``padding``, ``TowerShape.pixel_shuffle``), checked against stock's helpers once;
 * its blocks are called without ``**kwargs``, with the segmentation of their layer type (full or window):
   ``BLOCK_KWARGS_BY_TYPE`` passes the plan's sizes of both on, the attention picks its own by count;
 * the adapter and projection sit outside the tower (``vision_every_step`` is refused);
@@ -28,7 +28,7 @@ import torch
 
 from ...items import Draft, Image, Row, Text, Video, Waveform, batch_builder, item_grid
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import AudioLayout, Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
@@ -53,6 +53,10 @@ __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASS
 
 # What the tower wrapper relies on in the stock forward: its helpers get the caller's kwargs (to pop the plan's
 # tables from), and the pixel shuffle gets them too.
+# Its tower merges only after its encoder (a pixel shuffle by its ``merge_size``), windows as many patches on a side as
+# its position table, and a projector outside it.
+_TOWER = TowerShape(merge_attr="merge_size", encoder_merge=1, windows=True, window_from_table=True, pixel_shuffle=True,
+                    holds_projector=False)
 _TOWER_NEEDS = ("get_vision_cu_seqlens(grid_thw, kwargs=kwargs)", "get_vision_window_index(",
                 "get_vision_position_ids(grid_thw", "self.patch_embedder(pixel_values, grid_thw, **kwargs)",
                 "self.pixel_shuffle(hidden_states, grid_thw, **kwargs)")
@@ -73,12 +77,11 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
         targets += (Target(f"{prefix}Model", "get_audio_placeholder_mask", edits=AUDIO_PLACEHOLDER_MASK),
                     Target(f"{prefix}Model", "get_audio_features", edits=AUDIO_VALID_TOKENS))
     return Family(model_type, targets,
-        Layout(family_module(model_type), windows=True, mrope=False, vision_markers=False, token_types=False,
+        Layout(family_module(model_type), rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
                table=PositionTable(side="pos_emb_height", align_corners_from=f"{prefix}VisionPatchEmbedder",
                                    swap_hw=True, padding="zeros"),
-               tower_merge=1, tower_holds_projector=False, merge_attr="merge_size", window_from_table=True,
-               pixel_shuffle=True,
-               audio_tokens=audio, one_graph=True, plan=PLAN if audio else PlanHooks()), helpers=audio_tokens)
+               tower=_TOWER, audio=AudioLayout(tokens=audio), one_graph=True, plan=PLAN if audio else PlanHooks()),
+        helpers=audio_tokens)
 
 
 # Registered where the installed forward hands its tower the caller's kwargs and takes encoder outputs (Transformers

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import AudioLayout, Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.edits import (
     AUDIO_ATTENTION,
     AUDIO_SCATTER,
@@ -73,8 +73,9 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     )
     if deepstack:
         targets += (Target(f"{prefix}ThinkerTextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
-    layout = Layout(family_module(folder), table=PositionTable() if deepstack else None, windows=not deepstack, audio=True,
-                    rope_class=f"{prefix}PreTrainedModelForConditionalGeneration",
+    layout = Layout(family_module(folder), table=PositionTable() if deepstack else None,
+                    tower=TowerShape(windows=not deepstack), audio=AudioLayout(encoder=True),
+                    rope=RotaryIndex(audio_class=f"{prefix}PreTrainedModelForConditionalGeneration"),
                     plan=dataclasses.replace(PLAN, rope_index=rope_index),
                     packing_refused="its audio inputs (input_features, feature_attention_mask) and audio-in-video "
                                     "positions are not laid out by the packing collator")

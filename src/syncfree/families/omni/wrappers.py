@@ -64,7 +64,7 @@ def _fits_generation(entry, input_ids) -> bool:
 def _registered_plan(given: dict):
     """The plan prepare() registered for these input_ids, when the call's other inputs are the ones it describes."""
     registration = active.registered(given.get("input_ids"))
-    if registration is None or registration.plan.spec.rope_class is None:
+    if registration is None or registration.plan.spec.rope.audio_class is None:
         return None
     plan = registration.plan
     try:
@@ -93,7 +93,7 @@ def make_omni_rope_index(stock):
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         flag = given.get("use_audio_in_video", False)
         entry = active.current()
-        if entry is not None and entry.plan.spec.rope_class is not None:
+        if entry is not None and entry.plan.spec.rope.audio_class is not None:
             plan = None
             if entry.owns(input_ids) and mask is entry.attention_mask:
                 plan = entry.plan

@@ -21,7 +21,7 @@ What is its own, beside the Qwen-VL pieces it shares:
 
 from __future__ import annotations
 
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.edits import PLACEHOLDER_MASK, VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
@@ -76,9 +76,9 @@ _TARGETS = (
 # Registered where Transformers ships Ovis2.5 (5.25 on); older releases have none.
 FAMILIES: tuple[Family, ...] = () if not installed_source_has(_MODELING, "def _merge_visual_features(") else (
     Family("ovis2_5", _TARGETS,
-           Layout(_MODELING, windows=True, mrope=False, token_types=False,
+           Layout(_MODELING, rope=RotaryIndex(mrope=False), token_types=False,
                   table=PositionTable(side="image_size", align_corners_from=f"{_P}VisionEmbeddings", mode="bicubic"),
-                  tower_holds_projector=False), helpers=boundaries),
+                  tower=TowerShape(windows=True, holds_projector=False)), helpers=boundaries),
 )
 
 # A tiny model with the real layout rules: patch 16, merge 2, temporal patch 1, 112-pixel windows (3x3 merged patches:

@@ -5,8 +5,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * the tower's helpers take merge 1 (rotary ids are plain (row, col)) and its learned 27x27 table (image_size //
   patch_size on a side) is resampled as its embeddings say (``align_corners=False`` since 5.2x, True in 5.17, read
-  from the installed code): the plan's tables are made so (``Layout.tower_merge``, ``interp_align_corners_from``,
-  ``table_side_from_image_size``);
+  from the installed code): the plan's tables are made so (``TowerShape.encoder_merge``, the
+  ``PositionTable``'s ``align_corners_from`` and ``side``);
 * the helpers live in nested modules (``PaddleOCRVisionModel`` -> ``...Transformer`` -> ``...Embeddings`` /
   ``...Encoder``): the wrapper sits on the outer tower, and check-only targets pin the code it relies on;
 * ``get_image_features`` calls the tower by keyword (``pixel_values=``), with pixels (1, patches, C, P, P);
@@ -21,7 +21,7 @@ from __future__ import annotations
 from ...items import Video
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout, PositionTable
+from ...plan.spec import Layout, PositionTable, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
@@ -62,9 +62,9 @@ def _paddle() -> Family:
                       "get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)")),
     )
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
-    layout = Layout(family_module("paddleocr_vl"), tower_merge=1,
+    layout = Layout(family_module("paddleocr_vl"),
                     table=PositionTable(side="image_size", align_corners_from="PaddleOCRVisionEmbeddings"),
-                    pixels_4d=True, tower_holds_projector=False, one_graph=True, **PACKS,
+                    tower=TowerShape(encoder_merge=1, pixels_4d=True, holds_projector=False), one_graph=True, **PACKS,
                     plan=PlanHooks(feature_words=_feature_words, values=_text_width))
     return Family("paddleocr_vl", targets, layout)
 

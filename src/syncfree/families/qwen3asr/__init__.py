@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ...items import Audio, Draft, Row, Text, batch_builder
-from ...plan.spec import Layout
+from ...plan.spec import AudioLayout, Layout, RotaryIndex
 from ...rewrite.edits import AUDIO_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward
@@ -51,8 +51,8 @@ _TARGETS = (
 # Registered only where Transformers ships the code these targets were written for (the encoder that takes
 # input_features_mask and pops its windows from its kwargs).
 FAMILIES: tuple[Family, ...] = (
-    Family("qwen3_asr", _TARGETS, Layout(_MODULE, mrope=False, vision_markers=False, token_types=False,
-                                         audio_tokens=True, plan=PLAN),
+    Family("qwen3_asr", _TARGETS, Layout(_MODULE, rope=RotaryIndex(mrope=False), vision_markers=False,
+                                         token_types=False, audio=AudioLayout(tokens=True), plan=PLAN),
            helpers=valid_frames),
 ) if installed_source_has(_MODULE, "def get_audio_cu_seqlens(", "input_features_mask: torch.Tensor,",
                           "valid_indices = valid_mask.flatten().nonzero().squeeze(-1)") else ()

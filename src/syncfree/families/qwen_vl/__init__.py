@@ -8,7 +8,7 @@ positions; Qwen2.5-VL's windows and video time scale).
 
 from __future__ import annotations
 
-from ...plan.spec import Layout, ModelSpec, PositionTable
+from ...plan.spec import Layout, ModelSpec, PositionTable, TowerShape, VideoLayout
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_per_sample_recurrent
@@ -48,7 +48,7 @@ def _family(model_type: str, targets: tuple[Target, ...], **traits) -> Family:
     return Family(model_type, targets, Layout(family_module(model_type), **traits))
 
 
-QWEN3_LAYOUT = dict(table=PositionTable(), frames_as_runs=True)
+QWEN3_LAYOUT = dict(table=PositionTable(), video=VideoLayout(frames_as_runs=True))
 # (every family here traces whole, and one graph serves a stream of layouts: Layout.one_graph, Layout.stream)
 ONE_GRAPH = dict(one_graph=True, stream=True)
 # (Qwen3.5's gated-DeltaNet layers: Transformers resets their state per sample only in flash-linear-attention's kernels
@@ -67,7 +67,7 @@ FAMILIES: tuple[Family, ...] = (
     _family("qwen2_5_vl", _common("Qwen2_5_VLVisionAttention", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VL",
                                   vision_needs=WINDOW_NEEDS,
                                   rope_needs=("tokens_per_second * ",)),
-            windows=True, video_time_scale=True, **ONE_GRAPH, **PACKS),
+            tower=TowerShape(windows=True), video=VideoLayout(time_scale=True), **ONE_GRAPH, **PACKS),
 )
 
 
@@ -75,7 +75,8 @@ def _published_spec(values: dict) -> ModelSpec:
     """The plan's values of a published config: merge, position table side and placeholder token ids."""
     vision, model_type = values["vision_config"], values["model_type"]
     return ModelSpec(model_type, vision["spatial_merge_size"], int(vision["num_position_embeddings"] ** 0.5),
-                     values["image_token_id"], values["video_token_id"], family_module(model_type))
+                     values["image_token_id"], values["video_token_id"], family_module(model_type),
+                     table=QWEN3_LAYOUT["table"], video=QWEN3_LAYOUT["video"])
 
 
 # What ``prepare(batch)`` assumes without a model (registered by ``syncfree.families``): the published Qwen3-VL

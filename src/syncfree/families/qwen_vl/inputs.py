@@ -35,7 +35,7 @@ def build_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     start, end = ([config.vision_start_token_id], [config.vision_end_token_id]) if layout.vision_markers else ([], [])
     specials = {config.image_token_id, config.video_token_id, *start, *end}
     text_hi = min(specials | {tc.vocab_size}) if max(specials) < tc.vocab_size else tc.vocab_size
-    timestamps = layout.frames_as_runs  # Qwen3-VL: one run per frame, timestamps between
+    timestamps = layout.video.frames_as_runs  # Qwen3-VL: one run per frame, timestamps between
     image_grids, video_grids, seconds = [], [], []
 
     def place(row: Row, item: Image | Video) -> None:
@@ -56,8 +56,8 @@ def build_inputs(batch: Draft) -> dict[str, torch.Tensor]:
                 row.add(start + [config.video_token_id] * per_frame + end, edge + [2] * per_frame + edge)
 
     out = batch.packed(batch.rows(place, avoid=specials, high=text_hi), typed=layout.token_types)
-    out.update(pixel_inputs(vc, image_grids, video_grids, batch.gen, layout.pixels_4d))
-    if video_grids and layout.video_time_scale:
+    out.update(pixel_inputs(vc, image_grids, video_grids, batch.gen, layout.tower.pixels_4d))
+    if video_grids and layout.video.time_scale:
         out["second_per_grid_ts"] = torch.tensor(seconds)
     return out
 

@@ -4,7 +4,7 @@ spatial merge size, a projector after the tower, and Qwen2's text model without 
 What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * merge sizes per item are forward inputs (``image_merge_sizes`` 1, ``video_merge_sizes`` 2 from its processors), not a
-  config value (``Layout.item_merge_sizes``): the plan keeps host copies, splits each item by its own ``t*h*w //
+  config value (``TowerShape.item_merge_sizes``): the plan keeps host copies, splits each item by its own ``t*h*w //
   merge**2`` and makes the tower's rotary ids with each row's merge (``vision_tables``, ``item_merges``);
 * the tower (``vision_model``) takes ``(pixel_values, grid_thw, merge_sizes)`` and un-shuffles each item in a loop
   (``pixel_unshuffle``: ``view`` / ``reshape`` / ``interpolate`` sized by ``h // merge_size``): stock's loop is kept
@@ -27,7 +27,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid
 from ...plan.hooks import PlanHooks
-from ...plan.spec import Layout
+from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
@@ -65,8 +65,9 @@ def _videollama3() -> Family:
         Target(f"{_P}Model", "get_image_features", edits=ITEM_SPLIT,
                needs=("image_grid_thw.prod(dim=1) // (image_merge_sizes**2)",)),
     )
-    layout = Layout(family_module("video_llama_3"), mrope=False, vision_markers=False, token_types=False,
-                    tower_holds_projector=False, item_merge_sizes=True, one_graph=True, plan=PLAN)
+    layout = Layout(family_module("video_llama_3"), rope=RotaryIndex(mrope=False), vision_markers=False,
+                    token_types=False, tower=TowerShape(holds_projector=False, item_merge_sizes=True), one_graph=True,
+                    plan=PLAN)
     own = {name: getattr(module, name) for module in (compression, item_sizes) for name in module.__all__}
     return Family("video_llama_3", targets, layout, helpers=own)
 
