@@ -31,14 +31,7 @@ from ..rewrite.wrappers import (
 )
 
 __all__ = ["PACKS", "MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets", "handled_by", "installed_source_has", "registered_only", "handles_of", "processor_batch_by",
-           "scale_sections"]
-
-
-def handled_by(config, families) -> bool:
-    """True for a config (or model type) of one of ``families`` (a group module's ``handles``)."""
-    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
-    return any(f.model_type == model_type for f in families)
+           "vlm_targets", "installed_source_has", "registered_only", "scale_sections"]
 
 
 def family_module(folder: str) -> str:
@@ -173,21 +166,3 @@ def scale_sections(sections: list[int], half: int) -> list[int]:
     scaled[unique[0] if unique else 0] += half - sum(scaled)
     return scaled
 
-
-def handles_of(families) -> Callable:
-    """A family group's ``handles(config)``: whether ``config`` (or a model type) is one of ``families``."""
-    def handles(config) -> bool:
-        return handled_by(config, families)
-
-    return handles
-
-
-def processor_batch_by(build: Callable) -> Callable:
-    """A family group's ``processor_batch``: batches laid out by its builder ``build(config, samples, *, padding_side,
-    seed, pad_token_id)``, as the family's processor lays them out."""
-    def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                        pad_token_id: int | None = None) -> dict:
-        return build(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-    processor_batch.__doc__ = build.__doc__
-    return processor_batch
