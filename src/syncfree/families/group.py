@@ -24,7 +24,8 @@ class FamilyGroup:
     # processor lays it out (``processor_batch``).
     build: Callable
     # Presets by name (a tiny random-weight one per family, ``<name>-tiny``), and how a preset is built: the vision
-    # tower's class by model type, and the model's class where no auto class builds it from its config.
+    # tower's class by model type, and the model's class where no auto class builds it from its config. (Those of a
+    # family this release does not register are left out.)
     presets: dict[str, Preset] = field(default_factory=dict)
     vision_classes: dict[str, str] = field(default_factory=dict)
     model_classes: dict[str, Callable] = field(default_factory=dict)
@@ -40,6 +41,13 @@ class FamilyGroup:
     claims: Callable | None = None
     # The ``ModelSpec`` ``prepare(batch)`` assumes without a model (one group declares it).
     assumed_spec: ModelSpec | None = None
+
+    def __post_init__(self):
+        # Presets and tower classes of the families it registers only: none for a family this release ships older
+        # code for (``shared.installed_source_has``), which stays stock.
+        own = {f.model_type for f in self.families}
+        object.__setattr__(self, "presets", {n: p for n, p in self.presets.items() if p.values["model_type"] in own})
+        object.__setattr__(self, "vision_classes", {t: c for t, c in self.vision_classes.items() if t in own})
 
     def handles(self, config) -> bool:
         """True for a config (or model type) whose batches this group's processors lay out."""

@@ -31,7 +31,7 @@ from ..rewrite.wrappers import (
 )
 
 __all__ = ["PACKS", "MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets", "installed_source_has", "registered_only", "scale_sections"]
+           "vlm_targets", "installed_source_has", "scale_sections"]
 
 
 def family_module(folder: str) -> str:
@@ -146,14 +146,6 @@ def installed_source_has(module: str, *needles: str) -> bool:
     with open(spec.origin, encoding="utf-8") as f:
         source = f.read()
     return all(needle in source for needle in needles)
-
-
-def registered_only(families, presets: dict, vision_classes: dict) -> tuple[dict, dict]:
-    """A group's presets and tower classes for the families it registers here (none for a family this release ships
-    older code for: ``installed_source_has``)."""
-    own = {f.model_type for f in families}
-    return ({n: p for n, p in presets.items() if p.values["model_type"] in own},
-            {t: c for t, c in vision_classes.items() if t in own})
 
 
 def scale_sections(sections: list[int], half: int) -> list[int]:

@@ -36,8 +36,7 @@ from ..shared import (
     VISION_NEEDS,
     family_module,
     installed_source_has,
-    registered_only,
-)
+    )
 from . import audio_chunks, placeholders
 from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBEDDINGS, PLACEHOLDER_BY_ANY_TOKEN_ID
 from .plan import PLAN
@@ -103,7 +102,6 @@ PRESETS: dict[str, Preset] = {
                               "tiny dots3-note for tests (MoE tower block, audio chunks, per-layer latent attention)"),
 }
 VISION_CLASSES = {"dots3_note": "Dots3NoteVisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 
 
 ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)

@@ -31,7 +31,6 @@ from ..preset import Preset
 from ..shared import (
     family_module,
     installed_source_has,
-    registered_only,
     vlm_targets,
 )
 from . import pooled_keep
@@ -83,7 +82,6 @@ PRESETS: dict[str, Preset] = {
                              "tiny GLM-5-Next for tests (KDA and pooled-indexer layers, MoE, span-typed video)"),
 }
 VISION_CLASSES = {"glm5_next": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 
 
 def glm5next_stamp_tokens(video: Video, t: int, temporal_patch: int) -> list[int]:

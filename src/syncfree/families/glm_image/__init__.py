@@ -36,7 +36,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
 from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, installed_source_has, registered_only
+from ..shared import family_module, installed_source_has
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
 from .plan import PLAN
@@ -104,9 +104,10 @@ _TINY = dict(
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1],
                                           partial_rotary_factor=0.5)),
 )
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, {
+PRESETS: dict[str, Preset] = {
     "glm-image-tiny": Preset("glm-image-tiny", _TINY, 0, "tiny GLM-Image for tests (VQ codes into input_ids)"),
-}, {"glm_image": "GlmImageVisionModel"})
+}
+VISION_CLASSES = {"glm_image": "GlmImageVisionModel"}
 
 
 def _model_class(_model_type: str):

@@ -30,7 +30,6 @@ from ..shared import (
     VISION_NEEDS,
     family_module,
     installed_source_has,
-    registered_only,
     vlm_targets,
 )
 
@@ -80,7 +79,6 @@ PRESETS: dict[str, Preset] = {
                                 "tiny LLaVA-OneVision-1.5 for tests (a class token per frame, Qwen3 text)"),
 }
 VISION_CLASSES = {"llava_onevision1_5": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where Transformers lacks it)
 
 
 # The group, as the registry reads it (``families.GROUPS``).

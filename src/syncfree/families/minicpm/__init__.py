@@ -50,8 +50,7 @@ from ..shared import (
     MODEL_NEEDS,
     family_module,
     installed_source_has,
-    registered_only,
-)
+    )
 from . import navit
 from .edits import (
     FEATURE_SCATTER_MASK,
@@ -167,7 +166,6 @@ PRESETS: dict[str, Preset] = {
 }
 VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel",
                   "minicpmv4_7": "MiniCPMV4_7VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 
 SLICE = 4  # a slice's side in merged tokens (the tiny presets' stand-in for the processor's scale resolution)
 

@@ -36,7 +36,6 @@ from ..preset import Preset
 from ..shared import (
     family_module,
     installed_source_has,
-    registered_only,
     vlm_targets,
 )
 from . import audio_tokens
@@ -114,7 +113,6 @@ PRESETS: dict[str, Preset] = {
                               "tiny Muse Spark for tests (Glimmer's tower, MoE text model, audio tower)"),
 }
 VISION_CLASSES = {"muse_glimmer": "MuseGlimmerVisionModel", "muse_spark": "MuseSparkVisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 
 # The processor's marker tokens (its tokenizer's ids; the config names none): ids of the tiny presets' vocabulary.
 MARKERS = dict(image_start=1002, image_end=1003, video_start=1004, video_sep=1005, video_end=1006, audio_start=1008,

@@ -28,7 +28,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import MODEL_PARAMS, family_module, installed_source_has, registered_only
+from ..shared import MODEL_PARAMS, family_module, installed_source_has
 from . import boundaries
 from .inputs import boundary_ids, build_ovis_inputs
 
@@ -101,7 +101,6 @@ PRESETS: dict[str, Preset] = {
                            "tiny Ovis2.5 for tests (window and full tower layers, bicubic learned table)"),
 }
 VISION_CLASSES = {"ovis2_5": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where Transformers has none)
 
 
 # The group, as the registry reads it (``families.GROUPS``).

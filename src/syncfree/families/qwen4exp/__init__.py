@@ -18,7 +18,7 @@ from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, installed_source_has, registered_only
+from ..shared import family_module, installed_source_has
 from . import qsa
 from .edits import QSA_MASK, QSA_VISIBLE
 from .qsa import make_generation_masks
@@ -75,7 +75,6 @@ PRESETS: dict[str, Preset] = {
                              "tiny Qwen4-Exp for tests (DeltaNet, QSA-indexed attention, MoE, n-gram embeddings)"),
 }
 VISION_CLASSES = {"qwen4_exp": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
 
 
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
