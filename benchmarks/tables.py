@@ -16,6 +16,7 @@ run this script, commit both. Only the standard library is used (no torch), so i
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import json
 import os
@@ -24,7 +25,8 @@ import statistics
 import sys
 from typing import Callable
 
-__all__ = ["RESULTS", "DOCUMENTS", "RENDERERS", "display_name", "blocks", "render", "stale", "update", "main"]
+__all__ = ["RESULTS", "DOCUMENTS", "RENDERERS", "DISPLAY", "NOT_FAMILIES", "display_name", "blocks", "render", "stale",
+           "update", "main"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -34,22 +36,25 @@ DOCUMENTS = ("README.md", "docs")
 _BLOCK = re.compile(r"(<!-- begin table: (?P<name>[\w-]+) \(python benchmarks/tables\.py\) -->\n)(?P<body>.*?)"
                     r"(<!-- end table: (?P=name) -->)", re.S)
 
-# Model types as their authors write them (a family missing here is shown by its model type).
-DISPLAY = {
-    "qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE",
-    "qwen3_5": "Qwen3.5", "qwen3_5_moe": "Qwen3.5-MoE", "qwen3_omni_moe": "Qwen3-Omni-MoE (thinker)",
-    "qwen2_5_omni": "Qwen2.5-Omni (thinker)", "qwen3_asr": "Qwen3-ASR", "qwen4_exp": "Qwen4-Exp",
-    "glm4v": "GLM-4.1V", "glm4v_moe": "GLM-4.5V", "glm46v": "GLM-4.6V", "glm_ocr": "GLM-OCR",
-    "glm5_next": "GLM-5-Next", "glm_image": "GLM-Image", "cosmos3_edge": "Cosmos3-Edge",
-    "paddleocr_vl": "PaddleOCR-VL", "exaone4_5": "EXAONE-4.5", "ernie4_5_vl_moe": "ERNIE-4.5-VL",
-    "cohere_compass": "Cohere Compass", "lfm3_vl": "LFM3-VL", "video_llama_3": "VideoLLaMA3",
-    "hunyuan_vl": "HunYuan-VL", "hy_v4_vl": "HY-V4-VL", "minimax_m3_vl": "MiniMax-M3-VL",
-    "muse_glimmer": "Muse Glimmer", "muse_spark": "Muse Spark", "minicpm_ocr": "MiniCPM-OCR",
-    "minicpmv4_6": "MiniCPM-V 4.6", "minicpmv4_7": "MiniCPM-V 4.7", "kimi_k25": "Kimi-K2.5",
-    "dots3_note": "dots3-note", "radio": "RADIO", "inkling2": "Inkling2", "apertus1p5": "Apertus 1.5",
-    "ovis2_5": "Ovis2.5",
-    "llava_onevision1_5": "LLaVA-OneVision-1.5",
-}
+# Model types as their authors write them (a model type missing here is shown as it is): each family group declares its
+# own (``GROUP = FamilyGroup(..., display={...})`` in src/syncfree/families/<group>/__init__.py, read here from the
+# source: this script imports neither syncfree nor torch); these are census rows of model types no group declares.
+NOT_FAMILIES = {"radio": "RADIO", "inkling2": "Inkling2", "apertus1p5": "Apertus 1.5"}
+
+
+def _declared_display(families: str = os.path.join(ROOT, "src", "syncfree", "families")) -> dict[str, str]:
+    """Every family group's ``display={...}`` literal, in the order of the folders' names."""
+    names: dict[str, str] = {}
+    for path in sorted(glob.glob(os.path.join(families, "*", "__init__.py"))):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "display":
+                names.update(ast.literal_eval(node.value))
+    return names
+
+
+DISPLAY = {**_declared_display(), **NOT_FAMILIES}
 
 # What a remaining sync's source file is, where the census names one.
 _WHY_LEFT = {

@@ -298,21 +298,21 @@ def registration_lifted(model_type: str):
     """The family ``model_type`` as if syncfree did not support it (its entry out of the family table for the block):
     its models get the generic split fix. Every family with the packed split whose tiny model builds is fully
     supported now (MiniCPM-V 4.7 last), so the generic fix's tests run on one of them this way."""
-    from syncfree import patching
     from syncfree.families import FAMILIES
+    from syncfree.plan.registry import REGISTRY
 
     # patch() caches what it built per stock function: the generic fix and the full support rewrite the same vision
     # attention differently, so neither may find the other's (a process never sees both but here).
-    table, built = dict(FAMILIES), dict(patching._built)
+    table, built = dict(FAMILIES), dict(REGISTRY.built)
     FAMILIES.pop(model_type, None)
-    patching._built.clear()
+    REGISTRY.built.clear()
     try:
         yield
     finally:
         FAMILIES.clear()
         FAMILIES.update(table)  # (in its order: the family table's order is the groups')
-        patching._built.clear()
-        patching._built.update(built)
+        REGISTRY.built.clear()
+        REGISTRY.built.update(built)
 
 
 # ---- every family's tiny model and two-row batch ---------------------------------------------------------------

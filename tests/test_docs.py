@@ -97,7 +97,12 @@ def test_the_python_examples_of_a_page_run_in_order_and_their_asserts_hold(page)
     if real_cuda_available() and any("emulate_cuda()" in b.code for b in blocks):
         pytest.skip("the examples emulate a GPU; on a GPU machine drop that line")
     assert any("assert" in b.code for b in blocks), f"{_name(page)}: no example states what it shows (assert)"
+    from syncfree import families  # noqa: F401  (the registry, filled before it is kept)
+    from syncfree.plan.registry import REGISTRY
+
     namespace: dict = {"__name__": "docs_example"}
+    tables = (REGISTRY.families, REGISTRY.layouts, REGISTRY.inputs)
+    before = [dict(table) for table in tables]
     try:
         for block in blocks:
             # Line numbers in a traceback are the page's own.
@@ -105,6 +110,9 @@ def test_the_python_examples_of_a_page_run_in_order_and_their_asserts_hold(page)
             exec(code, namespace)
     finally:
         syncfree.unpatch()  # a page that patched the classes leaves nothing behind for the next test
+        for table, kept in zip(tables, before):  # (nor a family it registered: docs/developers/adding-a-family.md)
+            table.clear()
+            table.update(kept)
 
 
 def test_the_generated_tables_are_what_the_recorded_results_give():

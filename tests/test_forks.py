@@ -14,21 +14,25 @@ import torch
 import syncfree
 from syncfree.families import FAMILIES
 from syncfree.plan import spec
+from syncfree.plan.registry import REGISTRY
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 fork_example = importlib.import_module("patch_a_fork")
 sys.path.pop(0)
 
 
+def _tables() -> tuple:
+    return dict(REGISTRY.families), dict(REGISTRY.layouts), dict(REGISTRY.inputs)
+
+
 @pytest.fixture
 def registry():
-    """The family table and the layouts as they were, after the test."""
-    families, layouts = dict(FAMILIES), dict(spec._LAYOUTS)
+    """The family table, the layouts and the declared inputs as they were, after the test."""
+    before = _tables()
     yield
-    FAMILIES.clear()
-    FAMILIES.update(families)
-    spec._LAYOUTS.clear()
-    spec._LAYOUTS.update(layouts)
+    for table, kept in zip((REGISTRY.families, REGISTRY.layouts, REGISTRY.inputs), before):
+        table.clear()
+        table.update(kept)
     for name in [n for n in sys.modules if n == "my_vl" or n.startswith("my_vl.")]:
         del sys.modules[name]
 
@@ -104,10 +108,6 @@ def test_a_family_s_own_helpers_reach_its_rewritten_code_and_never_shadow_a_shar
         patching._build("mine", "_stock_plus_one", target, _stock_plus_one)(1)
 
 
-def _tables() -> tuple:
-    return dict(FAMILIES), dict(spec._LAYOUTS)
-
-
 def test_a_copy_patched_like_a_family_is_registered_while_patched_and_the_tables_are_back_after_unpatch(registry,
                                                                                                        tmp_path):
     before = _tables()
@@ -136,3 +136,26 @@ def test_a_refused_patch_like_a_family_leaves_the_tables_as_they_were(registry, 
         assert _tables() == before and not syncfree.is_patched(model)
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_a_scoped_registration_takes_its_declared_inputs_with_it():
+    """``Registry.scoped``: the last release puts back the family, its layouts and the inputs its layout declared."""
+    import dataclasses
+
+    from syncfree.plan.hooks import SHARED_INPUTS, PlanHooks
+    from syncfree.plan.registry import Registry
+
+    table = Registry()
+    layout = dataclasses.replace(FAMILIES["qwen2_vl"].layout, plan=PlanHooks(inputs=("my_input",)))
+
+    def register() -> None:
+        table.families["mine"] = "a family"
+        table.add_layout("mine", layout, SHARED_INPUTS)
+
+    first, second = table.scoped("mine", ("mine",), register), table.scoped("mine", ("mine",), register)
+    assert list(table.inputs) == ["my_input"] and table.layouts == {"mine": layout}
+    first()
+    first()  # (a release is done once)
+    assert "mine" in table.families and "my_input" in table.inputs
+    second()
+    assert (table.families, table.layouts, table.inputs) == ({}, {}, {})

@@ -96,10 +96,9 @@ def test_processor_batch_refuses_an_item_its_processor_does_not_take_in_one_line
 
 def _takes(config, item) -> bool:
     from syncfree.families import GROUPS
-    from syncfree.items import VISUAL_ITEMS
 
     group = next(g for g in reversed(GROUPS) if g.handles(config))
-    return isinstance(item, getattr(group, "ITEMS", VISUAL_ITEMS))
+    return isinstance(item, group.items)
 
 
 def test_build_inputs_refuses_an_item_it_does_not_take_in_one_line():

@@ -4,6 +4,7 @@ without upward imports (lint-imports, where import-linter is installed: ``pip in
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import pickle
@@ -16,14 +17,23 @@ from pathlib import Path
 import pytest
 
 import syncfree
-from syncfree.families import FAMILIES, GROUP_NAMES, GROUPS, MODEL_CLASSES, MODULE_TARGETS, PRESETS, VISION_CLASSES
+from syncfree.families import (
+    DISPLAY,
+    FAMILIES,
+    GROUP_NAMES,
+    GROUPS,
+    MODEL_CLASSES,
+    MODULE_TARGETS,
+    PRESETS,
+    VISION_CLASSES,
+    FamilyGroup,
+)
 from syncfree.plan.hooks import PlanHooks
 from syncfree.plan.spec import Layout, PositionTable, supported_model_types
 from syncfree.rewrite.roles import TOWER, does, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(syncfree.__file__).parent
-GROUP_API = ("FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch")
 
 
 @pytest.mark.parametrize("family, name", [("llava_onevision1_5", r"llava.?one.?vision"), ("ovis2_5", r"ovis")])
@@ -41,11 +51,15 @@ _SHARED = ("plan", "rewrite", "items.py", "prepare.py", "patching.py", "collate.
            "compile_vision.py", "patch_report.py", "shared_patches.py", "trainer_hook.py", "trainer_rollouts.py")
 
 
-def _display_names() -> dict[str, str]:
+def _tables():
     spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    return tables.DISPLAY
+    return tables
+
+
+def _display_names() -> dict[str, str]:
+    return _tables().DISPLAY
 
 
 def _parts(name: str) -> list[str]:
@@ -61,8 +75,8 @@ def _family_spellings() -> list[str]:
     names |= {shown for key, shown in _display_names().items()
               if any(t == key or t.startswith(key + "_") for t in FAMILIES)}
     for group in GROUPS:
-        makers = {_parts(f.model_type)[0] for f in group.FAMILIES}
-        if len(group.FAMILIES) > 1 and len(makers) == 1:
+        makers = {_parts(f.model_type)[0] for f in group.families}
+        if len(group.families) > 1 and len(makers) == 1:
             names |= makers
     return sorted(names)
 
@@ -117,31 +131,44 @@ def test_every_shared_helper_serves_more_than_one_family_group():
     if Version(transformers.__version__) < Version("5.24.0"):  # (older releases lack some families: fewer callers)
         pytest.skip("judged where every family is registered (Transformers 5.24.0 or newer)")
     callers: dict[str, set[str]] = {}
-    for group in GROUPS:
-        for family in group.FAMILIES:
+    for group_name, group in zip(GROUP_NAMES, GROUPS):
+        for family in group.families:
             for target in family.targets:
                 for edit in target.edits:
                     for name in re.findall(r"_syncfree\.(\w+)", edit.new):
-                        callers.setdefault(name, set()).add(group.__name__)
+                        callers.setdefault(name, set()).add(group_name)
     own = sorted(name for name in helpers.__all__ if len(callers.get(name, ())) == 1 and name not in not_moved_yet)
     assert not own, f"shared helpers one family group's edits alone call: {[(n, *callers[n]) for n in own]}"
 
 
-@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.__name__.rsplit(".", 1)[-1])
-def test_each_family_group_is_one_folder(group):
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_each_family_group_is_one_folder(name):
     """``syncfree/families/<group>/``: the family's table, edits, plan hooks, wrappers, inputs and presets together."""
-    path = Path(group.__file__)
-    assert path.name == "__init__.py" and path.parent.parent == PACKAGE / "families", group.__name__
+    module = importlib.import_module(f"syncfree.families.{name}")
+    path = Path(module.__file__)
+    assert path.name == "__init__.py" and path.parent.parent == PACKAGE / "families", name
+    assert module.GROUP is GROUPS[GROUP_NAMES.index(name)]
 
 
-@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("group", GROUPS, ids=GROUP_NAMES)
 def test_each_family_group_declares_what_the_registry_reads(group):
-    missing = [name for name in GROUP_API if not hasattr(group, name)]
-    assert not missing, f"{group.__name__} lacks {missing}"
-    own = {f.model_type for f in group.FAMILIES}
-    assert {PRESETS[name].values["model_type"] for name in group.PRESETS} <= own
-    assert set(group.VISION_CLASSES) <= own and set(group.MODEL_CLASSES) <= own
+    """One ``FamilyGroup`` a folder: its presets, classes and display names are its own families', and each of them
+    has a display name (the tables' and the docs')."""
+    assert isinstance(group, FamilyGroup)
+    own = {f.model_type for f in group.families}
+    assert {PRESETS[name].values["model_type"] for name in group.presets} <= own
+    assert set(group.vision_classes) <= own and set(group.model_classes) <= own
     assert all(group.handles(t) for t in own)
+    shown = [t for t in own if not any(t == key or t.startswith(key + "_") for key in group.display)]
+    assert not shown, f"families without a display name: {shown}"
+
+
+def test_the_tables_show_each_family_by_the_name_its_group_declares():
+    """``benchmarks/tables.py`` reads the groups' display names from their source (it imports neither syncfree nor
+    torch): the same as the registry's."""
+    tables = _tables()
+    assert {t: tables.DISPLAY[t] for t in DISPLAY} == DISPLAY
+    assert set(tables.DISPLAY) - set(DISPLAY) <= set(tables.NOT_FAMILIES)
 
 
 def test_every_family_folder_is_registered():
@@ -152,9 +179,9 @@ def test_every_family_folder_is_registered():
 
 
 def test_the_registry_is_the_union_of_the_groups_and_the_plan_knows_every_layout():
-    assert list(FAMILIES) == [f.model_type for g in GROUPS for f in g.FAMILIES]
-    assert len(FAMILIES) == sum(len(g.FAMILIES) for g in GROUPS), "a model type is declared by two groups"
-    assert set(PRESETS) == {name for g in GROUPS for name in g.PRESETS}
+    assert list(FAMILIES) == [f.model_type for g in GROUPS for f in g.families]
+    assert len(FAMILIES) == sum(len(g.families) for g in GROUPS), "a model type is declared by two groups"
+    assert set(PRESETS) == {name for g in GROUPS for name in g.presets}
     assert set(VISION_CLASSES) | set(MODEL_CLASSES) <= set(FAMILIES)
     assert set(supported_model_types()) == set(FAMILIES)
 
@@ -210,7 +237,7 @@ def test_a_layout_holds_only_what_several_family_groups_set():
         if field.name == "modeling":  # (every family's own)
             continue
         setting = {name for name, group in zip(GROUP_NAMES, GROUPS)
-                   for f in group.FAMILIES if getattr(f.layout, field.name) != field.default}
+                   for f in group.families if getattr(f.layout, field.name) != field.default}
         assert len(setting) >= 2, f"Layout.{field.name} is set by one family group only ({setting}): make it a trait"
 
 

@@ -19,8 +19,9 @@ import torch
 
 import syncfree
 from syncfree.families import FAMILIES
-from syncfree.patch_registry import class_patches, installed, target_class
+from syncfree.patch_registry import installed, target_class
 from syncfree.patching import check_family
+from syncfree.plan.registry import REGISTRY
 from syncfree.rewrite.nearest import nearest_code, nearest_fragment
 
 CHANGED = "qwen2_vl"
@@ -59,7 +60,7 @@ def changed_release(tmp_path):
 
 def _patched_families() -> set[str]:
     return {name for name, family in FAMILIES.items() if installed(family.modeling)
-            and any(cls.__module__ == family.modeling for cls, _ in class_patches)}
+            and any(cls.__module__ == family.modeling for cls, _ in REGISTRY.class_patches)}
 
 
 def test_class_patch_patches_every_other_family_and_warns_once(changed_release):
@@ -73,7 +74,7 @@ def test_class_patch_patches_every_other_family_and_warns_once(changed_release):
     # Never half-patched: none of the changed family's own classes was touched.
     own = {c for c in (target_class(FAMILIES[CHANGED], t) for t in FAMILIES[CHANGED].targets)
            if isinstance(c, type) and c.__module__ == FAMILIES[CHANGED].modeling}
-    assert not [c for c, _ in class_patches if c in own]
+    assert not [c for c, _ in REGISTRY.class_patches if c in own]
     with warnings.catch_warnings():
         warnings.simplefilter("error", syncfree.FamilyLeftStock)
         syncfree.patch()  # once per process and release: no second warning
@@ -82,7 +83,7 @@ def test_class_patch_patches_every_other_family_and_warns_once(changed_release):
 def test_strict_patch_raises_and_patches_nothing(changed_release):
     with pytest.raises(syncfree.UnsupportedTransformers, match=rf"cannot patch {CHANGED}:"):
         syncfree.patch(strict=True)
-    assert not class_patches
+    assert not REGISTRY.class_patches
 
 
 def test_instance_of_the_changed_family_is_refused(changed_release):
@@ -142,8 +143,8 @@ def test_moved_code_is_patched_where_the_release_moved_it():
     syncfree.unpatch()
     try:
         syncfree.patch(families=("qwen4_exp",))
-        assert (cls, holder) in class_patches
-        assert not [a for a in (target.attr, *target.alt_attrs) if a != holder and (cls, a) in class_patches]
+        assert (cls, holder) in REGISTRY.class_patches
+        assert not [a for a in (target.attr, *target.alt_attrs) if a != holder and (cls, a) in REGISTRY.class_patches]
     finally:
         syncfree.unpatch()
 

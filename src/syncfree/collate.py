@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .plan.spec import ModelSpec, multimodal_config
-from .prepare import _spec, prepare
+from .prepare import model_spec, prepare
 
 __all__ = ["PlanningCollator", "planning_collator"]
 
@@ -52,5 +52,5 @@ def planning_collator(collator: Callable[[list], Any], model=None, *, buckets=No
     if buckets is not None and config is None:
         raise ValueError("planning_collator(..., buckets=...) needs the model (or its config): its processor's "
                          "layout of an image")
-    return PlanningCollator(collator, _spec(model, {}) if model is not None else None, buckets,
+    return PlanningCollator(collator, model_spec(model, {}) if model is not None else None, buckets,
                             config if buckets is not None else None)

@@ -24,7 +24,8 @@ from typing import Callable
 import torch
 
 from .families import FAMILIES
-from .plan.spec import _LAYOUTS, layout_of, register_layout, restore_layout
+from .plan.registry import REGISTRY
+from .plan.spec import layout_of, register_layout
 from .rewrite.targets import Family, Target
 
 __all__ = ["register_family", "register_scoped", "family_like"]
@@ -52,38 +53,12 @@ def _tower_name(family: Family) -> str:
     return family.modeling.rsplit(".", 1)[-1].removeprefix("modeling_")
 
 
-# model type -> [how many patched models hold it, (the family and layouts it replaced)]
-_SCOPED: dict[str, list] = {}
-
-
 def register_scoped(family: Family) -> Callable[[], None]:
     """Register ``family`` (``register_family(..., replace=True)``) until the returned release is called; the last
-    release of a model type puts the family table and the layouts back as they were before the first."""
-    key, names = family.model_type, (family.model_type, _tower_name(family))
-    entry = _SCOPED.get(key)
-    if entry is None:
-        entry = _SCOPED[key] = [0, (FAMILIES.get(key), {n: _LAYOUTS.get(n) for n in names})]
-    register_family(family, replace=True)
-    entry[0] += 1
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        if released:
-            return
-        released = True
-        entry[0] -= 1
-        if entry[0] == 0 and _SCOPED.get(key) is entry:
-            del _SCOPED[key]
-            before, layouts = entry[1]
-            if before is None:
-                FAMILIES.pop(key, None)
-            else:
-                FAMILIES[key] = before
-            for name, layout in layouts.items():
-                restore_layout(name, layout)
-
-    return release
+    release of a model type puts the family table and the layouts back as they were before the first
+    (``REGISTRY.scoped``)."""
+    return REGISTRY.scoped(family.model_type, (family.model_type, _tower_name(family)),
+                           lambda: register_family(family, replace=True))
 
 
 def _prefixes(base_names: set[str], model_cls: str) -> tuple[str, str] | None:

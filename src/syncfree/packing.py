@@ -21,7 +21,7 @@ import torch
 from .plan.batch import PLAN_KEY, Plan
 from .plan.packing import packing_of, rows_of
 from .plan.spec import ModelSpec, multimodal_config
-from .prepare import _spec, plan_batch
+from .prepare import model_spec, plan_batch
 
 __all__ = ["PackingCollator", "packing_collator"]
 
@@ -201,7 +201,7 @@ def packing_collator(model, max_tokens: int, *, order: str = "given", pad_token_
         raise ValueError(f"syncfree.packing_collator: max_tokens must be a positive int, got {max_tokens!r}")
     if order not in _ORDERS:
         raise ValueError(f"syncfree.packing_collator: order must be one of {_ORDERS}, got {order!r}")
-    spec = _spec(model, {})
+    spec = model_spec(model, {})
     config = spec.config if spec.config is not None else multimodal_config(model)
     text = getattr(config, "text_config", config)
     if pad_token_id is None:

@@ -1,5 +1,6 @@
-"""What ``syncfree.patch`` has replaced, as tables both ``patching`` (which fills them) and ``patch_report`` (which
-reads them back) use, and how a model's family is found from the classes it holds."""
+"""How a model's family is found from the classes it holds, and where a target's class is installed. What
+``syncfree.patch`` has replaced is in the registry (``plan.registry.REGISTRY``: ``patching`` fills it,
+``patch_report`` reads it back)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,9 @@ import torch
 from .families import FAMILIES
 from .rewrite.targets import Family, Target
 
-__all__ = ["INHERITED", "class_patches", "module_patches", "built", "origin", "how", "target_class", "family_classes",
-           "family_of", "model_types", "installed"]
+__all__ = ["INHERITED", "target_class", "family_classes", "family_of", "model_types", "installed"]
 
 INHERITED = object()  # marks a class attribute that was inherited before the class was patched
-class_patches: dict[tuple[type, str], object] = {}  # (class, attr) -> stock (or INHERITED)
-module_patches: dict[tuple[str, str], tuple] = {}  # (module, function) -> (stock, replacement, modules patched)
-built: dict[object, object] = {}  # stock function -> its replacement
-origin: dict[object, tuple[str, str, str]] = {}  # replacement -> (module, class, attr), for pickling
-how: dict[object, Target] = {}  # replacement -> the target it was built from (what ``describe_patch`` says)
 
 
 def target_class(family: Family, target: Target) -> type | None:

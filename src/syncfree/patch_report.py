@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from . import patch_registry as registry
+from .plan.registry import REGISTRY
 from .rewrite.generic import GENERIC_NOTE
 from .rewrite.roles import does
 
@@ -64,7 +65,7 @@ def _one_line(edit, width: int = 72) -> str:
 
 
 def _function(where: str, modules: int, replacement) -> PatchedFunction:
-    target = registry.how.get(replacement)
+    target = REGISTRY.how.get(replacement)
     if target is None:
         return PatchedFunction(where, modules, (), None)
     stock = _stock_source(replacement)
@@ -81,7 +82,7 @@ def _stock_source(replacement) -> str | None:
     import inspect
     import textwrap
 
-    stock = next((key[0] if isinstance(key, tuple) else key for key, r in registry.built.items() if r is replacement),
+    stock = next((key[0] if isinstance(key, tuple) else key for key, r in REGISTRY.built.items() if r is replacement),
                  None)  # (keyed by the stock function, or by (stock function, target, namespace))
     while stock is not None and hasattr(stock, "__wrapped__"):
         stock = stock.__wrapped__
@@ -98,17 +99,17 @@ def describe_patch(model: torch.nn.Module) -> PatchDescription:
     for module in model.modules():
         for cls in type(module).__mro__:
             for attr, value in vars(cls).items():
-                if (cls, attr) in registry.class_patches and value in registry.how:
+                if (cls, attr) in REGISTRY.class_patches and value in REGISTRY.how:
                     where = f"{cls.__name__}.{attr}"
                     counts[where] = (0, value)
         for attr, value in module.__dict__.items():
             func = getattr(value, "__func__", None)
-            if func in registry.origin:
-                where = f"{registry.origin[func][1]}.{attr}"
+            if func in REGISTRY.origin:
+                where = f"{REGISTRY.origin[func][1]}.{attr}"
                 counts[where] = (counts.get(where, (0, None))[0] + 1, func)
     functions = tuple(_function(where, n, fn) for where, (n, fn) in counts.items())
     shared = tuple(_function(f"{module}.{name}", 0, replacement)
-                   for (module, name), (_stock, replacement, _holders) in registry.module_patches.items())
+                   for (module, name), (_stock, replacement, _holders) in REGISTRY.module_patches.items())
     family = registry.family_of(model)
     support = "none" if not functions else ("full" if family is not None else "generic")
     return PatchDescription(type(model).__name__, tuple(registry.model_types(model)), support,

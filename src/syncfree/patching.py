@@ -27,15 +27,11 @@ import torch
 from .families import FAMILIES, MODULE_TARGETS
 from .forks import family_like, register_scoped
 from .patch_registry import INHERITED as _INHERITED
-from .patch_registry import built as _built
-from .patch_registry import class_patches as _class_patches
 from .patch_registry import family_of as _family_of
-from .patch_registry import how as _how
 from .patch_registry import installed
 from .patch_registry import model_types as _model_types
-from .patch_registry import module_patches as _module_patches
-from .patch_registry import origin as _origin
 from .patch_registry import target_class as _target_class
+from .plan.registry import REGISTRY
 from .plan.spec import layout_of, multimodal_config
 from .rewrite import helpers
 from .rewrite.attention import check_backend
@@ -88,8 +84,8 @@ def _refuse(family: str, where: str, problem: str) -> UnsupportedTransformers:
 
 def stock_function(owner, attr: str, inherited: bool):
     """The stock function: also when the class is already patched; inherited ones through the MRO."""
-    if (owner, attr) in _class_patches:
-        saved = _class_patches[(owner, attr)]
+    if (owner, attr) in REGISTRY.class_patches:
+        saved = REGISTRY.class_patches[(owner, attr)]
         if saved is not _INHERITED:
             return saved
         return next((base.__dict__[attr] for base in owner.__mro__[1:] if attr in base.__dict__), None)
@@ -120,8 +116,8 @@ def _build(family: str, where: str, target: Target, stock, namespace=helpers):
     # (Keyed on all three: the generic fix and full support rewrite one function apiece, and the same edits compiled
     # against another family's helpers are another function.)
     key = (stock, target, namespace)
-    if key in _built:
-        return _built[key]
+    if key in REGISTRY.built:
+        return REGISTRY.built[key]
     if stock is None:
         raise _refuse(family, where, "it does not exist")
     fn = stock
@@ -136,8 +132,8 @@ def _build(family: str, where: str, target: Target, stock, namespace=helpers):
     if target.wrap:
         _check_wrap(family, where, target, stock)
         fn = target.wrap(fn)
-    _built[key] = fn
-    _how[fn] = target
+    REGISTRY.built[key] = fn
+    REGISTRY.how[fn] = target
     return fn
 
 
@@ -177,7 +173,7 @@ def _replacements(family: Family) -> list[tuple[type, Target, object, object]]:
         if not target.check_only:
             found.append((cls, target, stock, built))
     for _cls, target, _, replacement in found:
-        _origin[replacement] = (family.modeling, target.cls, target.attr)  # (the family's module: _rebind finds it)
+        REGISTRY.origin[replacement] = (family.modeling, target.cls, target.attr)  # (the family's module: _rebind finds it)
     return found
 
 
@@ -187,7 +183,7 @@ def _module_replacements(refused: list | None = None) -> dict[tuple[str, str], t
     raises, having changed nothing; or, given a ``refused`` list, appends the refusal there and goes on."""
     built = {}
     for (module_name, name), target in MODULE_TARGETS.items():
-        if (module_name, name) in _module_patches:
+        if (module_name, name) in REGISTRY.module_patches:
             continue
         owner = importlib.import_module(module_name)
         holder = None
@@ -211,7 +207,7 @@ def _generic_replacements(model: torch.nn.Module) -> dict:
     for cls, target in split_attention_targets(model):
         where = f"{cls.__name__}.forward"
         replacement = _build(cls.__module__.rsplit(".", 1)[-1], where, target, cls.__dict__["forward"])
-        _origin[replacement] = (cls.__module__, cls.__name__, "forward")
+        REGISTRY.origin[replacement] = (cls.__module__, cls.__name__, "forward")
         replacements[(cls, "forward")] = replacement
     return replacements
 
@@ -369,8 +365,8 @@ def _patch_classes(families: tuple[str, ...] | None, vision_attention: str, verb
         raise refused[0]
     hold(CLASS_LEVEL, module_functions, _reduce_patched)  # (everything checked: from here on nothing raises)
     for cls, target, _stock, replacement in planned:
-        if (cls, target.attr) not in _class_patches:
-            _class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
+        if (cls, target.attr) not in REGISTRY.class_patches:
+            REGISTRY.class_patches[(cls, target.attr)] = cls.__dict__.get(target.attr, _INHERITED)
         setattr(cls, target.attr, replacement)
         if _is_tower(target):
             _set_backend(cls, vision_attention)
@@ -449,15 +445,15 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
     every model shares are restored too, once no other patched model (or the class-level patch) needs them."""
     _check_module(model, "unpatch", allow_none=True)
     if model is None:
-        for cls, _attr in list(_class_patches):
+        for cls, _attr in list(REGISTRY.class_patches):
             if "_syncfree_attention" in cls.__dict__:
                 delattr(cls, "_syncfree_attention")
-        for (cls, attr), stock in list(_class_patches.items()):
+        for (cls, attr), stock in list(REGISTRY.class_patches.items()):
             if stock is _INHERITED:
                 delattr(cls, attr)
             else:
                 setattr(cls, attr, stock)
-            del _class_patches[(cls, attr)]
+            del REGISTRY.class_patches[(cls, attr)]
         release(CLASS_LEVEL)
         return
     remove_presence_check(model)
@@ -473,7 +469,7 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
                      VISION_EVERY_STEP):
             module.__dict__.pop(attr, None)
         for attr, value in list(module.__dict__.items()):
-            if getattr(value, "__func__", None) in _origin:
+            if getattr(value, "__func__", None) in REGISTRY.origin:
                 del module.__dict__[attr]
 
 
@@ -492,7 +488,7 @@ def packing_refusal(model) -> str | None:
         return (f"syncfree refuses packed batches for an unpatched {model_type} model: stock attends across the "
                 "samples of a packed row; call syncfree.patch(model) first")
     if isinstance(model, torch.nn.Module) and ("transformers.masking_utils", "_preprocess_mask_arguments") \
-            not in _module_patches:
+            not in REGISTRY.module_patches:
         return (f"syncfree refuses packed batches for {model_type}: this Transformers release's mask code "
                 "(masking_utils._preprocess_mask_arguments) is not the one syncfree hands the samples' boundaries to")
     return None
@@ -502,9 +498,9 @@ def is_patched(model: torch.nn.Module) -> bool:
     """True when ``model`` (or its classes) runs syncfree's functions."""
     _check_module(model, "is_patched")
     for m in model.modules():
-        if (type(m), "forward") in _class_patches:
+        if (type(m), "forward") in REGISTRY.class_patches:
             return True
-        if any(getattr(v, "__func__", None) in _origin for v in m.__dict__.values()):
+        if any(getattr(v, "__func__", None) in REGISTRY.origin for v in m.__dict__.values()):
             return True
     return False
 
@@ -526,7 +522,7 @@ def _bound(replacement, obj) -> types.MethodType:
                 return inner(*args, **kwargs)
 
             _instance_forms[replacement] = form
-        _origin[form] = _origin[replacement]
+        REGISTRY.origin[form] = REGISTRY.origin[replacement]
         replacement = form
     return types.MethodType(replacement, obj)
 
@@ -534,7 +530,7 @@ def _bound(replacement, obj) -> types.MethodType:
 # ---- pickling ---------------------------------------------------------------------------------------
 def _reduce_patched(method):
     """How pickle stores a syncfree method: by name, rebuilt (checks included) on load; None for any other."""
-    origin = _origin.get(method.__func__)
+    origin = REGISTRY.origin.get(method.__func__)
     return None if origin is None else (_rebind, (method.__self__, *origin))
 
 

@@ -13,7 +13,7 @@ from .plan.packing import Packing
 from .plan.spec import ModelSpec, assumed_spec, multimodal_config
 from .plan.validate import check_batch, check_inputs
 
-__all__ = ["prepare", "plan_of", "plan_batch"]
+__all__ = ["prepare", "plan_of", "plan_batch", "model_spec"]
 
 _PIXELS = ("pixel_values", "pixel_values_videos", "input_features")
 # Grids stay on the host: the patched forward reads them only there (and stock code that still
@@ -37,7 +37,9 @@ def _ids_from_types(spec: ModelSpec, batch: Mapping) -> ModelSpec:
     return dataclasses.replace(spec, **found)
 
 
-def _spec(model, batch: Mapping) -> ModelSpec:
+def model_spec(model, batch: Mapping) -> ModelSpec:
+    """The ``ModelSpec`` a plan of ``batch`` is made from: ``model``'s (a model, its config, or a spec itself), or
+    without a model the one assumed, with the placeholder ids the batch's token types show."""
     if model is None:
         if not isinstance(batch.get("mm_token_type_ids"), torch.Tensor) and any(
                 isinstance(batch.get(n), torch.Tensor) for n in (*_PIXELS, "image_grid_thw", "video_grid_thw")):
@@ -93,13 +95,13 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
         batch = _bucketed(batch, buckets, model)
     plan: Plan | None = batch.pop(PLAN_KEY, None)
     if plan is None:
-        plan = plan_batch(batch, _spec(model, batch), ids_assumed=model is None)
+        plan = plan_batch(batch, model_spec(model, batch), ids_assumed=model is None)
     else:
         if not isinstance(plan, Plan):
             raise ValueError(f"batch[{PLAN_KEY!r}] must be the plan syncfree.prepare() added, got {type(plan).__name__}")
         plan.check_batch(batch)
         if model is not None:
-            plan.check_model(_spec(model, batch))
+            plan.check_model(model_spec(model, batch))
     if plan.packing is not None and model is not None:
         from .patching import packing_refusal  # (the patching side: whether this model keeps packed samples apart)
 

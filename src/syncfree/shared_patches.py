@@ -27,7 +27,7 @@ import threading
 import types
 import weakref
 
-from .patch_registry import module_patches
+from .plan.registry import REGISTRY
 
 __all__ = ["critical", "CLASS_LEVEL", "HOLD_ATTR", "Hold", "hold", "release", "holders"]
 
@@ -122,11 +122,11 @@ def _install(built: dict) -> None:
     """In every loaded Transformers module holding the stock function (at every hold: a family module imported
     since then gets them too). Nothing here can fail."""
     for (module_name, name), (stock, replacement, holder) in built.items():
-        module_patches[(module_name, name)] = (stock, replacement, [])
+        REGISTRY.module_patches[(module_name, name)] = (stock, replacement, [])
         if holder is not None:  # a class's method: the class is its one holder
             setattr(holder, name.rpartition(".")[2], replacement)
-            module_patches[(module_name, name)][2].append(holder)
-    for (_module_name, name), (stock, replacement, holders_of) in module_patches.items():
+            REGISTRY.module_patches[(module_name, name)][2].append(holder)
+    for (_module_name, name), (stock, replacement, holders_of) in REGISTRY.module_patches.items():
         if "." in name:
             continue
         for m_name, module in list(sys.modules.items()):
@@ -136,10 +136,10 @@ def _install(built: dict) -> None:
 
 
 def _restore() -> None:
-    for (module_name, name), (stock, _, holders_of) in list(module_patches.items()):
+    for (module_name, name), (stock, _, holders_of) in list(REGISTRY.module_patches.items()):
         for holder in holders_of:
             setattr(holder, name.rpartition(".")[2], stock)
-        del module_patches[(module_name, name)]
+        del REGISTRY.module_patches[(module_name, name)]
 
 
 def _hook_pickling(reduce_patched) -> None:

@@ -31,7 +31,7 @@ import torch
 
 from .patching import is_patched
 from .plan import active
-from .prepare import _spec, prepare
+from .prepare import model_spec, prepare
 
 __all__ = ["HOST_PREFIX", "rollout_overrides", "has_rollouts"]
 
@@ -82,7 +82,7 @@ def _host_copies(trainer, lists, batch: Mapping) -> dict | None:
     copies = {"input_ids": input_ids, "attention_mask": torch.cat([prompt_mask, completion_mask], dim=1)}
     given_types = batch.get("mm_token_type_ids")
     if isinstance(given_types, torch.Tensor):
-        types = torch.cat([_token_types(_spec(trainer.model, {}), prompt_ids), torch.zeros_like(completion_ids)], 1)
+        types = torch.cat([_token_types(model_spec(trainer.model, {}), prompt_ids), torch.zeros_like(completion_ids)], 1)
         if tuple(types.shape) != tuple(given_types.shape):
             return None
         copies["mm_token_type_ids"] = types

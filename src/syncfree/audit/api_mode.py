@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from . import rules
-from .device_tensor import DeviceTensor, _api_stack, record
+from .device_tensor import DeviceTensor, api_stack, record
 from .events import H2D, SYNC, active_collectors
 
 __all__ = ["ApiMode", "hook_engine_start", "unhook_engine_start"]
@@ -201,7 +201,7 @@ def unhook_engine_start() -> None:
 class ApiMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        stack = _api_stack()
+        stack = api_stack()
         name = api_name(func)
         stack.append(name)
         try:

@@ -15,21 +15,21 @@ from . import rules
 from .events import D2H, SYNC, Event, active_collectors
 from .phases import locate
 
-__all__ = ["DeviceTensor", "record", "current_api"]
+__all__ = ["DeviceTensor", "record", "current_api", "api_stack"]
 
 _CUDA = torch.device("cuda", 0)
 _CPU = torch.device("cpu")
 _state = threading.local()
 
 
-def _api_stack() -> list[str]:
+def api_stack() -> list[str]:
     if not hasattr(_state, "api"):
         _state.api = []
     return _state.api
 
 
 def current_api() -> str | None:
-    stack = _api_stack()
+    stack = api_stack()
     return stack[0] if stack else None
 
 

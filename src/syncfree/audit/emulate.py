@@ -46,7 +46,7 @@ from .cpu_kernel_gaps import CPU_KERNEL_GAPS
 from .cuda_standins import CUDA_STANDINS
 from .device_tensor import DeviceTensor, current_api, record
 from .emulated_copies import COPY_HANDLERS as _SPECIAL
-from .emulated_copies import _to_device, is_pinned
+from .emulated_copies import device_of, is_pinned
 from .events import H2D, SYNC, active_collectors
 from .guard_shim import FakeCudaGuard
 from .launches import is_launch
@@ -77,7 +77,7 @@ class _DispatchMode(TorchDispatchMode):
         if name in _SPECIAL:
             return _SPECIAL[name](func, args, kwargs)
 
-        target = _to_device(kwargs.get("device")) if "device" in kwargs else None
+        target = device_of(kwargs.get("device")) if "device" in kwargs else None
         flat, spec = pytree.tree_flatten((args, kwargs))
         on_device = target is not None and target.type == "cuda"
         if not on_device and (target is None):

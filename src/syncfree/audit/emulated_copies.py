@@ -14,12 +14,12 @@ import torch
 from .device_tensor import DeviceTensor, record
 from .events import D2H, H2D
 
-__all__ = ["COPY_HANDLERS", "is_pinned"]
+__all__ = ["COPY_HANDLERS", "is_pinned", "device_of"]
 
 _CPU = torch.device("cpu")
 
 
-def _to_device(value) -> torch.device | None:
+def device_of(value) -> torch.device | None:
     if value is None:
         return None
     return torch.device(value) if not isinstance(value, torch.device) else value
@@ -47,7 +47,7 @@ def is_pinned(t: torch.Tensor) -> bool:
 
 def _to_copy(func, args, kwargs):
     (src,) = args
-    target = _to_device(kwargs.get("device"))
+    target = device_of(kwargs.get("device"))
     non_blocking = bool(kwargs.get("non_blocking", False))
     kwargs = {**kwargs, "device": _CPU}
     kwargs.pop("pin_memory", None)

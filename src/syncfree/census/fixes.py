@@ -2,7 +2,7 @@
 (so shrinking a field leaves the derived one stale), and the fields its default leaves unset that its model needs.
 
 Each fix reads the family's configuration_*.py / modeling_*.py rules and runs on the already shrunk config. A family
-syncfree supports declares its own in its folder (``CENSUS_FIXES`` of its group module, ``families.CENSUS_FIXES``).
+syncfree supports declares its own in its folder (``FamilyGroup(census_fixes=...)`` of its group, ``families.CENSUS_FIXES``).
 """
 
 from __future__ import annotations

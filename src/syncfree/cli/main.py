@@ -66,9 +66,6 @@ def _examples(command: str) -> str:
     return "examples:\n" + "\n".join(f"  {line.ljust(width)}  # {what}" for line, what in _EXAMPLES[command])
 
 
-def _sub(sub, name: str, **kwargs) -> argparse.ArgumentParser:
-    return sub.add_parser(name, epilog=_examples(name), formatter_class=argparse.RawDescriptionHelpFormatter,
-                          **kwargs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -238,6 +235,39 @@ def _run(args: argparse.Namespace, title: str, compare: bool) -> int:
     return 0
 
 
+# Each command's parser: its name, its one-line help, its description and how its arguments are added.
+_COMMAND_PARSERS = (
+    ("demo", "stock vs patched Qwen3-VL, audited; offline, no GPU needed",
+     "Audit three forwards of a Qwen3-VL-2B-shaped model with random weights (stock, patched, patched with prepare) "
+     "and list every sync by source line.",
+     lambda p: add_audit_args(p, model="qwen3-vl-2b", inputs="mixed", text_layers=2, dtypes=_DTYPES)),
+    ("audit", "every host sync and copy of one forward, by source line",
+     "List every host sync and host/device copy of one forward, by source line.",
+     lambda p: add_audit_args(p, model="qwen3-vl-tiny", inputs="image", text_layers=None, dtypes=_DTYPES)),
+    ("bench", "stock vs patched latency, syncs, graph breaks per scenario",
+     "Stock vs patched, side by side in one run: latency, host syncs, graph breaks (and on a GPU kernel time, busy "
+     "fraction, memcpys, peak memory).",
+     lambda p: add_bench_args(p, _DTYPES)),
+    ("census", "every family with the vision split: stock vs patched",
+     "Find every model family of the installed Transformers whose vision attention splits by lengths.tolist(), build "
+     "a tiny one, and audit a forward stock and patched on the emulated device.",
+     add_census_args),
+    ("patch", "what syncfree.patch rewrites in a model, and the syncs it leaves",
+     "Say what syncfree.patch rewrites in one model (any family with the packed vision split: a preset, a checkpoint "
+     "folder or a model type) and audit a forward on the emulated device: every sync left, by source line.",
+     lambda p: add_patch_args(p, _DTYPES)),
+    ("doctor", "after upgrading Transformers: which families' patches still match",
+     "For the installed torch and Transformers, one line per family: fully supported and matching, changed (the "
+     "function, and the installed code nearest to what the patch expects), generic fix only, or not in this release. "
+     "Exit status 1 where a fully supported family no longer matches.",
+     add_doctor_args),
+    ("presets", "the presets --model takes: published shapes and tiny test models",
+     "List the presets --model takes (random weights, nothing downloaded): each with its model type and whether it is "
+     "a tiny test model or a published shape.",
+     add_presets_args),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="syncfree", description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -245,45 +275,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="print syncfree's version and the torch and Transformers it runs with")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
-    demo = _sub(sub, "demo", help="stock vs patched Qwen3-VL, audited; offline, no GPU needed",
-                          description="Audit three forwards of a Qwen3-VL-2B-shaped model with random weights "
-                                      "(stock, patched, patched with prepare) and list every sync by source line.")
-    add_audit_args(demo, model="qwen3-vl-2b", inputs="mixed", text_layers=2, dtypes=_DTYPES)
-    _add_debug(demo, default=argparse.SUPPRESS)
-    aud = _sub(sub, "audit", help="every host sync and copy of one forward, by source line",
-                         description="List every host sync and host/device copy of one forward, by source line.")
-    add_audit_args(aud, model="qwen3-vl-tiny", inputs="image", text_layers=None, dtypes=_DTYPES)
-    _add_debug(aud, default=argparse.SUPPRESS)
-    bench = _sub(sub, "bench", help="stock vs patched latency, syncs, graph breaks per scenario",
-                           description="Stock vs patched, side by side in one run: latency, host syncs, graph "
-                                       "breaks (and on a GPU kernel time, busy fraction, memcpys, peak memory).")
-    add_bench_args(bench, _DTYPES)
-    _add_debug(bench, default=argparse.SUPPRESS)
-    census = _sub(sub, "census", help="every family with the vision split: stock vs patched",
-                            description="Find every model family of the installed Transformers whose vision "
-                                        "attention splits by lengths.tolist(), build a tiny one, and audit a "
-                                        "forward stock and patched on the emulated device.")
-    add_census_args(census)
-    _add_debug(census, default=argparse.SUPPRESS)
-    patch = _sub(sub, "patch", help="what syncfree.patch rewrites in a model, and the syncs it leaves",
-                           description="Say what syncfree.patch rewrites in one model (any family with the packed "
-                                       "vision split: a preset, a checkpoint folder or a model type) and audit a "
-                                       "forward on the emulated device: every sync left, by source line.")
-    add_patch_args(patch, _DTYPES)
-    _add_debug(patch, default=argparse.SUPPRESS)
-    doctor = _sub(sub, "doctor", help="after upgrading Transformers: which families' patches still match",
-                            description="For the installed torch and Transformers, one line per family: fully "
-                                        "supported and matching, changed (the function, and the installed code "
-                                        "nearest to what the patch expects), generic fix only, or not in this "
-                                        "release. Exit status 1 where a fully supported family no longer matches.")
-    add_doctor_args(doctor)
-    _add_debug(doctor, default=argparse.SUPPRESS)
-    presets = _sub(sub, "presets", help="the presets --model takes: published shapes and tiny test models",
-                   description="List the presets --model takes (random weights, nothing downloaded): each with its "
-                               "model type and whether it is a tiny test model or a published shape.")
-    add_presets_args(presets)
-    _add_debug(presets, default=argparse.SUPPRESS)
+    for name, help, description, add_args in _COMMAND_PARSERS:
+        command = sub.add_parser(name, help=help, description=description, epilog=_examples(name),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_args(command)
+        # (default=SUPPRESS in the subcommands: `syncfree --debug audit` and `syncfree audit --debug` both work.)
+        _add_debug(command, default=argparse.SUPPRESS)
     return parser
 
 

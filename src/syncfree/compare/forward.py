@@ -26,7 +26,8 @@ from .checks import check_image_side, image_unit
 from .progress import layer_progress
 from .towers import tower_call
 
-__all__ = ["AuditSpec", "run_audit", "run_compare", "spec_batch", "check_input_kind", "SCOPES", "VARIANTS"]
+__all__ = ["AuditSpec", "run_audit", "run_compare", "spec_batch", "check_input_kind", "SCOPES", "VARIANTS",
+           "resolve_engine"]
 
 SCOPES = ("vision", "rope", "full")
 
@@ -130,7 +131,7 @@ def run_audit(spec: AuditSpec, engine: str = "auto") -> tuple[Report, dict]:
     return reports["stock"], about
 
 
-def _resolve_engine(engine: str) -> bool:
+def resolve_engine(engine: str) -> bool:
     """True for the real GPU. Asked inside emulate_cuda(), torch.cuda.is_available() answers for the emulated one."""
     if engine not in ("auto", "emulated", "cuda"):
         raise ValueError(f"engine must be auto, emulated or cuda, got {engine!r}")
@@ -154,7 +155,7 @@ def run_compare(spec: AuditSpec, engine: str = "auto", variants: tuple[str, ...]
 
     if spec.scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {spec.scope!r}")
-    use_gpu = _resolve_engine(engine)
+    use_gpu = resolve_engine(engine)
     varlen = spec.attn == VARLEN
     if varlen:  # PyTorch's flash kernel: a real GPU, PyTorch >= 2.10, half precision
         if not use_gpu:

@@ -18,7 +18,7 @@ import torch
 from ..audit import Report, audit, emulate_cuda
 from ..inputs import batch_to
 from ..presets import PRESETS, build_model, load_config
-from .forward import VARIANTS, AuditSpec, _resolve_engine, spec_batch, vision_depth
+from .forward import VARIANTS, AuditSpec, resolve_engine, spec_batch, vision_depth
 from .progress import layer_progress
 
 __all__ = ["GRAD_CKPT", "OPTIMIZERS", "labels_for", "train_step", "run_train_compare"]
@@ -83,7 +83,7 @@ def run_train_compare(spec: AuditSpec, grad_ckpt: str | None = None, engine: str
     make_optimizer = OPTIMIZERS[optimizer]
     if spec.scope != "full":
         raise ValueError(f"a training step runs the whole model: scope must be 'full', got {spec.scope!r}")
-    use_gpu = _resolve_engine(engine)
+    use_gpu = resolve_engine(engine)
     config = load_config(spec.model, attn=spec.attn)
     batch = spec_batch(spec, config)
     labels = labels_for(batch)

@@ -31,14 +31,7 @@ from ..rewrite.wrappers import (
 )
 
 __all__ = ["PACKS", "MODULE_TARGETS", "VISION_NEEDS", "WINDOW_NEEDS", "MODEL_PARAMS", "MODEL_NEEDS", "family_module",
-           "vlm_targets", "handled_by", "installed_source_has", "registered_only", "handles_of", "processor_batch_by",
-           "scale_sections"]
-
-
-def handled_by(config, families) -> bool:
-    """True for a config (or model type) of one of ``families`` (a group module's ``handles``)."""
-    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
-    return any(f.model_type == model_type for f in families)
+           "vlm_targets", "installed_source_has", "scale_sections"]
 
 
 def family_module(folder: str) -> str:
@@ -155,14 +148,6 @@ def installed_source_has(module: str, *needles: str) -> bool:
     return all(needle in source for needle in needles)
 
 
-def registered_only(families, presets: dict, vision_classes: dict) -> tuple[dict, dict]:
-    """A group's presets and tower classes for the families it registers here (none for a family this release ships
-    older code for: ``installed_source_has``)."""
-    own = {f.model_type for f in families}
-    return ({n: p for n, p in presets.items() if p.values["model_type"] in own},
-            {t: c for t, c in vision_classes.items() if t in own})
-
-
 def scale_sections(sections: list[int], half: int) -> list[int]:
     """M-RoPE sections scaled to sum to ``half`` (the rotary width / 2). The rounding remainder goes to a section no
     other equals (Qwen's temporal [16, 24, 24], ERNIE-4.5-VL's [22, 22, 20]: its height and width sections are
@@ -173,21 +158,3 @@ def scale_sections(sections: list[int], half: int) -> list[int]:
     scaled[unique[0] if unique else 0] += half - sum(scaled)
     return scaled
 
-
-def handles_of(families) -> Callable:
-    """A family group's ``handles(config)``: whether ``config`` (or a model type) is one of ``families``."""
-    def handles(config) -> bool:
-        return handled_by(config, families)
-
-    return handles
-
-
-def processor_batch_by(build: Callable) -> Callable:
-    """A family group's ``processor_batch``: batches laid out by its builder ``build(config, samples, *, padding_side,
-    seed, pad_token_id)``, as the family's processor lays them out."""
-    def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
-                        pad_token_id: int | None = None) -> dict:
-        return build(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
-
-    processor_batch.__doc__ = build.__doc__
-    return processor_batch

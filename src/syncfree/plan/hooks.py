@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PlanHooks", "SHARED_INPUTS", "register_inputs", "plan_inputs"]
+from .registry import REGISTRY
+
+__all__ = ["PlanHooks", "SHARED_INPUTS", "plan_inputs"]
 
 # The control inputs every plan reads (host copies, checksums, staleness checks).
 SHARED_INPUTS = ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw", "video_grid_thw",
@@ -72,17 +74,7 @@ class PlanHooks:
             raise ValueError("PlanHooks: grid_inputs and grids come together")
 
 
-# The declared inputs of every registered family, in registration order (after ``SHARED_INPUTS``).
-_FAMILY_INPUTS: dict[str, None] = {}
-
-
-def register_inputs(hooks: PlanHooks) -> None:
-    """Add a family's declared inputs to those every plan keeps (called when its layout is registered)."""
-    for name in hooks.inputs:
-        if name not in SHARED_INPUTS:
-            _FAMILY_INPUTS.setdefault(name)
-
-
 def plan_inputs() -> tuple[str, ...]:
-    """Every control input a plan is built from: the shared ones, then those the registered families declare."""
-    return SHARED_INPUTS + tuple(_FAMILY_INPUTS)
+    """Every control input a plan is built from: the shared ones, then those the registered families declare
+    (``REGISTRY.inputs``, in registration order; ``spec.register_layout`` adds them)."""
+    return SHARED_INPUTS + tuple(REGISTRY.inputs)

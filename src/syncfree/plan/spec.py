@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .hooks import PlanHooks, register_inputs
+from .hooks import SHARED_INPUTS, PlanHooks
+from .registry import REGISTRY
 from .rope_stock import host_rope_key, rope_config_key
 from .traits import AudioLayout, PositionTable, RotaryIndex, TowerShape, VideoLayout
 
@@ -53,14 +54,11 @@ class Layout:
     plan: PlanHooks = PlanHooks()
 
 
-# model_type -> Layout. Filled by ``syncfree.families`` (one entry per fully supported family) when syncfree
-# is imported: the plan knows families only through this table, so it never imports the layer above it.
-_LAYOUTS: dict[str, Layout] = {}
-
-
+# model_type -> Layout: ``REGISTRY.layouts``, filled by ``syncfree.families`` (one entry per fully supported family)
+# when syncfree is imported: the plan knows families only through that table, so it never imports the layer above it.
 def register_layout(model_type: str, layout: Layout) -> None:
-    _LAYOUTS[model_type] = layout
-    register_inputs(layout.plan)
+    """Register ``layout`` for ``model_type``, and the control inputs its ``PlanHooks`` declare."""
+    REGISTRY.add_layout(model_type, layout, SHARED_INPUTS)
 
 
 def multimodal_config(model):
@@ -77,38 +75,28 @@ def multimodal_config(model):
     return config
 
 
-def restore_layout(model_type: str, layout: Layout | None) -> None:
-    """Put back what ``layout_of(model_type)`` gave before a scoped registration (None: nothing)."""
-    if layout is None:
-        _LAYOUTS.pop(model_type, None)
-    else:
-        _LAYOUTS[model_type] = layout
-
-
 def supported_model_types() -> tuple[str, ...]:
-    return tuple(_LAYOUTS)
+    return tuple(REGISTRY.layouts)
 
 
 def layout_of(model_type: str) -> Layout | None:
     """The registered layout of a fully supported model type (None for others)."""
-    return _LAYOUTS.get(model_type)
+    return REGISTRY.layouts.get(model_type)
 
 
 # The spec ``prepare(batch)`` assumes without a model: a family's published values, which its group declares and
-# ``syncfree.families`` registers here (the forward checks them against the model).
-_ASSUMED: list[ModelSpec] = []
-
-
+# ``syncfree.families`` registers here (``REGISTRY.assumed``; the forward checks them against the model).
 def register_assumed_spec(spec: ModelSpec) -> None:
-    if _ASSUMED and _ASSUMED[0] != spec:
-        raise ValueError(f"syncfree: two specs to assume without a model: {_ASSUMED[0].model_type!r} and "
+    assumed = REGISTRY.assumed
+    if assumed and assumed[0] != spec:
+        raise ValueError(f"syncfree: two specs to assume without a model: {assumed[0].model_type!r} and "
                          f"{spec.model_type!r}; one family group declares it")
-    _ASSUMED[:] = [spec]
+    assumed[:] = [spec]
 
 
 def assumed_spec() -> ModelSpec | None:
     """The spec ``prepare(batch)`` assumes without a model (None while no family has declared one)."""
-    return _ASSUMED[0] if _ASSUMED else None
+    return REGISTRY.assumed[0] if REGISTRY.assumed else None
 
 
 _PLAIN = (int, str, float, bool, type(None))
@@ -192,9 +180,10 @@ class ModelSpec:
     @classmethod
     def from_config(cls, config) -> "ModelSpec":
         model_type = config.model_type
-        layout = _LAYOUTS.get(model_type)
+        layout = layout_of(model_type)
         if layout is None:
-            raise ValueError(f"syncfree does not support model type {model_type!r} (supported: {', '.join(_LAYOUTS)})")
+            raise ValueError(f"syncfree does not support model type {model_type!r} "
+                             f"(supported: {', '.join(supported_model_types())})")
         family = dict(hooks=layout.plan, values=tuple(sorted(layout.plan.values(config).items()))
                       if layout.plan.values is not None else ())
         if getattr(config, "vision_config", None) is None:  # audio only: no vision values, no image or video tokens
@@ -244,7 +233,7 @@ class ModelSpec:
         vc = visual.config
         module = type(visual).__module__
         model_type = module.rsplit(".", 1)[-1].removeprefix("modeling_")
-        layout = _LAYOUTS.get(model_type)
+        layout = layout_of(model_type)
         if layout is None:  # (a tower syncfree has no layout for: the shared plan's, its values read off the tower)
             return cls(model_type, vc.spatial_merge_size, getattr(visual, "num_grid_per_side", None), -1, -1, module,
                        window_size=getattr(visual, "window_size", None), patch_size=vc.patch_size)

@@ -21,6 +21,7 @@ Each wrapper keeps the stock signature (``functools.wraps`` sets ``__wrapped__``
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -30,7 +31,7 @@ from ..plan.checksum import assert_given_match
 from ..plan.packing import FLASH_KWARGS
 from ..plan.rope import rope_index
 from ..plan.spec import ModelSpec, layout_of
-from ..plan.tensors import same_host_values
+from ..plan.tensors import move, same_host_values
 from ..plan.vision import vision_plan
 from .attention import AttentionChoice
 from .buckets import run_bucketed
@@ -43,7 +44,8 @@ from .vision_in_step import vision_in_step
 
 __all__ = ["make_model_forward", "make_vision_forward", "make_vision_forward_device_grid",
            "make_vision_forward_seqlens_only", "make_generate", "make_get_rope_index", "make_host_rope_index",
-           "make_ignore_causal_mask_sdpa", "make_per_sample_recurrent"]
+           "make_ignore_causal_mask_sdpa", "make_per_sample_recurrent", "rope_index_wrapper", "planned_positions",
+           "stock_index_on_host", "prepared_plan"]
 
 # (and audio: an audio encoder's features, raw waveforms)
 _VISION_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values")
@@ -411,30 +413,57 @@ def make_per_sample_recurrent(stock):
     return forward
 
 
-@wrapper("syncfree's 3D rotary index: whole-tensor ops, no host read")
-def make_get_rope_index(stock):
+def rope_index_wrapper(stock, answer: Callable):
+    """The ``get_rope_index`` every rotary index wrapper factory returns: stock's signature, the call's inputs by name
+    (``given``), and ``answer(self, given, call_stock)`` for the positions and deltas, where ``call_stock()`` is stock's
+    own index on the call as it was made."""
     names = positional_names(stock)
 
     @functools.wraps(stock)
     def get_rope_index(self, *args, **kwargs):
-        given = given_args(names, args, kwargs)
+        return answer(self, given_args(names, args, kwargs), lambda: stock(self, *args, **kwargs))
+
+    return get_rope_index
+
+
+def planned_positions(entry, input_ids, mask):
+    """The active plan's (positions, deltas) where this call is its forward's (its ids, its attention mask) and the
+    plan holds positions, else None."""
+    if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
+            and entry.plan.position_ids is not None:
+        return entry.plan.position_ids, entry.plan.rope_deltas
+    return None
+
+
+def stock_index_on_host(stock, self, given: dict) -> tuple:
+    """No plan for these inputs: one read of ``given`` (the index's inputs), stock's index on the host (the same
+    numbers), its positions and deltas sent back to the input ids' device without a wait."""
+    input_ids = given.get("input_ids")
+    device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
+    positions, deltas = stock(self, **read_to_host_syncs_once(given))
+    return move(positions, device), move(deltas, device)
+
+
+@wrapper("syncfree's 3D rotary index: whole-tensor ops, no host read")
+def make_get_rope_index(stock):
+    def answer(self, given, call_stock):
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         # (in a traced forward, the plan's positions too: graph inputs whose shapes follow the batch, where the index
         # computed in the graph would be sized by the grid's values)
         entry = active.current()
         if entry is not None and entry.owns(input_ids) and entry.plan.stock_rope:
-            return stock(self, *args, **kwargs)  # a batch only stock's own index answers as stock does
-        if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
-                and entry.plan.position_ids is not None:
-            return entry.plan.position_ids, entry.plan.rope_deltas
+            return call_stock()  # a batch only stock's own index answers as stock does
+        planned = planned_positions(entry, input_ids, mask)
+        if planned is not None:
+            return planned
         options = ModelSpec.from_config(self.config).rope_options(given.get("second_per_grid_ts"))
         return rope_index(input_ids, given.get("mm_token_type_ids"), given.get("image_grid_thw"),
                           given.get("video_grid_thw"), mask, **options)
 
-    return get_rope_index
+    return rope_index_wrapper(stock, answer)
 
 
-def _prepared_plan(given: dict, names) -> Plan | None:
+def prepared_plan(given: dict, names) -> Plan | None:
     """The plan prepare() registered for the call's input_ids, when every input of the index (each parameter it
     names, passed or not) is the one prepare() returned, unchanged, and the plan holds positions."""
     registration = active.registered(given.get("input_ids"))
@@ -451,34 +480,26 @@ def _prepared_plan(given: dict, names) -> Plan | None:
 def make_host_rope_index(stock):
     names = positional_names(stock)
 
-    @functools.wraps(stock)
-    def get_rope_index(self, *args, **kwargs):
-        given = given_args(names, args, kwargs)
+    def answer(self, given, call_stock):
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         # The plan's positions are made for the config's downsample mode (a family's index that takes a per-call one):
         # for another, no plan answers.
         planned = given.get("downsample_mode") in (None, getattr(self.config, "downsample_mode", None))
         entry = active.current() if planned else None
         if entry is not None and entry.owns(input_ids) and entry.plan.stock_rope:
-            return stock(self, *args, **kwargs)  # inputs stock's index refuses: its own error, from the device
-        if entry is not None and entry.owns(input_ids) and mask is entry.attention_mask \
-                and entry.plan.position_ids is not None:
-            return entry.plan.position_ids, entry.plan.rope_deltas
+            return call_stock()  # inputs stock's index refuses: its own error, from the device
+        found = planned_positions(entry, input_ids, mask)
+        if found is not None:
+            return found
         if torch.compiler.is_compiling():  # (a traced forward without its plan's inputs: stock's graph)
-            return stock(self, *args, **kwargs)
-        plan = _prepared_plan(given, names) if entry is None and planned else None
+            return call_stock()
+        plan = prepared_plan(given, names) if entry is None and planned else None
         if plan is not None:  # called on a prepared batch outside a forward
             return plan.position_ids, plan.rope_deltas
-        # No plan for these inputs: one read of them (the index's own parameters: callers may pass more, e.g. the
-        # pixels, in its **kwargs), stock's index on the host (same numbers), sent back.
-        device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
-        positions, deltas = stock(self, **read_to_host_syncs_once({n: given[n] for n in names if n in given}))
-        if device is None or device.type == "cpu":
-            return positions, deltas
-        return (positions.pin_memory().to(device, non_blocking=True),
-                deltas.pin_memory().to(device, non_blocking=True))
+        # (the index's own parameters: callers may pass more, e.g. the pixels, in its **kwargs)
+        return stock_index_on_host(stock, self, {n: given[n] for n in names if n in given})
 
-    return get_rope_index
+    return rope_index_wrapper(stock, answer)
 
 
 @wrapper("answers 'is the padding mask all ones?' from the plan's host copy")

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from ...plan.spec import Layout
 from ...rewrite.targets import Family
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
-from ..shared import PACKS, family_module, handles_of, processor_batch_by, scale_sections
+from ..shared import PACKS, family_module, scale_sections
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 FAMILIES: tuple[Family, ...] = (
     Family("cohere_compass", qwen3_vl_targets("CohereCompass"), Layout(family_module("cohere_compass"), **QWEN3_LAYOUT,
@@ -45,7 +46,6 @@ PRESETS: dict[str, Preset] = {
                                   "tiny Cohere Compass for tests (sliding-window text layers, deepstack)"),
 }
 VISION_CLASSES = {"cohere_compass": "CohereCompassVisionModel"}
-MODEL_CLASSES: dict = {}
 
 
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
@@ -62,6 +62,6 @@ def _census_fix_cohere_compass(config) -> None:
 CENSUS_FIXES = {"cohere_compass": _census_fix_cohere_compass}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES, census_fixes=CENSUS_FIXES,
+                    display={"cohere_compass": "Cohere Compass"})

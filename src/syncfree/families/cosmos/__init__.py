@@ -19,11 +19,12 @@ from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.edits import GRID_LIST, VISION_ATTENTION_CAT, feature_split
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_vision_forward_seqlens_only
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import PACKS, family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
+from ..shared import PACKS, family_module, installed_source_has, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 _MODELING = family_module("cosmos3_edge")
 
@@ -91,11 +92,10 @@ PRESETS: dict[str, Preset] = {
     "cosmos3-edge-tiny": Preset("cosmos3-edge-tiny", _COSMOS_TINY, 0, "tiny Cosmos3-Edge for tests"),
 }
 VISION_CLASSES = {"cosmos3_edge": "Cosmos3EdgeVisionModel"}
-MODEL_CLASSES: dict = {}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
 # Its batches: Qwen3-VL's layout (markers around each image; per frame a timestamp, then its marked placeholders), with
 # Cosmos's pixels: ``Cosmos3EdgeProcessor`` writes videos so, and its chat template marks images so.
-processor_batch = processor_batch_by(build_inputs)
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"cosmos3_edge": "Cosmos3-Edge"})

@@ -29,21 +29,19 @@ from ...plan.spec import AudioLayout, Layout, RotaryIndex
 from ...rewrite.edits import VISION_ATTENTION, feature_split
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import (
     MODEL_NEEDS,
     VISION_NEEDS,
     family_module,
-    handles_of,
     installed_source_has,
-    processor_batch_by,
-    registered_only,
-)
+    )
 from . import audio_chunks, placeholders
 from .edits import AUDIO_CHUNK_GROUPS, AUDIO_CHUNK_TOKENS, FEATURE_SCATTER_EMBEDDINGS, PLACEHOLDER_BY_ANY_TOKEN_ID
 from .plan import PLAN
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP", "ITEMS",
            "build_dots3_inputs"]
 
 _P = "Dots3Note"
@@ -105,8 +103,6 @@ PRESETS: dict[str, Preset] = {
                               "tiny dots3-note for tests (MoE tower block, audio chunks, per-layer latent attention)"),
 }
 VISION_CLASSES = {"dots3_note": "Dots3NoteVisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
-MODEL_CLASSES: dict = {}
 
 
 ITEMS = (Text, Image, Video, Waveform)  # the items its processor takes (``families.processor_batch`` refuses others)
@@ -179,6 +175,6 @@ def _census_fix_dots3_note(config) -> None:
 CENSUS_FIXES = {"dots3_note": _census_fix_dots3_note}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_dots3_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_dots3_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    census_fixes=CENSUS_FIXES, items=ITEMS, display={"dots3_note": "dots3-note"})

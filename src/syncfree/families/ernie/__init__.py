@@ -24,12 +24,13 @@ from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pack_ro
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
+from ..shared import family_module, vlm_targets
 from . import modality_moe
 from .edits import MODALITY_MOE, TEMPORAL_SLICES
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_ernie_inputs"]
 
 _P = "Ernie4_5_VLMoe"
@@ -96,7 +97,6 @@ PRESETS: dict[str, Preset] = {
                                "tiny ERNIE-4.5-VL for tests (text and vision experts, paired video frames)"),
 }
 VISION_CLASSES = {"ernie4_5_vl_moe": f"{_P}VisionTransformerPretrainedModel"}
-MODEL_CLASSES: dict = {}
 
 
 @batch_builder()
@@ -131,6 +131,6 @@ def build_ernie_inputs(batch: Draft) -> dict[str, torch.Tensor]:
     return out
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_ernie_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_ernie_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"ernie4_5_vl_moe": "ERNIE-4.5-VL"})

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.targets import Family
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import WINDOW_NEEDS, family_module, handles_of, processor_batch_by, vlm_targets
+from ..shared import WINDOW_NEEDS, family_module, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 FAMILIES: tuple[Family, ...] = (
     Family("exaone4_5", vlm_targets("Exaone4_5_VisionAttention", "Exaone4_5_VisionModel", "Exaone4_5_Model",
@@ -59,10 +60,9 @@ PRESETS: dict[str, Preset] = {
     "exaone4.5-tiny": Preset("exaone4.5-tiny", _EXAONE45_TINY, 0, "tiny EXAONE-4.5 for tests (window attention, GQA)"),
 }
 VISION_CLASSES = {"exaone4_5": "Exaone4_5_VisionModel"}
-MODEL_CLASSES: dict = {}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
 # Its batches: Placeholders only, no ``mm_token_type_ids`` (as ``Exaone4_5_Processor`` returns them).
-processor_batch = processor_batch_by(build_inputs)
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"exaone4_5": "EXAONE-4.5"})

@@ -30,10 +30,11 @@ from ...rewrite.helpers import traced_vision_plan
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family
 from ...rewrite.wrappers import make_vision_forward_device_grid
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import PACKS, family_module, handles_of, vlm_targets
+from ..shared import PACKS, family_module, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "build_glm_inputs",
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP", "build_glm_inputs",
            "glm_stamp_tokens"]
 
 # The tower's code the wrapper relies on: it passes its grid to the embeddings, which index it on the device.
@@ -163,7 +164,6 @@ PRESETS: dict[str, Preset] = {
 }
 VISION_CLASSES = {"glm4v": "Glm4vVisionModel", "glm4v_moe": "Glm4vMoeVisionModel", "glm46v": "Glm4vVisionModel",
                   "glm_ocr": "GlmOcrVisionModel"}
-MODEL_CLASSES: dict = {}
 
 
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
@@ -215,5 +215,6 @@ def build_glm_inputs(batch: Draft, *,
     return out
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, processor_batch, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"glm4v": "GLM-4.1V", "glm4v_moe": "GLM-4.5V", "glm46v": "GLM-4.6V", "glm_ocr": "GLM-OCR"})

@@ -26,19 +26,17 @@ from ...plan.spec import Layout, RotaryIndex, VideoLayout
 from ...rewrite.edits import BLOCK_KWARGS
 from ...rewrite.targets import Family, Target
 from ..glm import build_glm_inputs
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import (
     family_module,
-    handles_of,
     installed_source_has,
-    processor_batch_by,
-    registered_only,
     vlm_targets,
 )
 from . import pooled_keep
 from .edits import POOLED_KEEP, POOLED_WRITTEN
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_glm5next_inputs"]
 
 _P = "Glm5Next"
@@ -84,8 +82,6 @@ PRESETS: dict[str, Preset] = {
                              "tiny GLM-5-Next for tests (KDA and pooled-indexer layers, MoE, span-typed video)"),
 }
 VISION_CLASSES = {"glm5_next": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
-MODEL_CLASSES: dict = {}
 
 
 def glm5next_stamp_tokens(video: Video, t: int, temporal_patch: int) -> list[int]:
@@ -116,6 +112,6 @@ def _census_fix_glm5_next(config) -> None:
 CENSUS_FIXES = {"glm5_next": _census_fix_glm5_next}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_glm5next_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_glm5next_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    census_fixes=CENSUS_FIXES, display={"glm5_next": "GLM-5-Next"})

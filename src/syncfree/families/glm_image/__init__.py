@@ -34,14 +34,15 @@ from ...plan.spec import Layout, RotaryIndex
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
+from ..shared import family_module, installed_source_has
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
 from .plan import PLAN
 from .wrappers import make_decode_cache_rope_index
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "GROUP",
            "build_glm_image_inputs", "target_grids",
            "installed_code_supported"]
 
@@ -103,9 +104,10 @@ _TINY = dict(
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1],
                                           partial_rotary_factor=0.5)),
 )
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, {
+PRESETS: dict[str, Preset] = {
     "glm-image-tiny": Preset("glm-image-tiny", _TINY, 0, "tiny GLM-Image for tests (VQ codes into input_ids)"),
-}, {"glm_image": "GlmImageVisionModel"})
+}
+VISION_CLASSES = {"glm_image": "GlmImageVisionModel"}
 
 
 def _model_class(_model_type: str):
@@ -187,6 +189,6 @@ def _census_fix_glm_image(config) -> None:
 CENSUS_FIXES = {"glm_image": _census_fix_glm_image}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_glm_image_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_glm_image_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    model_classes=MODEL_CLASSES, census_fixes=CENSUS_FIXES, display={"glm_image": "GLM-Image"})

@@ -10,22 +10,15 @@ only stock's own index answers as stock does (``plan.stock_rope``): stock, on th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ...plan import active
 from ...plan.tensors import move
-from ...rewrite.call_args import given_args, positional_names
-from ...rewrite.host_read import read_to_host_syncs_once
+from ...rewrite.call_args import positional_names
 from ...rewrite.roles import wrapper
-from ...rewrite.wrappers import _prepared_plan
+from ...rewrite.wrappers import prepared_plan, rope_index_wrapper, stock_index_on_host
 
 __all__ = ["make_decode_cache_rope_index"]
-
-
-def _to(t, device):
-    return move(t, device) if isinstance(t, torch.Tensor) else t
 
 
 @wrapper("the plan's positions and the decode steps' positions it leaves on the model (the family's own stock "
@@ -33,30 +26,26 @@ def _to(t, device):
 def make_decode_cache_rope_index(stock):
     names = positional_names(stock)
 
-    @functools.wraps(stock)
-    def get_rope_index(self, *args, **kwargs):
+    def answer(self, given, call_stock):
         if torch.compiler.is_compiling():
-            return stock(self, *args, **kwargs)
-        given = given_args(names, args, kwargs)
+            return call_stock()
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         entry = active.current()
         # (The forward's ids after its VQ codes were written in, where those keep the plan's positions: Entry.rope_ids.)
         mine = entry is not None and input_ids is not None and (entry.owns(input_ids) or input_ids is entry.rope_ids)
         if mine and entry.plan.stock_rope:
-            return stock(self, *args, **kwargs)  # inputs stock's index refuses: its own error, from the device
+            return call_stock()  # inputs stock's index refuses: its own error, from the device
         plan = None
         if mine and mask is entry.attention_mask and entry.plan.position_ids is not None:
             plan = entry.plan
         elif entry is None:
-            plan = _prepared_plan(given, names)  # called on a prepared batch outside a forward
+            plan = prepared_plan(given, names)  # called on a prepared batch outside a forward
         if plan is not None:
             self._cached_decode_position_ids, self._prefill_len = plan.decode_position_ids, plan.prefill_len
             return plan.position_ids, plan.rope_deltas
-        device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
-        positions, deltas = stock(self, **read_to_host_syncs_once({n: given[n] for n in names if n in given}))
-        if device is None or device.type == "cpu":
-            return positions, deltas
-        self._cached_decode_position_ids = _to(self._cached_decode_position_ids, device)
-        return _to(positions, device), _to(deltas, device)
+        found = stock_index_on_host(stock, self, {n: given[n] for n in names if n in given})
+        if isinstance(input_ids, torch.Tensor) and isinstance(self._cached_decode_position_ids, torch.Tensor):
+            self._cached_decode_position_ids = move(self._cached_decode_position_ids, input_ids.device)
+        return found
 
-    return get_rope_index
+    return rope_index_wrapper(stock, answer)

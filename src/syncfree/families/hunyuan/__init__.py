@@ -40,11 +40,12 @@ from ...rewrite.edits import PLACEHOLDER_MASK
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, scale_sections, vlm_targets
+from ..shared import family_module, scale_sections, vlm_targets
 from .rope import hunyuan_rope_index, hyv4_rope_index
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_hunyuan_inputs", "build_hyv4_inputs"]
 
 _MODEL = "HunYuanVLModel"
@@ -148,7 +149,6 @@ PRESETS: dict[str, Preset] = {
                             "tiny HY-V4-VL for tests (MLA + indexer, MoE, hyper-connections)", text_attn="eager"),
 }
 VISION_CLASSES = {"hunyuan_vl": "HunYuanVLVisionTransformer", "hy_v4_vl": "HYV4VLVisionModel"}
-MODEL_CLASSES: dict = {}
 
 
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
@@ -216,5 +216,6 @@ def _census_fix_hunyuan_vl(config) -> None:
 CENSUS_FIXES = {"hunyuan_vl": _census_fix_hunyuan_vl}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, processor_batch, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    census_fixes=CENSUS_FIXES, display={"hunyuan_vl": "HunYuan-VL", "hy_v4_vl": "HY-V4-VL"})

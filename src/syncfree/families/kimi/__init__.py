@@ -25,10 +25,11 @@ from ...plan.spec import Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.helpers import traced_grid_rows
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
+from ..shared import family_module, installed_source_has, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_kimi_inputs", "CHUNK_FRAMES"]
 
 _MODELING = family_module("kimi_k25")
@@ -104,7 +105,6 @@ PRESETS: dict[str, Preset] = {
                             "tiny Kimi-K2.5 for tests (bicubic table, frame pooling, MLA and MoE text layers)"),
 } if FAMILIES else {}
 VISION_CLASSES = {"kimi_k25": "Kimi_K25VisionModel"} if FAMILIES else {}
-MODEL_CLASSES: dict = {}
 
 CHUNK_FRAMES = 4  # the video processor's temporal_patch_size: frames per grid row (chunk)
 
@@ -164,6 +164,6 @@ class _PixelConfig:
         self.patch_size = patch_size
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_kimi_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_kimi_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"kimi_k25": "Kimi-K2.5"})

@@ -20,11 +20,12 @@ from __future__ import annotations
 from ...plan.spec import Layout, RotaryIndex, TowerShape, VideoLayout
 from ...rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
 from ...rewrite.targets import Family
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
+from ..shared import family_module, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 FAMILIES: tuple[Family, ...] = (
     Family("lfm3_vl", vlm_targets("Lfm3VlVisionAttention", "Lfm3VlVisionModel", "Lfm3VlModel",
@@ -57,10 +58,9 @@ PRESETS: dict[str, Preset] = {
     "lfm3-vl-tiny": Preset("lfm3-vl-tiny", _LFM3_TINY, 0, "tiny LFM3-VL for tests (convolution and attention layers)"),
 }
 VISION_CLASSES = {"lfm3_vl": "Lfm3VlVisionModel"}
-MODEL_CLASSES: dict = {}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
 # Its batches: Qwen3-VL's layout without ``mm_token_type_ids`` (as ``Lfm3VlProcessor`` returns it).
-processor_batch = processor_batch_by(build_inputs)
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"lfm3_vl": "LFM3-VL"})

@@ -23,19 +23,17 @@ from __future__ import annotations
 
 from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.targets import Family
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
 from ..shared import (
     VISION_NEEDS,
     family_module,
-    handles_of,
     installed_source_has,
-    processor_batch_by,
-    registered_only,
     vlm_targets,
 )
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 _MODELING = family_module("llava_onevision1_5")
 _P = "LlavaOnevision15"
@@ -82,12 +80,10 @@ PRESETS: dict[str, Preset] = {
                                 "tiny LLaVA-OneVision-1.5 for tests (a class token per frame, Qwen3 text)"),
 }
 VISION_CLASSES = {"llava_onevision1_5": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where Transformers lacks it)
-MODEL_CLASSES: dict = {}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
 # Its batches: The config's vision start and end ids around each image's or video's placeholders (one run per video), no
 # ``mm_token_type_ids``, pixels of one frame per patch.
-processor_batch = processor_batch_by(build_inputs)
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"llava_onevision1_5": "LLaVA-OneVision-1.5"})

@@ -44,15 +44,13 @@ from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import (
     MODEL_NEEDS,
     family_module,
-    handles_of,
     installed_source_has,
-    processor_batch_by,
-    registered_only,
-)
+    )
 from . import navit
 from .edits import (
     FEATURE_SCATTER_MASK,
@@ -67,7 +65,7 @@ from .edits import (
 from .plan import PLAN
 from .wrappers import make_vision_forward_target_sizes
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_minicpm_inputs", "MARKERS"]
 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
@@ -168,8 +166,6 @@ PRESETS: dict[str, Preset] = {
 }
 VISION_CLASSES = {"minicpm_ocr": "MiniCPMOcrVisionModel", "minicpmv4_6": "MiniCPMV4_6VisionModel",
                   "minicpmv4_7": "MiniCPMV4_7VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
-MODEL_CLASSES: dict = {}
 
 SLICE = 4  # a slice's side in merged tokens (the tiny presets' stand-in for the processor's scale resolution)
 
@@ -252,6 +248,7 @@ def _census_fix_image_token(config) -> None:
 CENSUS_FIXES = dict.fromkeys(("minicpm_ocr", "minicpmv4_6", "minicpmv4_7"), _census_fix_image_token)
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_minicpm_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_minicpm_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    census_fixes=CENSUS_FIXES, display={"minicpm_ocr": "MiniCPM-OCR", "minicpmv4_6": "MiniCPM-V 4.6",
+                                                        "minicpmv4_7": "MiniCPM-V 4.7"})

@@ -26,10 +26,11 @@ from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, vlm_targets
+from ..shared import family_module, installed_source_has, vlm_targets
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_minimax_inputs", "CHUNK_FRAMES"]
 
 _MODELING = family_module("minimax_m3_vl")
@@ -80,7 +81,6 @@ PRESETS: dict[str, Preset] = {
                                  "tiny MiniMax-M3-VL for tests (3D tower rope, MoE and indexer layers)"),
 } if FAMILIES else {}
 VISION_CLASSES = {"minimax_m3_vl": "MiniMaxM3VLVisionModel"} if FAMILIES else {}
-MODEL_CLASSES: dict = {}
 
 CHUNK_FRAMES = 4  # the video processor's vision_segment_max_frames: temporal patches per grid row
 
@@ -140,6 +140,6 @@ def _census_fix_minimax_m3_vl(config) -> None:
 CENSUS_FIXES = {"minimax_m3_vl": _census_fix_minimax_m3_vl}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_minimax_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_minimax_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    census_fixes=CENSUS_FIXES, display={"minimax_m3_vl": "MiniMax-M3-VL"})

@@ -31,13 +31,11 @@ from ...plan.hooks import PlanHooks
 from ...plan.spec import AudioLayout, Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.edits import feature_split
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import (
     family_module,
-    handles_of,
     installed_source_has,
-    processor_batch_by,
-    registered_only,
     vlm_targets,
 )
 from . import audio_tokens
@@ -48,7 +46,7 @@ from .edits import (
     BLOCK_KWARGS_BY_TYPE,
 )
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP", "ITEMS",
            "build_muse_inputs", "MARKERS"]
 
 # What the tower wrapper relies on in the stock forward: its helpers get the caller's kwargs (to pop the plan's
@@ -118,8 +116,6 @@ PRESETS: dict[str, Preset] = {
                               "tiny Muse Spark for tests (Glimmer's tower, MoE text model, audio tower)"),
 }
 VISION_CLASSES = {"muse_glimmer": "MuseGlimmerVisionModel", "muse_spark": "MuseSparkVisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
-MODEL_CLASSES: dict = {}
 
 # The processor's marker tokens (its tokenizer's ids; the config names none): ids of the tiny presets' vocabulary.
 MARKERS = dict(image_start=1002, image_end=1003, video_start=1004, video_sep=1005, video_end=1006, audio_start=1008,
@@ -198,6 +194,7 @@ def _census_fix_muse_glimmer(config) -> None:
 CENSUS_FIXES = {"muse_glimmer": _census_fix_muse_glimmer, "muse_spark": _census_fix_muse_glimmer}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_muse_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_muse_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    census_fixes=CENSUS_FIXES, items=ITEMS,
+                    display={"muse_glimmer": "Muse Glimmer", "muse_spark": "Muse Spark"})

@@ -23,6 +23,7 @@ from ...rewrite.edits import (
 )
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
 from . import audio_features
@@ -32,7 +33,7 @@ from .presets import OMNI_PRESETS, THINKER_CLASSES, thinker_class
 from .rope import qwen2_5_omni_rope_index, qwen3_omni_rope_index
 from .wrappers import make_audio_forward, make_omni_rope_index
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "GROUP", "ITEMS"]
 
 _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "pixel_values", "pixel_values_videos",
                  "image_grid_thw", "video_grid_thw", "input_features", "feature_attention_mask",
@@ -99,14 +100,15 @@ MODEL_CLASSES = {model_type: thinker_class for model_type in THINKER_CLASSES}
 ITEMS = OMNI_ITEMS  # the items its processor takes
 
 
-def handles(config) -> bool:
-    """True for an Omni thinker's config (or model type): audio placeholders, ``build_omni_inputs``."""
-    return is_omni(config)
-
-
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
                     pad_token_id: int | None = None) -> dict:
     """The processor-style CPU batch for ``samples``, audio too, with the forward's ``use_audio_in_video`` flag
     beside the tensors."""
     return {**build_omni_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id or 0),
             **omni_forward_kwargs(samples)}
+
+
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, processor_batch, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    model_classes=MODEL_CLASSES, items=ITEMS, claims=is_omni,
+                    display={"qwen3_omni_moe": "Qwen3-Omni-MoE (thinker)", "qwen2_5_omni": "Qwen2.5-Omni (thinker)"})

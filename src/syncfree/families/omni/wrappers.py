@@ -17,9 +17,10 @@ import torch
 from ...plan import active
 from ...plan.audio import audio_plan_from_lengths
 from ...plan.tensors import same_host_values
-from ...rewrite.call_args import fits, given_args, positional_names, same_device
+from ...rewrite.call_args import fits, same_device
 from ...rewrite.host_read import read_to_host_syncs_once
 from ...rewrite.roles import wrapper
+from ...rewrite.wrappers import rope_index_wrapper, stock_index_on_host
 
 __all__ = ["make_audio_forward", "make_omni_rope_index"]
 
@@ -83,13 +84,9 @@ def _registered_plan(given: dict):
 
 @wrapper("the plan's 3D positions (stock's index, run on the host copies)")
 def make_omni_rope_index(stock):
-    names = positional_names(stock)
-
-    @functools.wraps(stock)
-    def get_rope_index(self, *args, **kwargs):
+    def answer(self, given, call_stock):
         if torch.compiler.is_compiling():
-            return stock(self, *args, **kwargs)
-        given = given_args(names, args, kwargs)
+            return call_stock()
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         flag = given.get("use_audio_in_video", False)
         entry = active.current()
@@ -108,12 +105,6 @@ def make_omni_rope_index(stock):
             if found is not None:
                 return found
         # No plan: one read of the control tensors, stock's index on the host, the result sent back.
-        device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
-        host = read_to_host_syncs_once(given)
-        positions, deltas = stock(self, **host)
-        if device is None or device.type == "cpu":
-            return positions, deltas
-        return (positions.pin_memory().to(device, non_blocking=True),
-                deltas.pin_memory().to(device, non_blocking=True))
+        return stock_index_on_host(stock, self, given)
 
-    return get_rope_index
+    return rope_index_wrapper(stock, answer)

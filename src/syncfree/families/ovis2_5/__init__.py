@@ -26,12 +26,13 @@ from ...rewrite.edits import PLACEHOLDER_MASK, VISION_ATTENTION_WEIGHTS, feature
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import MODEL_PARAMS, family_module, handles_of, installed_source_has, processor_batch_by, registered_only
+from ..shared import MODEL_PARAMS, family_module, installed_source_has
 from . import boundaries
 from .inputs import boundary_ids, build_ovis_inputs
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_ovis_inputs", "boundary_ids", "MERGE_VISUAL_FEATURES"]
 
 _P = "Ovis2_5"
@@ -100,10 +101,8 @@ PRESETS: dict[str, Preset] = {
                            "tiny Ovis2.5 for tests (window and full tower layers, bicubic learned table)"),
 }
 VISION_CLASSES = {"ovis2_5": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where Transformers has none)
-MODEL_CLASSES: dict = {}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_ovis_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_ovis_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"ovis2_5": "Ovis2.5"})

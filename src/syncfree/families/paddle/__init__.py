@@ -25,11 +25,12 @@ from ...plan.spec import Layout, PositionTable, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
-from ..shared import PACKS, family_module, handles_of, vlm_targets
+from ..shared import PACKS, family_module, vlm_targets
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 
 # (For a traced forward: the feature split reads the merge from the config, and the projector splits by patches.)
@@ -112,7 +113,6 @@ PRESETS: dict[str, Preset] = {
     "paddleocr-vl-tiny": Preset("paddleocr-vl-tiny", _PADDLE_TINY, 0, "tiny PaddleOCR-VL for tests (images only)"),
 }
 VISION_CLASSES = {"paddleocr_vl": "PaddleOCRVisionModel"}
-MODEL_CLASSES: dict = {}
 
 
 def processor_batch(config, samples: list[list], *, padding_side: str = "left", seed: int = 0,
@@ -124,5 +124,6 @@ def processor_batch(config, samples: list[list], *, padding_side: str = "left", 
     return build_inputs(config, samples, padding_side=padding_side, seed=seed, pad_token_id=pad_token_id)
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, processor_batch, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"paddleocr_vl": "PaddleOCR-VL"})

@@ -23,14 +23,15 @@ from ...plan.spec import AudioLayout, Layout, RotaryIndex
 from ...rewrite.edits import AUDIO_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, installed_source_has, processor_batch_by
+from ..shared import family_module, installed_source_has
 from . import valid_frames
 from .edits import ASR_PLACEHOLDER_MASK, ASR_SCATTER, ASR_VALID_FRAMES
 from .plan import PLAN
 from .wrappers import make_masked_audio_forward
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch", "ITEMS",
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "GROUP", "ITEMS",
            "build_asr_inputs", "asr_layout", "ASR_LAYOUT_NAMES", "MARKERS", "audio_tokens", "is_audio_only"]
 
 _MODULE = family_module("qwen3_asr")
@@ -94,7 +95,7 @@ _HOP_FRAMES_MIN = 50  # the feature extractor pads a clip to min_length (8000 sa
 
 def is_audio_only(config) -> bool:
     """True for a registered audio-only family's config (or model type): audio batches, no images."""
-    return handles(config)
+    return GROUP.handles(config)
 
 
 def audio_tokens(config, frames: int) -> int:
@@ -165,7 +166,8 @@ def _census_fix_qwen3_asr(config) -> None:
 CENSUS_FIXES = {"qwen3_asr": _census_fix_qwen3_asr}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
+# The group, as the registry reads it (``families.GROUPS``).
 # Its batches: The processor's layout: left-padded rows, right-padded clips with their frame mask.
-processor_batch = processor_batch_by(build_asr_inputs)
+GROUP = FamilyGroup(FAMILIES, build_asr_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    model_classes=MODEL_CLASSES, census_fixes=CENSUS_FIXES, items=ITEMS,
+                    display={"qwen3_asr": "Qwen3-ASR"})

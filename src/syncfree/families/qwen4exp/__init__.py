@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
-from ..shared import family_module, handles_of, installed_source_has, processor_batch_by, registered_only
+from ..shared import family_module, installed_source_has
 from . import qsa
 from .edits import QSA_MASK, QSA_VISIBLE
 from .qsa import make_generation_masks
 
-__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch"]
+__all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
 _P = "Qwen4Exp"
 
@@ -74,8 +75,6 @@ PRESETS: dict[str, Preset] = {
                              "tiny Qwen4-Exp for tests (DeltaNet, QSA-indexed attention, MoE, n-gram embeddings)"),
 }
 VISION_CLASSES = {"qwen4_exp": f"{_P}VisionModel"}
-PRESETS, VISION_CLASSES = registered_only(FAMILIES, PRESETS, VISION_CLASSES)  # (none where left stock)
-MODEL_CLASSES: dict = {}
 
 
 # The census's config fix (``census.fixes``): what its shrunk default config needs to build (declared for the family's
@@ -92,6 +91,6 @@ def _census_fix_qwen4_exp(config) -> None:
 CENSUS_FIXES = {"qwen4_exp": _census_fix_qwen4_exp}
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES, census_fixes=CENSUS_FIXES,
+                    display={"qwen4_exp": "Qwen4-Exp"})

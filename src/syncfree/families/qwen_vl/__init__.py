@@ -12,14 +12,13 @@ from ...plan.spec import Layout, ModelSpec, PositionTable, TowerShape, VideoLayo
 from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_per_sample_recurrent
-from ..shared import PACKS, WINDOW_NEEDS, family_module, handled_by, processor_batch_by, vlm_targets
+from ..group import FamilyGroup
+from ..shared import PACKS, WINDOW_NEEDS, family_module, vlm_targets
 from .inputs import build_inputs
 from .presets import PRESETS, VISION_CLASSES
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "qwen3_vl_targets", "QWEN3_LAYOUT", "ASSUMED_SPEC"]
-
-MODEL_CLASSES: dict = {}  # model_type -> class to build from a config: none needed (the auto class builds them)
 
 
 def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_needs: tuple,
@@ -84,11 +83,7 @@ def _published_spec(values: dict) -> ModelSpec:
 ASSUMED_SPEC = _published_spec(PRESETS["qwen3-vl-2b"].values)
 
 
-def handles(config) -> bool:
-    """True for a config (or model type) whose batches this group's processors lay out."""
-    return handled_by(config, FAMILIES)
-
-
-# The group's registry entries (``families.GROUPS``).
-# Its batches: The processor-style CPU batch for ``samples`` (``inputs.build_inputs``).
-processor_batch = processor_batch_by(build_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_inputs, presets=PRESETS, vision_classes=VISION_CLASSES, assumed_spec=ASSUMED_SPEC,
+                    display={"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL",
+                             "qwen3_vl_moe": "Qwen3-VL-MoE", "qwen3_5": "Qwen3.5", "qwen3_5_moe": "Qwen3.5-MoE"})

@@ -30,13 +30,14 @@ from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
 from ...rewrite.targets import Family, Target
+from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import family_module, handles_of, processor_batch_by, vlm_targets
+from ..shared import family_module, vlm_targets
 from . import compression, item_sizes
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
 from .wrappers import make_vision_forward_item_merges
 
-__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "handles", "processor_batch",
+__all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_videollama3_inputs", "compression_mask"]
 
 _P = "VideoLlama3"
@@ -90,7 +91,6 @@ PRESETS: dict[str, Preset] = {
                                 "tiny VideoLLaMA3 for tests (merge sizes per item, video token compression)"),
 }
 VISION_CLASSES = {"video_llama_3": f"{_P}VisionModel"}
-MODEL_CLASSES: dict = {}
 
 IMAGE_MERGE, VIDEO_MERGE = 1, 2  # the image and video processors' defaults
 
@@ -170,6 +170,6 @@ def build_videollama3_inputs(batch: Draft, *, compress: bool = True) -> dict[str
     return out
 
 
-# The group's registry entries (``families.GROUPS``).
-handles = handles_of(FAMILIES)
-processor_batch = processor_batch_by(build_videollama3_inputs)
+# The group, as the registry reads it (``families.GROUPS``).
+GROUP = FamilyGroup(FAMILIES, build_videollama3_inputs, presets=PRESETS, vision_classes=VISION_CLASSES,
+                    display={"video_llama_3": "VideoLLaMA3"})
