@@ -359,9 +359,11 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         traced = torch.compiler.is_compiling()
         # (traced: the tables sized by the pixels' own patch count and the segments handed over as host tensors,
         # sizes that Dynamo keeps dynamic, so the graph does not depend on the layout)
-        # (a tower handed flattened patches, (patches, channels), as the M-RoPE families' towers are; other layouts
-        # keep the plan's count)
+        # (a tower handed flattened patches, (patches, channels), as the M-RoPE families' towers are, or in a stream
+        # one packed batch of patch images, (1, patches, C, P, P); other layouts keep the plan's count)
         patches = hidden_states.shape[0] if traced and hidden_states.dim() == 2 else None
+        if traced and vp.host_seqlens is not None and hidden_states.dim() == 5 and hidden_states.shape[0] == 1:
+            patches = hidden_states.shape[1]
         extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced and vp.host_seqlens is not None:
             extra["syncfree_seqlens"] = TracedSegments(
