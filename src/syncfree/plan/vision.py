@@ -138,8 +138,9 @@ class VisionPlan(DeviceFields):
         if "pixel_shuffle_index" in tables:  # (a tower that pixel-shuffles after its encoder)
             kwargs["pixel_shuffle_index"] = tables["pixel_shuffle_index"]
         if "frame_index" in tables:  # temporal pooling: the merged-token count is the split sizes' sum (a host integer)
+            merged = longest["merged_tokens"] if "merged_tokens" in longest else sum(self.split_sizes)
             kwargs.update(frame_index=tables["frame_index"], temporal_merge_index=(
-                tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
+                tables["merge_destination"], tables["frame_weight"], merged))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
             kwargs["frame_lengths"] = list(self.seqlens)
         if not (traced and self.host_seqlens is not None):  # (else the caller's: rewrite.segments.TracedSegments)

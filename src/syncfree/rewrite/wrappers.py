@@ -301,6 +301,12 @@ def _vision_plan_for(grid_thw):
     return None
 
 
+def _patch_images(entry) -> bool:
+    """Whether the traced call's family hands its tower patch images (``Layout.pixels_4d``)."""
+    layout = layout_of(entry.plan.spec.model_type) if entry is not None else None
+    return layout is not None and layout.pixels_4d
+
+
 @wrapper("hands the stock tower the plan's segment sizes and tables, its grid on the device", TOWER)
 def make_vision_forward_device_grid(stock):
     """``make_vision_forward`` for a tower that indexes its grid with device tensors (learned positions:
@@ -360,10 +366,13 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         # (traced: the tables sized by the pixels' own patch count and the segments handed over as host tensors,
         # sizes that Dynamo keeps dynamic, so the graph does not depend on the layout)
         # (a tower handed flattened patches, (patches, channels), as the M-RoPE families' towers are, or in a stream
-        # one packed batch of patch images, (1, patches, C, P, P); other layouts keep the plan's count)
+        # patch images, (patches, C, P, P) or (1, patches, C, P, P); other layouts keep the plan's count)
         patches = hidden_states.shape[0] if traced and hidden_states.dim() == 2 else None
-        if traced and vp.host_seqlens is not None and hidden_states.dim() == 5 and hidden_states.shape[0] == 1:
-            patches = hidden_states.shape[1]
+        if traced and vp.host_seqlens is not None and _patch_images(entry):
+            if hidden_states.dim() == 4:
+                patches = hidden_states.shape[0]
+            elif hidden_states.dim() == 5 and hidden_states.shape[0] == 1:
+                patches = hidden_states.shape[1]
         extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced and vp.host_seqlens is not None:
             extra["syncfree_seqlens"] = TracedSegments(
