@@ -20,7 +20,7 @@ import types
 
 import torch
 
-__all__ = ["segment_attention_op", "op_applies", "segment_linear_op"]
+__all__ = ["segment_attention_op", "op_applies", "segment_linear_op", "autograd_inside", "laid_out_like"]
 
 
 def _interface(implementation: str, modeling: str):
@@ -60,19 +60,19 @@ def _(q, k, v, lengths, implementation, modeling, scaling, groups):
 def _segment_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 lengths: torch.Tensor, implementation: str, modeling: str, scaling: float | None,
                                 groups: int) -> list[torch.Tensor]:
-    with _autograd_inside(), torch.enable_grad():
+    with autograd_inside(), torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         out = _segments(*leaves, lengths, implementation, modeling, scaling, groups)
-        return [_like(g, t) for g, t in zip(torch.autograd.grad(out, leaves, grad), (q, k, v))]
+        return [laid_out_like(g, t) for g, t in zip(torch.autograd.grad(out, leaves, grad), (q, k, v))]
 
 
-def _like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def laid_out_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``grad`` laid out as ``like`` (what the operator's fake gives, ``empty_like``): a traced backward views the
     gradient as the graph planned (a transposed input's gradient, for one)."""
     return grad if grad.stride() == like.stride() else torch.empty_like(like).copy_(grad)
 
 
-def _autograd_inside():
+def autograd_inside():
     """Autograd back on inside an operator's body (the dispatcher runs a custom operator with its autograd keys
     excluded): the backward differentiates the per-segment calls it runs again. The thread's other exclusions stay."""
     keys = torch._C._dispatch_tls_local_exclude_set()
@@ -148,11 +148,11 @@ def _(x, lengths, weight, bias):
 @torch.library.custom_op("syncfree::segment_linear_backward", mutates_args=())
 def _segment_linear_backward(grad: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor, weight: torch.Tensor,
                              bias: torch.Tensor | None) -> list[torch.Tensor]:
-    with _autograd_inside(), torch.enable_grad():
+    with autograd_inside(), torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (x, weight)]
         b = None if bias is None else bias.detach().requires_grad_(True)
         out = _linears(leaves[0], lengths, leaves[1], b)
-        grads = [_like(g, t) for g, t in zip(torch.autograd.grad(out, [*leaves, *([] if b is None else [b])], grad),
+        grads = [laid_out_like(g, t) for g, t in zip(torch.autograd.grad(out, [*leaves, *([] if b is None else [b])], grad),
                                               (x, weight, bias))]
         return grads if b is not None else [*grads, x.new_empty((0,))]
 
