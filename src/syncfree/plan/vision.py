@@ -116,9 +116,12 @@ class VisionPlan(DeviceFields):
             seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
         return seqlens
 
-    def seqlen_kwargs(self) -> dict:
+    def seqlen_kwargs(self, traced: bool = False) -> dict:
         """Keyword arguments for a tower whose only stock helper is the attention's ``cu_seqlens`` (e.g.
-        no rotary ids, its own position resampling): the per-patch tables are not made at all."""
+        no rotary ids, its own position resampling): the per-patch tables are not made at all. ``traced``: as
+        ``vision_kwargs``'."""
+        if traced and self.host_seqlens is not None:  # (the segment sizes: the caller's, as in vision_kwargs)
+            return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.carriers["max_seqlen"].shape[0]}
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_seqlens": self.seqlens_by_length()}
 

@@ -373,7 +373,7 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
                 patches = hidden_states.shape[0]
             elif hidden_states.dim() == 5 and hidden_states.shape[0] == 1:
                 patches = hidden_states.shape[1]
-        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
+        extra = vp.seqlen_kwargs(traced) if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced and vp.host_seqlens is not None:
             extra["syncfree_seqlens"] = TracedSegments(
                 [(vp.cu_seqlens, vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])]
