@@ -145,7 +145,8 @@ class VisionPlan(DeviceFields):
             kwargs.update(frame_index=tables["frame_index"], temporal_merge_index=(
                 tables["merge_destination"], tables["frame_weight"], merged))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
-            kwargs["frame_lengths"] = list(self.seqlens)
+            stream = traced and self.host_seqlens is not None  # (then as a host tensor, sizes Dynamo keeps dynamic)
+            kwargs["frame_lengths"] = self.host_seqlens - self.segment_prefix if stream else list(self.seqlens)
         if not (traced and self.host_seqlens is not None):  # (else the caller's: rewrite.segments.TracedSegments)
             kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs
@@ -196,7 +197,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     return VisionPlan(
         grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes,
         max_seqlen=longest, n_patches=patches, cu_seqlens=cu_seqlens, device_grid=grid,
-        features_follow_patches=features * merge**2 == patches and not spec.segment_class_token,
+        features_follow_patches=features * merge**2 == patches,
         items=item_columns(host, table_spec), table_spec=table_spec,
         tables_by_device=device_tables_match_stock(table_spec), segment_prefix=int(spec.segment_class_token), **extra,
     )

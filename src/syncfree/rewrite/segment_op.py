@@ -68,8 +68,11 @@ def _segment_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Te
 
 def laid_out_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``grad`` laid out as ``like`` (what the operator's fake gives, ``empty_like``): a traced backward views the
-    gradient as the graph planned (a transposed input's gradient, for one)."""
-    return grad if grad.stride() == like.stride() else torch.empty_like(like).copy_(grad)
+    gradient as the graph planned (a transposed input's gradient, for one); a view (of the incoming gradient, say) is
+    copied too, as an operator's output may alias none of its inputs."""
+    if grad.stride() == like.stride() and grad._base is None:
+        return grad
+    return torch.empty_like(like).copy_(grad)
 
 
 def autograd_inside():

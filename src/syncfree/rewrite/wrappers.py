@@ -375,10 +375,12 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
                 patches = hidden_states.shape[1]
         extra = vp.seqlen_kwargs(traced) if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced and vp.host_seqlens is not None:
+            full = (vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])
             extra["syncfree_seqlens"] = TracedSegments(
-                [(vp.cu_seqlens, vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])]
+                [(vp.cu_seqlens, *full)]
                 + ([(vp.cu_window_seqlens, vp.host_window_seqlens, lambda: vp.window_seqlens)] if vp.has_windows
-                   else []), vp.seqlens_by_length)
+                   else []), vp.seqlens_by_length,
+                derived=full if vp.segment_prefix and not vp.has_windows else None)
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)
