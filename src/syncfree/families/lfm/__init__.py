@@ -19,7 +19,7 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 from __future__ import annotations
 
 from ...plan.spec import Layout
-from ...rewrite.edits import FEATURE_SCATTER_FEATURES, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
+from ...rewrite.edits import FEATURE_SCATTER_FEATURES, GRID_LIST, VISION_ATTENTION_WEIGHTS_MASKED, feature_split
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..preset import Preset
@@ -57,7 +57,7 @@ _TARGETS = vlm_targets("Lfm3VlVisionAttention", "Lfm3VlVisionModel", "Lfm3VlMode
                                   "Lfm3VlForConditionalGeneration", rope_needs=None,
                                   attention_edits=VISION_ATTENTION_WEIGHTS_MASKED, scatter=FEATURE_SCATTER_FEATURES,
                                   vision_params=("pixel_values", "grid_thw"), vision_needs=("grid_thw.tolist()",),
-                                  vision_edits=(Edit("expr", "grid_thw.tolist()", "_syncfree.frame_grid(grid_thw)"),),
+                                  vision_edits=GRID_LIST,
                                   feature_split=feature_split("self.vision_tower.spatial_merge_size", kinds=("image",)))
 _TARGETS += (Target("Lfm3VlVisionShortConv", "forward", edits=_CONV),)
 

@@ -2,7 +2,7 @@
 
 Stock's ``Lfm3VlVisionShortConv`` rasters each image's or video's frames to their grid, convolves them and goes back,
 in a loop over the grid list the tower reads with ``grid_thw.tolist()``: unrolled by Dynamo, a graph per layout. In a
-traced stream forward the tower is handed the plan's host grid as it is (``frame_grid``) and the loop runs inside
+traced stream forward the tower is handed the plan's host grid as it is (``helpers.grid_list``) and the loop runs inside
 one operator that takes it (``syncfree::lfm3_frame_convs``: reading a host tensor waits for no device): the very
 calls of stock's loop, in its order, so the outputs are the eager ones bit for bit. Its backward runs them again
 under autograd (as the vision attention's segment operator does).
@@ -13,22 +13,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...rewrite.helpers import grid_list, traced_vision_plan
 from ...rewrite.segment_op import autograd_inside, laid_out_like
 
-__all__ = ["frame_grid", "frame_convs", "convolves_in_one"]
-
-
-def frame_grid(grid_thw: torch.Tensor):
-    """``grid_thw.tolist()`` (``helpers.grid_list``); in a traced stream forward the plan's host grid tensor."""
-    vp = traced_vision_plan(grid_thw)
-    if vp is not None and vp.host_seqlens is not None:
-        return vp.grid_thw
-    return grid_list(grid_thw)
+__all__ = ["frame_convs", "convolves_in_one"]
 
 
 def convolves_in_one(grid_thw) -> bool:
-    """Whether the convolution's loop runs as one operator: its grid is a (host) tensor, ``frame_grid``'s traced one."""
+    """Whether the convolution's loop runs as one operator: its grid is a (host) tensor, ``grid_list``'s in a traced
+    stream forward."""
     return isinstance(grid_thw, torch.Tensor)
 
 

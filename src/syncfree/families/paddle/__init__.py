@@ -42,10 +42,11 @@ _FEATURE_SPLIT = (
 )
 _PROJECTOR_SPLIT = (
     Edit("expr", "image_features.split(image_grid_thw.prod(dim=1).tolist(), dim=0)",
-         "_syncfree.block_chunks(image_features, image_grid_thw, self.merge_kernel_size)"),
+         "_syncfree.block_chunks(image_features, image_grid_thw, self.merge_kernel_size) "
+         "or image_features.split(_syncfree.grid_products(image_grid_thw), dim=0)"),
     Edit("expr", "zip(image_features_chunks, image_grid_thw)",
          "zip(image_features_chunks, _syncfree.block_rows(image_grid_thw, image_features_chunks, "
-         "self.merge_kernel_size))"),
+         "self.merge_kernel_size) or _syncfree.grid_rows(image_grid_thw))"),
     Edit("expr", "self.linear_1(image_feature)",
          "_syncfree.item_linear(self.linear_1, image_feature, image_grid_thw, self.merge_kernel_size)"),
     Edit("expr", "self.linear_2(hidden_states)",

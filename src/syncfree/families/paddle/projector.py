@@ -9,7 +9,8 @@ Dynamo would unroll into a graph per image count. Here the loop runs once, over 
 * ``item_linear``: each linear layer one call per image inside one operator (``syncfree::segment_linear``, the
   images' token counts from the plan's host lengths): a matmul over all rows at once rounds differently.
 
-Outside a traced stream forward each helper is stock's expression (the split, the grid rows, the layer's call).
+Outside a traced stream forward the chunks and rows are stock's (``grid_products``, ``grid_rows``: the edits fall back
+to them) and the layer's call is stock's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ...plan.vision_tables import ITEM
-from ...rewrite.helpers import grid_products, grid_rows, traced_vision_plan
+from ...rewrite.helpers import traced_vision_plan
 from ...rewrite.segment_op import segment_linear_op
 
 __all__ = ["block_chunks", "block_rows", "item_linear"]
@@ -47,20 +48,21 @@ def _block_order(items: torch.Tensor, total: int, m1: int, m2: int) -> torch.Ten
     return per[_I["start"]] + local - within + row * width + col
 
 
-def block_chunks(image_features: torch.Tensor, image_grid_thw: torch.Tensor, kernel) -> tuple | list:
-    """``image_features.split(image_grid_thw.prod(dim=1).tolist(), dim=0)``."""
+def block_chunks(image_features: torch.Tensor, image_grid_thw: torch.Tensor, kernel) -> tuple | None:
+    """In a traced stream forward the projector's chunks, one: all features in block order; else None (stock's split,
+    ``grid_products``)."""
     vp = _stream_plan(image_grid_thw)
     if vp is None:
-        return image_features.split(grid_products(image_grid_thw), dim=0)
+        return None
     order = _block_order(vp.items, image_features.shape[0], *kernel)
     return (image_features.index_select(0, order),)
 
 
-def block_rows(image_grid_thw: torch.Tensor, chunks, kernel):
-    """What the projector's loop takes as each chunk's grid row: stock's rows, or in a traced stream forward one row
-    ``(tokens, m1, m2)`` for the one chunk in block order."""
+def block_rows(image_grid_thw: torch.Tensor, chunks, kernel) -> list | None:
+    """What the projector's loop takes as its chunk's grid row in a traced stream forward: one row ``(tokens, m1, m2)``
+    for the one chunk in block order; else None (stock's rows, ``grid_rows``)."""
     if _stream_plan(image_grid_thw) is None:
-        return grid_rows(image_grid_thw)
+        return None
     m1, m2 = kernel
     return [(chunks[0].shape[0] // (m1 * m2), m1, m2)]
 
