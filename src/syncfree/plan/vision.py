@@ -118,8 +118,8 @@ class VisionPlan(DeviceFields):
 
     def seqlen_kwargs(self, traced: bool = False) -> dict:
         """Keyword arguments for a tower whose only stock helper is the attention's ``cu_seqlens`` (e.g.
-        no rotary ids, its own position resampling): the per-patch tables are not made at all. ``traced``: as
-        ``vision_kwargs``'."""
+        no rotary ids, its own position resampling): the per-patch tables are not made at all. ``traced``: for a
+        forward Dynamo traces, as in ``vision_kwargs``."""
         if traced and self.host_seqlens is not None:  # (the segment sizes: the caller's, as in vision_kwargs)
             return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.carriers["max_seqlen"].shape[0]}
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,

@@ -155,9 +155,9 @@ def _segment_linear_backward(grad: torch.Tensor, x: torch.Tensor, lengths: torch
         leaves = [t.detach().requires_grad_(True) for t in (x, weight)]
         b = None if bias is None else bias.detach().requires_grad_(True)
         out = _linears(leaves[0], lengths, leaves[1], b)
-        grads = [laid_out_like(g, t) for g, t in zip(torch.autograd.grad(out, [*leaves, *([] if b is None else [b])], grad),
-                                              (x, weight, bias))]
-        return grads if b is not None else [*grads, x.new_empty((0,))]
+        grads = torch.autograd.grad(out, [*leaves, *([] if b is None else [b])], grad)
+        grads = [laid_out_like(g, t) for g, t in zip(grads, (x, weight, bias))]
+        return grads if b is not None else [*grads, x.new_empty((0,))]  # (an empty one where there is no bias)
 
 
 @_segment_linear_backward.register_fake

@@ -81,8 +81,8 @@ def _features(vp):
 
 
 def unshuffled(unshuffle, hidden_states: torch.Tensor, grid_thw: torch.Tensor, merge_sizes: torch.Tensor):
-    """``unshuffle(hidden_states, grid_thw, merge_sizes)`` (stock's ``self.pixel_unshuffle``); in a traced stream forward
-    one operator over the plan's host grid and merge sizes."""
+    """``unshuffle(hidden_states, grid_thw, merge_sizes)`` (stock's ``self.pixel_unshuffle``); in a traced stream
+    forward one operator over the plan's host grid and merge sizes."""
     vp = stream_plan(grid_thw)
     if vp is None or vp.merge_sizes is None:
         return unshuffle(hidden_states, grid_thw, merge_sizes)
