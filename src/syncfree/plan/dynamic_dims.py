@@ -71,7 +71,15 @@ def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None, unbacke
     elif t.dtype.is_floating_point and t.dim() >= 2:  # pixels, features: (patches, channels...)
         _mark(t, dynamic=(0,))
     else:  # grids and other per-item inputs: (items, columns), (items,)
-        _mark(t, per_item={0: f"syncfree.{name}"}, unbacked=unbacked)
+        _mark(t, per_item={0: _per_item_id(name)}, unbacked=unbacked)
+
+
+def _per_item_id(name: str) -> str:
+    """The shape id of a per-item input's rows: its own, but a grid row's merge sizes (``image_merge_sizes``) share
+    their grid's (one row each; the vision plan keeps them as its grid's, ``VisionPlan.merge_sizes``)."""
+    if name.endswith("_merge_sizes"):
+        return f"syncfree.{name[:-len('_merge_sizes')]}_grid_thw"
+    return f"syncfree.{name}"
 
 
 def size_carriers(counts: dict) -> dict:
@@ -131,3 +139,7 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         vp.carriers = size_carriers({n: getattr(vp, n, None) or None for n in _VISION_COUNTS})
         for name, carrier in vp.carriers.items():
             _mark(carrier, per_item={0: f"syncfree.{kind}.{name}"})
+        if vp.table_spec.pool is not None and kind in ("image", "video"):
+            # (a pooling tower's merged tokens: its features, as many as the kind's placeholders, one symbol for both)
+            vp.carriers.update(size_carriers({"merged_tokens": sum(vp.split_sizes)}))
+            _mark(vp.carriers["merged_tokens"], per_item={0: f"syncfree.n_{kind}_tokens"})

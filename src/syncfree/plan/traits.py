@@ -111,8 +111,8 @@ class TowerShape:
 
     def features_follow_patches(self, features: int, patches: int, merge: int) -> bool:
         """Whether the features of all items together are the patches over the merge squared (no tokens added, none
-        pooled away)."""
-        return features * merge**2 == patches and not self.segment_class_token
+        pooled away; a class token per segment is dropped before the merger, so it adds none)."""
+        return features * merge**2 == patches
 
     def item_merges(self, grid: torch.Tensor, rows: tuple, merge_sizes, name: str):
         """The rows' own merge sizes, checked, as a host (N,) int64 tensor and a list of ints (``item_merge_sizes``,

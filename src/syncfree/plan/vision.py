@@ -121,9 +121,12 @@ class VisionPlan(DeviceFields):
             seqlens[len(self.window_seqlens) + 1] = self.window_seqlens
         return seqlens
 
-    def seqlen_kwargs(self) -> dict:
+    def seqlen_kwargs(self, traced: bool = False) -> dict:
         """Keyword arguments for a tower whose only stock helper is the attention's ``cu_seqlens`` (e.g.
-        no rotary ids, its own position resampling): the per-patch tables are not made at all."""
+        no rotary ids, its own position resampling): the per-patch tables are not made at all. ``traced``: for a
+        forward Dynamo traces, as in ``vision_kwargs``."""
+        if traced and self.host_seqlens is not None:  # (the segment sizes: the caller's, as in vision_kwargs)
+            return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.carriers["max_seqlen"].shape[0]}
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_seqlens": self.seqlens_by_length()}
 
@@ -143,10 +146,12 @@ class VisionPlan(DeviceFields):
         if "pixel_shuffle_index" in tables:  # (a tower that pixel-shuffles after its encoder)
             kwargs["pixel_shuffle_index"] = tables["pixel_shuffle_index"]
         if "frame_index" in tables:  # temporal pooling: the merged-token count is the split sizes' sum (a host integer)
+            merged = longest["merged_tokens"] if "merged_tokens" in longest else sum(self.split_sizes)
             kwargs.update(frame_index=tables["frame_index"], temporal_merge_index=(
-                tables["merge_destination"], tables["frame_weight"], sum(self.split_sizes)))
+                tables["merge_destination"], tables["frame_weight"], merged))
         if self.segment_prefix:  # (a class token per frame: stock's get_vision_frame_lengths takes the patch counts)
-            kwargs["frame_lengths"] = list(self.seqlens)
+            stream = traced and self.host_seqlens is not None  # (then as a host tensor, sizes Dynamo keeps dynamic)
+            kwargs["frame_lengths"] = self.host_seqlens - self.segment_prefix if stream else list(self.seqlens)
         if not (traced and self.host_seqlens is not None):  # (else the caller's: rewrite.segments.TracedSegments)
             kwargs["syncfree_seqlens"] = self.seqlens_by_length()
         return kwargs

@@ -186,11 +186,19 @@ def segment_attention(call, splits, qkv, cu_seqlens, choice, scaling=None, train
 
 
 def segment_attention_with_weights(call, splits, qkv, cu_seqlens, choice, scaling=None, training: bool = False,
-                                   eager: bool = False, max_seqlen=None, module=None) -> tuple[list, list]:
+                                   eager: bool = False, max_seqlen=None, module=None,
+                                   masked: bool = False) -> tuple[list, list]:
     """``segment_attention`` for an attention that also collects each segment's weights (``call`` returns
     ``(output, weights)``): stock's two lists with stock's split; other backends give no per-segment weights
-    (None for each output: what SDPA gives stock too)."""
-    if isinstance(splits, HostLengths):  # (weights per segment: split by the plan's sizes, as in eager)
+    (None for each output: what SDPA gives stock too).
+
+    In a traced forward (``splits``: ``HostLengths``) an SDPA attention's segments run as one operator, as in
+    ``segment_attention``, with one None for the weights of all of them (SDPA's calls give None for each); an eager
+    attention's weights need a call per segment, and a call with a mask of its own (``masked``) its mask: split by
+    the plan's sizes as in eager."""
+    if isinstance(splits, HostLengths):
+        if not eager and not masked and module is not None and op_applies(module):
+            return [segment_attention_op(module, qkv, splits.host, scaling)], [None]
         splits = [torch.split(tensor, list(splits.sizes()), dim=2) for tensor in qkv]
     if choice is None or choice.backend == "split":
         pairs = [call(q, k, v) for q, k, v in zip(*splits)]

@@ -92,7 +92,7 @@ VISION_ATTENTION_WEIGHTS_MASKED = VISION_ATTENTION[:2] + (
                  **kwargs),
              splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
              scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen, module=self)"""),
+             max_seqlen=max_seqlen, module=self, masked=attention_mask is not None)"""),
 )
 
 # A tower that calls its blocks without its own **kwargs: the plan's segment sizes and the chosen attention backend,

@@ -116,11 +116,15 @@ def grid_rows(grid_thw: torch.Tensor):
     return grid_thw if rows is None else rows
 
 
-def grid_list(grid_thw: torch.Tensor) -> list:
+def grid_list(grid_thw: torch.Tensor):
     """``grid_thw.tolist()`` (a tower that sizes work per item on the host: the patched forward hands it the host grid,
-    no sync), from the plan's rows of that grid in a traced forward (a value Dynamo could not take out of the tensor)."""
-    rows = traced_grid_rows(grid_thw)
-    return grid_thw.tolist() if rows is None else [list(row) for row in rows]
+    no sync), from the plan's rows of that grid in a traced forward (a value Dynamo could not take out of the tensor);
+    in a traced forward of a stream (``Layout.stream``) the plan's host grid tensor itself: the family's loop over it
+    runs inside an operator (rows as ints would make a graph per layout)."""
+    vp = traced_vision_plan(grid_thw)
+    if vp is None:
+        return grid_thw.tolist()
+    return vp.grid_thw if vp.host_seqlens is not None else [list(row) for row in vp.rows]
 
 
 def grid_products(grid_thw: torch.Tensor):

@@ -20,7 +20,7 @@ import types
 
 import torch
 
-__all__ = ["segment_attention_op", "op_applies"]
+__all__ = ["segment_attention_op", "op_applies", "segment_linear_op", "autograd_inside", "laid_out_like"]
 
 
 def _interface(implementation: str, modeling: str):
@@ -60,13 +60,22 @@ def _(q, k, v, lengths, implementation, modeling, scaling, groups):
 def _segment_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 lengths: torch.Tensor, implementation: str, modeling: str, scaling: float | None,
                                 groups: int) -> list[torch.Tensor]:
-    with _autograd_inside(), torch.enable_grad():
+    with autograd_inside(), torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         out = _segments(*leaves, lengths, implementation, modeling, scaling, groups)
-        return list(torch.autograd.grad(out, leaves, grad))
+        return [laid_out_like(g, t) for g, t in zip(torch.autograd.grad(out, leaves, grad), (q, k, v))]
 
 
-def _autograd_inside():
+def laid_out_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``grad`` laid out as ``like`` (what the operator's fake gives, ``empty_like``): a traced backward views the
+    gradient as the graph planned (a transposed input's gradient, for one); a view (of the incoming gradient, say) is
+    copied too, as an operator's output may alias none of its inputs."""
+    if grad.stride() == like.stride() and grad._base is None:
+        return grad
+    return torch.empty_like(like).copy_(grad)
+
+
+def autograd_inside():
     """Autograd back on inside an operator's body (the dispatcher runs a custom operator with its autograd keys
     excluded): the backward differentiates the per-segment calls it runs again. The thread's other exclusions stay."""
     keys = torch._C._dispatch_tls_local_exclude_set()
@@ -116,3 +125,63 @@ def segment_attention_op(module, qkv, lengths: torch.Tensor, scaling) -> torch.T
     return _segment_attention(q, k, v, lengths, module.config._attn_implementation, type(module).__module__,
                               None if scaling is None else float(scaling),
                               int(getattr(module, "num_key_value_groups", 1)))
+
+
+# A linear layer stock applies to each item's rows apart (a projector's per-image loop): one call per segment, as the
+# eager loop makes them (a matmul over all rows at once rounds differently from one per item), inside one operator
+# that takes the rows per segment as a host tensor, so a traced forward holds one call whatever the items.
+
+
+def _linears(x, lengths, weight, bias):
+    return torch.cat([torch.nn.functional.linear(part, weight, bias) for part in torch.split(x, lengths.tolist())])
+
+
+@torch.library.custom_op("syncfree::segment_linear", mutates_args=())
+def _segment_linear(x: torch.Tensor, lengths: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    with torch.no_grad():
+        return _linears(x, lengths, weight, bias)
+
+
+@_segment_linear.register_fake
+def _(x, lengths, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op("syncfree::segment_linear_backward", mutates_args=())
+def _segment_linear_backward(grad: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None) -> list[torch.Tensor]:
+    with autograd_inside(), torch.enable_grad():
+        leaves = [t.detach().requires_grad_(True) for t in (x, weight)]
+        b = None if bias is None else bias.detach().requires_grad_(True)
+        out = _linears(leaves[0], lengths, leaves[1], b)
+        grads = torch.autograd.grad(out, [*leaves, *([] if b is None else [b])], grad)
+        grads = [laid_out_like(g, t) for g, t in zip(grads, (x, weight, bias))]
+        return grads if b is not None else [*grads, x.new_empty((0,))]  # (an empty one where there is no bias)
+
+
+@_segment_linear_backward.register_fake
+def _(grad, x, lengths, weight, bias):
+    return [torch.empty_like(x), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty((0,))]
+
+
+def _linear_setup_context(ctx, inputs, output):
+    x, lengths, weight, bias = inputs
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, lengths, weight, bias)
+
+
+def _linear_backward(ctx, grad):
+    x, lengths, weight, bias = ctx.saved_tensors
+    dx, dw, db = _segment_linear_backward(grad, x, lengths, weight, bias)
+    return dx, None, dw, db if ctx.has_bias else None
+
+
+_segment_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+def segment_linear_op(linear: torch.nn.Linear, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([linear(part) for part in x.split(lengths)])`` (the rows per segment: a host tensor) as one
+    operator."""
+    return _segment_linear(x, lengths, linear.weight, linear.bias)

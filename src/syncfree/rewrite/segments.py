@@ -16,18 +16,22 @@ class TracedSegments:
     tensor (``VisionPlan.host_seqlens``) and as the plan's tuple. A layer finds its segmentation by the identity of
     the ``cu_seqlens`` it is handed, which a traced forward keeps."""
 
-    def __init__(self, pairs, by_length) -> None:
+    def __init__(self, pairs, by_length, derived=None) -> None:
         # ((cu_seqlens, host lengths, the sizes as a function: read only where the operator does not serve), ...)
         self.pairs = tuple(pairs)
         # The plan's sizes keyed by how many segments a ``cu_seqlens`` describes (``VisionPlan.seqlens_by_length``), as
         # a function: for a ``cu_seqlens`` the tower derived (a class token per segment), found as in eager.
         self.by_length = by_length
+        # (host lengths, sizes) of the one segmentation a tower derives its layers' ``cu_seqlens`` from (a class token
+        # per segment, counted in the host lengths): for a ``cu_seqlens`` not found by identity, where there is no
+        # other segmentation (a length looked up in ``by_length`` would be a graph per segment count).
+        self.derived = derived
 
     def find(self, cu_seqlens):
         for cu, host, sizes in self.pairs:
             if cu is cu_seqlens:
                 return host, sizes
-        return None
+        return self.derived
 
 
 class HostLengths:

@@ -303,6 +303,11 @@ def _vision_plan_for(grid_thw):
     return None
 
 
+def _patch_images(entry) -> bool:
+    """Whether the traced call's family hands its tower patch images (``TowerShape.pixels_4d``)."""
+    return entry is not None and entry.plan.spec.tower.pixels_4d
+
+
 @wrapper("hands the stock tower the plan's segment sizes and tables, its grid on the device", TOWER)
 def make_vision_forward_device_grid(stock):
     """``make_vision_forward`` for a tower that indexes its grid with device tensors (learned positions:
@@ -361,15 +366,22 @@ def make_vision_forward(stock, device_grid: bool = False, seqlens_only: bool = F
         traced = torch.compiler.is_compiling()
         # (traced: the tables sized by the pixels' own patch count and the segments handed over as host tensors,
         # sizes that Dynamo keeps dynamic, so the graph does not depend on the layout)
-        # (a tower handed flattened patches, (patches, channels), as the M-RoPE families' towers are; other layouts
-        # keep the plan's count)
+        # (a tower handed flattened patches, (patches, channels), as the M-RoPE families' towers are, or in a stream
+        # patch images, (patches, C, P, P) or (1, patches, C, P, P); other layouts keep the plan's count)
         patches = hidden_states.shape[0] if traced and hidden_states.dim() == 2 else None
-        extra = vp.seqlen_kwargs() if seqlens_only else vp.vision_kwargs(patches, traced)
+        if traced and vp.host_seqlens is not None and _patch_images(entry):
+            if hidden_states.dim() == 4:
+                patches = hidden_states.shape[0]
+            elif hidden_states.dim() == 5 and hidden_states.shape[0] == 1:
+                patches = hidden_states.shape[1]
+        extra = vp.seqlen_kwargs(traced) if seqlens_only else vp.vision_kwargs(patches, traced)
         if traced and vp.host_seqlens is not None:
+            full = (vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])
             extra["syncfree_seqlens"] = TracedSegments(
-                [(vp.cu_seqlens, vp.host_seqlens, lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])]
+                [(vp.cu_seqlens, *full)]
                 + ([(vp.cu_window_seqlens, vp.host_window_seqlens, lambda: vp.window_seqlens)] if vp.has_windows
-                   else []), vp.seqlens_by_length)
+                   else []), vp.seqlens_by_length,
+                derived=full if vp.segment_prefix and not vp.has_windows else None)
         backend = getattr(self, "_syncfree_attention", None)  # set by patch(..., vision_attention=...)
         if backend is not None and backend != "split":
             extra["syncfree_attention"] = AttentionChoice(backend)

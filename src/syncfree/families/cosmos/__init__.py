@@ -7,7 +7,8 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   its encoder's stock helper, and hands every other keyword on to the attention function: the wrapper passes only
   the segment sizes (``make_vision_forward_seqlens_only``), never rotary ids, which flash attention would read;
 * its position resampling (a ``staticmethod``) loops over ``grid_thw.tolist()``: with the plan's host grid that is no
-  read; in a traced forward the plan's rows (``GRID_LIST``);
+  read; in a traced forward the plan's rows (``GRID_LIST``), or in a traced forward of a stream the stock function in
+  one operator over the plan's host grid (``positions``): one graph for any layout;
 * the attention concatenates its per-segment calls in one statement (``VISION_ATTENTION_CAT``);
 * pixels are ``(patches, channels * patch * patch)``, one frame per temporal step (no temporal patch);
 * packed batches only where its text model takes 4-row positions (``_packing``).
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 from ...plan.spec import Layout, TowerShape, VideoLayout
 from ...rewrite.edits import GRID_LIST, VISION_ATTENTION_CAT, feature_split
+from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_vision_forward_seqlens_only
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
 from ..shared import PACKS, family_module, installed_source_has, vlm_targets
+from . import positions
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
@@ -54,10 +57,15 @@ def _cosmos() -> Family:
     targets += (Target("Cosmos3EdgeEncoder", "forward", check_only=True,
                        needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,")),
                 Target("Cosmos3EdgeVisionEmbeddings", "resize_positional_embeddings", edits=GRID_LIST,
-                       needs=("for temporal, height, width in grid_thw.tolist():",)))
+                       needs=("for temporal, height, width in grid_thw.tolist():",)),
+                Target("Cosmos3EdgeVisionEmbeddings", "forward", edits=(Edit(
+                    "expr", "self.resize_positional_embeddings(positional_embeddings, grid_thw, "
+                            "self.config.spatial_merge_size)",
+                    "_syncfree.resized_positions(self.resize_positional_embeddings, positional_embeddings, grid_thw, "
+                    "self.config.spatial_merge_size, patch_embeds)"),)))
     return Family("cosmos3_edge", targets, Layout(_MODELING, video=VideoLayout(frames_as_runs=True),
-                                                  tower=TowerShape(holds_projector=False), one_graph=True,
-                                                  **_packing()))
+                                                  tower=TowerShape(holds_projector=False), one_graph=True, stream=True,
+                                                  **_packing()), helpers=positions)
 
 
 FAMILIES: tuple[Family, ...] = (_cosmos(),)

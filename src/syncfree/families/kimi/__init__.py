@@ -22,7 +22,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pixel_inputs
 from ...plan.spec import Layout, PositionTable, RotaryIndex, TowerShape
-from ...rewrite.helpers import traced_grid_rows
+from ...rewrite.helpers import traced_vision_plan
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
@@ -42,7 +42,7 @@ _TARGETS = vlm_targets(
     rope_needs=None, vision_params=("pixel_values", "grid_thw"), base_vision_needs=_VISION_NEEDS,
     # (its videos' features are its images': get_video_features calls get_image_features)
     feature_split=(Edit("expr", "(image_grid_thw[:, 1:].prod(-1) // merge_kernel_size).tolist()",
-                        "_syncfree.spatial_split_sizes(image_grid_thw, merge_kernel_size)"),))
+                        "_syncfree.spatial_split_sizes(image_grid_thw, merge_kernel_size, image_embeds)"),))
 # What the plan's tables stand for, as the installed source says it (a release that changes it is refused, not
 # planned wrongly): the bicubic table of pos_emb_height a side, the frame index and the pooling popped from kwargs,
 # and the split that ignores t.
@@ -58,13 +58,17 @@ _TARGETS += (
 )
 
 
-def spatial_split_sizes(grid_thw, merge: int):
+def spatial_split_sizes(grid_thw, merge: int, features=None):
     """``(grid_thw[:, 1:].prod(-1) // merge).tolist()`` (features per image or clip, whatever its frames): its own
-    rewrite helper (``Family.helpers``), from the plan's rows in a traced forward (which cannot read the grid)."""
-    rows = traced_grid_rows(grid_thw)
-    if rows is None or not isinstance(merge, int):
+    rewrite helper (``Family.helpers``), from the plan's rows in a traced forward (which cannot read the grid); in a
+    traced forward of a stream (``Layout.stream``) one piece, the whole ``features`` (the forward concatenates the
+    pieces again; a split per item would be a graph per item count)."""
+    vp = traced_vision_plan(grid_thw)
+    if vp is None or not isinstance(merge, int):
         return (grid_thw[:, 1:].prod(-1) // merge).tolist()
-    return [h * w // merge for _, h, w in rows]
+    if features is not None and vp.host_seqlens is not None:
+        return [features.shape[0]]
+    return [h * w // merge for _, h, w in vp.rows]
 
 
 def _written_for() -> bool:
@@ -81,7 +85,7 @@ FAMILIES: tuple[Family, ...] = () if not _written_for() else (
                                       mode="bicubic"),
                   tower=TowerShape(encoder_merge=1, pixels_4d=True, holds_projector=False, clip_segments=True,
                                    temporal_pooling=True),
-                  one_graph=True),
+                  one_graph=True, stream=True),
            helpers={"spatial_split_sizes": spatial_split_sizes}),
 )
 

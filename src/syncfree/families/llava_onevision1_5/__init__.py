@@ -7,7 +7,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   ``cu_seqlens`` by one per segment and ``max_seqlen`` by one, and drops the class tokens before its merger; it splits
   frames by ``get_vision_frame_lengths`` (stock: ``repeat_interleave(...).tolist()``, two reads). The plan hands that
   helper its host per-frame patch counts (``frame_lengths``) and the attention its segments one token longer
-  (``TowerShape.segment_class_token``); stock's own code shifts the device ``cu_seqlens`` (no read);
+  (``TowerShape.segment_class_token``); stock's own code shifts the device ``cu_seqlens`` (no read); in a traced forward
+  of a stream the frame lengths are a host tensor and the class tokens' per-frame loops one operator each
+  (``class_tokens``), the layers' shifted ``cu_seqlens`` the plan's one segmentation: one graph for any layout;
 * no rotary index: the text model numbers tokens 0..S-1 itself (the multimodal forward builds 1D positions, and
   ``_prepare_position_ids_for_generation`` is stock's default), and the processor returns no ``mm_token_type_ids``
   (the EXAONE-4.5 layout: the plan computes no positions, counts placeholders);
@@ -22,7 +24,8 @@ Registered only where Transformers ships this code (5.25): older releases have n
 from __future__ import annotations
 
 from ...plan.spec import Layout, RotaryIndex, TowerShape
-from ...rewrite.targets import Family
+from ...rewrite.rewriter import Edit
+from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
@@ -32,6 +35,7 @@ from ..shared import (
     installed_source_has,
     vlm_targets,
 )
+from . import class_tokens
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
@@ -44,9 +48,17 @@ _VISION_NEEDS = ("get_vision_frame_lengths(grid_thw, kwargs=kwargs)",
                  "cu_seqlens = cu_seqlens + torch.arange(cu_seqlens.shape[0], device=cu_seqlens.device,",
                  "max_seqlen += 1", "self.cls_embeddings(hidden_states, cos, sin, frame_lengths)",
                  "[length + 1 for length in frame_lengths]")
+# In a traced stream forward the frame lengths are a host tensor (``VisionPlan.vision_kwargs``): the class tokens' loops
+# over the frames run as one operator each over it (``class_tokens``).
+_DROPPED = Edit("expr", "torch.cat([frame[1:] for frame in torch.split(hidden_states, [length + 1 for length in "
+                        "frame_lengths])], dim=0)", "_syncfree.class_tokens_dropped(hidden_states, frame_lengths)")
+_PREPENDED = Edit("expr", "torch.cat([torch.cat((cls_states, frame)) for frame in hidden_states.split(frame_lengths)])",
+                  "_syncfree.class_tokens_prepended(hidden_states, cls_states, frame_lengths)")
 _TARGETS = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionModel", f"{_P}Model", f"{_P}ForConditionalGeneration",
                        rope_needs=None, vision_params=("pixel_values", "grid_thw"),
-                       base_vision_needs=tuple(n for n in VISION_NEEDS if n != "**kwargs,") + _VISION_NEEDS)
+                       base_vision_needs=tuple(n for n in VISION_NEEDS if n != "**kwargs,") + _VISION_NEEDS,
+                       vision_edits=(_DROPPED,))
+_TARGETS += (Target(f"{_P}VisionClassEmbeddings", "prepend_cls", edits=(_PREPENDED,)),)
 
 
 def _written_for() -> bool:
@@ -58,7 +70,8 @@ def _written_for() -> bool:
 FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("llava_onevision1_5", _TARGETS,
            Layout(_MODELING, rope=RotaryIndex(mrope=False), token_types=False,
-                  tower=TowerShape(segment_class_token=True), one_graph=True)),
+                  tower=TowerShape(segment_class_token=True), one_graph=True, stream=True),
+           helpers=class_tokens),
 )
 
 # A tiny model with the real layout rules: patch 14, merge 2, no temporal patches, a class token per frame, axial

@@ -25,6 +25,7 @@ from ...items import Draft, Image, Row, Video, batch_builder, item_grid, pixel_i
 from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL
+from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
 from ..preset import Preset
@@ -44,6 +45,27 @@ _TARGETS = vlm_targets(
 # is refused, not planned wrongly).
 _TARGETS += (Target("MiniMaxM3VLVisionModel", "__init__", check_only=True,
                     needs=("self.merge_temporal = True", "self.include_temporal = True")),)
+# The indexer's block padding and its top-k of blocks, sized by the keys: Python branches on the key count that a traced
+# forward would guard on (a graph for lengths that fill their last block and one for lengths that do not; one for fewer
+# blocks than the top k), asked without a guard there (``key_blocks``).
+_TARGETS += (Target("MiniMaxM3VLIndexer", "forward", edits=(
+    Edit("stmt", """
+         if pad:
+             scores = F.pad(scores, (0, pad), value=float("-inf"))""", """
+         if _syncfree.pad_keys(pad):
+             scores = F.pad(scores, (0, pad), value=float("-inf"))"""),
+    Edit("expr", "min(self.topk_blocks, num_key_blocks)", "_syncfree.blocks_kept(self.topk_blocks, num_key_blocks)"),
+)),)
+
+
+def pad_keys(pad) -> bool:
+    """``if pad:``: in a traced forward always (a pad by 0 keeps the same values), so the graph serves every length."""
+    return True if torch.compiler.is_compiling() else bool(pad)
+
+
+def blocks_kept(topk: int, blocks) -> int:
+    """``min(topk, blocks)``, in a traced forward without a guard on which is smaller (``torch.sym_min``)."""
+    return torch.sym_min(topk, blocks) if torch.compiler.is_compiling() else min(topk, blocks)
 
 
 def _written_for() -> bool:
@@ -57,7 +79,8 @@ FAMILIES: tuple[Family, ...] = () if not _written_for() else (
     Family("minimax_m3_vl", _TARGETS,
            Layout(_MODELING, rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
                   tower=TowerShape(holds_projector=False, clip_segments=True, temporal_position_ids=True),
-                  one_graph=True)),
+                  one_graph=True, stream=True),
+           helpers={"pad_keys": pad_keys, "blocks_kept": blocks_kept}),
 )
 
 # A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2 (in the projector), a vision head of 12

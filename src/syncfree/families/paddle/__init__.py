@@ -13,7 +13,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * the attention collects each segment's weights in its loop (``VISION_ATTENTION_WEIGHTS``);
 * no video: the image lines of the placeholder and scatter edits only;
 * its projector splits the features by patches per image (``grid_products``) and loops over the grid rows, and its
-  feature split spells the merge through the config: all from the plan's rows where a traced forward cannot read them.
+  feature split spells the merge through the config: all from the plan's rows where a traced forward cannot read them;
+  in a traced forward of a stream the loop runs once over all images in block order (``projector``), its linear
+  layers one call per image in one operator: one graph for any images (``Layout.stream``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl.inputs import build_inputs
 from ..shared import PACKS, family_module, vlm_targets
+from . import projector
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
 
@@ -39,9 +42,16 @@ _FEATURE_SPLIT = (
          "_syncfree.feature_split_sizes(image_grid_thw, self.config.vision_config.spatial_merge_size)"),
 )
 _PROJECTOR_SPLIT = (
-    Edit("expr", "image_grid_thw.prod(dim=1).tolist()", "_syncfree.grid_products(image_grid_thw)"),
+    Edit("expr", "image_features.split(image_grid_thw.prod(dim=1).tolist(), dim=0)",
+         "_syncfree.block_chunks(image_features, image_grid_thw, self.merge_kernel_size) "
+         "or image_features.split(_syncfree.grid_products(image_grid_thw), dim=0)"),
     Edit("expr", "zip(image_features_chunks, image_grid_thw)",
-         "zip(image_features_chunks, _syncfree.grid_rows(image_grid_thw))"),
+         "zip(image_features_chunks, _syncfree.block_rows(image_grid_thw, image_features_chunks, "
+         "self.merge_kernel_size) or _syncfree.grid_rows(image_grid_thw))"),
+    Edit("expr", "self.linear_1(image_feature)",
+         "_syncfree.item_linear(self.linear_1, image_feature, image_grid_thw, self.merge_kernel_size)"),
+    Edit("expr", "self.linear_2(hidden_states)",
+         "_syncfree.item_linear(self.linear_2, hidden_states, image_grid_thw, self.merge_kernel_size)"),
 )
 
 
@@ -65,9 +75,10 @@ def _paddle() -> Family:
     # (Its resampling mode is read from the installed code: align_corners was True in 5.17, False since.)
     layout = Layout(family_module("paddleocr_vl"),
                     table=PositionTable(side="image_size", align_corners_from="PaddleOCRVisionEmbeddings"),
-                    tower=TowerShape(encoder_merge=1, pixels_4d=True, holds_projector=False), one_graph=True, **PACKS,
+                    tower=TowerShape(encoder_merge=1, pixels_4d=True, holds_projector=False), one_graph=True, stream=True,
+                    **PACKS,
                     plan=PlanHooks(feature_words=_feature_words, values=_text_width))
-    return Family("paddleocr_vl", targets, layout)
+    return Family("paddleocr_vl", targets, layout, helpers=projector)
 
 
 def _text_width(config) -> dict:

@@ -10,7 +10,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   (``pixel_unshuffle``: ``view`` / ``reshape`` / ``interpolate`` sized by ``h // merge_size``): stock's loop is kept
   and handed the plan's host grid and host merge sizes (``make_vision_forward_item_merges``), so it reads nothing;
   the multimodal forward hands ``get_image_features`` / ``get_video_features`` those host copies too, so their
-  split sizes (``prod(dim=1) // merge_sizes**2``, ``.tolist()``) are host integers;
+  split sizes (``prod(dim=1) // merge_sizes**2``, ``.tolist()``) are host integers; in a traced forward of a stream
+  the loop is one operator over the plan's host grid and merge sizes and the split one piece (``stream``), the kept
+  video features as many as the video placeholders: one graph for any layout;
 * video token compression: the forward keeps the video features ``video_compression_mask`` marks with a boolean
   select, a read of the count; by positions counted on the plan's host copy of the mask instead
   (``KEPT_VIDEO_FEATURES`` in ``edits``, its helper in ``compression``);
@@ -29,11 +31,12 @@ from ...items import Draft, Image, Row, Video, batch_builder, item_grid
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, RotaryIndex, TowerShape
 from ...rewrite.edits import VISION_ATTENTION_WEIGHTS
+from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import family_module, vlm_targets
-from . import compression, item_sizes
+from . import compression, item_sizes, stream
 from .edits import ITEM_SPLIT, KEPT_VIDEO_FEATURES, PIXEL_UNSHUFFLE
 from .wrappers import make_vision_forward_item_merges
 
@@ -57,6 +60,9 @@ def _videollama3() -> Family:
                           vision_params=("pixel_values", "grid_thw", "merge_sizes"),
                           vision_needs=("get_vision_position_ids(grid_thw, merge_sizes",
                                         "self.pixel_unshuffle(last_hidden_state, grid_thw, merge_sizes)"),
+                          vision_edits=(Edit("expr", "self.pixel_unshuffle(last_hidden_state, grid_thw, merge_sizes)",
+                                             "_syncfree.unshuffled(self.pixel_unshuffle, last_hidden_state, grid_thw, "
+                                             "merge_sizes)"),),
                           model_params=("image_merge_sizes", "video_merge_sizes", "video_compression_mask"),
                           model_edits=KEPT_VIDEO_FEATURES)
     targets += (
@@ -68,8 +74,8 @@ def _videollama3() -> Family:
     )
     layout = Layout(family_module("video_llama_3"), rope=RotaryIndex(mrope=False), vision_markers=False,
                     token_types=False, tower=TowerShape(holds_projector=False, item_merge_sizes=True), one_graph=True,
-                    plan=PLAN)
-    own = {name: getattr(module, name) for module in (compression, item_sizes) for name in module.__all__}
+                    stream=True, plan=PLAN)
+    own = {name: getattr(module, name) for module in (compression, item_sizes, stream) for name in module.__all__}
     return Family("video_llama_3", targets, layout, helpers=own)
 
 

@@ -17,7 +17,15 @@ def kept_video_features(video_embeds: torch.Tensor, video_compression_mask: torc
     """``video_embeds[video_compression_mask.to(video_embeds.device)]`` (VideoLLaMA3's token compression): the same
     rows in the same order, taken by the positions of the mask's ones, whose count the plan's host copy of that
     very mask gives (``index_select``: no read of the count, forward or backward)."""
-    entry = None if torch.compiler.is_compiling() else active.current()
+    entry = active.current()
+    carrier = entry.plan.carriers.get("n_video_tokens") if entry is not None else None
+    if (torch.compiler.is_compiling() and carrier is not None
+            and entry.given.get("video_compression_mask") is video_compression_mask):
+        # (a traced forward of a stream: as many kept features as video placeholders, a size Dynamo keeps symbolic)
+        positions = torch.nonzero_static(video_compression_mask.to(video_embeds.device).reshape(-1),
+                                         size=carrier.shape[0]).reshape(-1)
+        return video_embeds.index_select(0, positions)
+    entry = None if torch.compiler.is_compiling() else entry
     host = entry.plan.host.get("video_compression_mask") if entry is not None else None
     if (not isinstance(host, torch.Tensor) or entry.given.get("video_compression_mask") is not video_compression_mask
             or video_compression_mask.dtype != torch.bool or host.dtype != torch.bool

@@ -25,5 +25,6 @@ PIXEL_UNSHUFFLE = (
 
 # get_image_features (videos' too: get_video_features calls it) splits the features per item the same way.
 ITEM_SPLIT = (
-    Edit("expr", "split_sizes.tolist()", "_syncfree.item_split_sizes(split_sizes, image_grid_thw, image_merge_sizes)"),
+    Edit("expr", "split_sizes.tolist()",
+         "_syncfree.item_split_sizes(split_sizes, image_grid_thw, image_merge_sizes, image_embeds)"),
 )

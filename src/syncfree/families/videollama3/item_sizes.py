@@ -21,10 +21,13 @@ def merge_values(merge_sizes: torch.Tensor):
     return merge_sizes if vp is None or not vp.merges else vp.merges
 
 
-def item_split_sizes(split_sizes: torch.Tensor, grid_thw: torch.Tensor, merge_sizes: torch.Tensor):
+def item_split_sizes(split_sizes: torch.Tensor, grid_thw: torch.Tensor, merge_sizes: torch.Tensor, features=None):
     """``split_sizes.tolist()`` for ``split_sizes = grid_thw.prod(dim=1) // (merge_sizes**2)`` (the features of each
-    item), from the plan's rows and merges in a traced forward."""
+    item), from the plan's rows and merges in a traced forward; in a traced forward of a stream one piece, the whole
+    ``features`` (the forward concatenates the pieces again; a split per item would be a graph per item count)."""
     vp = traced_vision_plan(grid_thw)
-    if vp is None or not vp.merges or traced_vision_plan(merge_sizes, "merge_sizes") is not vp:
+    if vp is None or vp.merge_sizes is None or traced_vision_plan(merge_sizes, "merge_sizes") is not vp:
         return split_sizes.tolist()  # (not the call's own pair: stock's expression)
+    if features is not None and vp.host_seqlens is not None:
+        return [features.shape[0]]
     return [t * h * w // m**2 for (t, h, w), m in zip(vp.rows, vp.merges)]

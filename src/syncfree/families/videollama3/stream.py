@@ -1,0 +1,89 @@
+"""VideoLLaMA3 in a traced forward of a stream (``Layout.stream``): its tower's ``pixel_unshuffle`` loops over the
+items (``view`` / ``interpolate`` sized by each one's grid and merge size), which Dynamo would unroll into a graph per
+layout. There it runs inside one operator (``syncfree::videollama3_unshuffle``) that takes the plan's host grid and
+merge sizes (reading them waits for no device) and calls the stock method itself: the same calls in the same order,
+so the outputs are the eager ones bit for bit. Its output rows are the features of the tower call's kind: the
+placeholders of the images, the videos' features before their token compression (the compression mask's length);
+its backward runs it again under autograd.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ...plan import active
+from ...rewrite.helpers import traced_vision_plan
+from ...rewrite.segment_op import autograd_inside, laid_out_like
+
+__all__ = ["unshuffled", "stream_plan"]
+
+_MODELING = "transformers.models.video_llama_3.modeling_video_llama_3"
+
+
+def stream_plan(grid_thw):
+    """The vision plan of ``grid_thw`` in a traced forward of a stream (its host lengths made at prepare), else None."""
+    vp = traced_vision_plan(grid_thw)
+    return vp if vp is not None and vp.host_seqlens is not None else None
+
+
+def _unshuffle(hidden, grid, merges):
+    # (the class's own method: the patched one is the instance's; it reads nothing of ``self``)
+    return importlib.import_module(_MODELING).VideoLlama3VisionModel.pixel_unshuffle(None, hidden, grid, merges)
+
+
+@torch.library.custom_op("syncfree::videollama3_unshuffle", mutates_args=())
+def _unshuffle_op(hidden: torch.Tensor, grid: torch.Tensor, merges: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return _unshuffle(hidden, grid, merges)
+
+
+@_unshuffle_op.register_fake
+def _(hidden, grid, merges, rows):
+    return hidden.new_empty((rows.shape[0], hidden.shape[-1]))
+
+
+@torch.library.custom_op("syncfree::videollama3_unshuffle_backward", mutates_args=())
+def _unshuffle_backward(grad: torch.Tensor, hidden: torch.Tensor, grid: torch.Tensor,
+                        merges: torch.Tensor) -> torch.Tensor:
+    with autograd_inside(), torch.enable_grad():
+        leaf = hidden.detach().requires_grad_(True)
+        (d_hidden,) = torch.autograd.grad(_unshuffle(leaf, grid, merges), [leaf], grad)
+        return laid_out_like(d_hidden, hidden)
+
+
+@_unshuffle_backward.register_fake
+def _(grad, hidden, grid, merges):
+    return torch.empty_like(hidden)
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, grid, merges, _rows = inputs
+    ctx.save_for_backward(hidden, grid, merges)
+
+
+def _backward(ctx, grad):
+    hidden, grid, merges = ctx.saved_tensors
+    return _unshuffle_backward(grad, hidden, grid, merges), None, None, None
+
+
+_unshuffle_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _features(vp):
+    """A tensor whose first size is the number of features of ``vp``'s kind: the images' placeholders, the videos'
+    compression mask (or their placeholders without one)."""
+    entry = active.current()
+    if vp is entry.plan.video and entry.given.get("video_compression_mask") is not None:
+        return entry.given["video_compression_mask"]
+    return entry.plan.carriers["n_image_tokens" if vp is entry.plan.image else "n_video_tokens"]
+
+
+def unshuffled(unshuffle, hidden_states: torch.Tensor, grid_thw: torch.Tensor, merge_sizes: torch.Tensor):
+    """``unshuffle(hidden_states, grid_thw, merge_sizes)`` (stock's ``self.pixel_unshuffle``); in a traced stream
+    forward one operator over the plan's host grid and merge sizes."""
+    vp = stream_plan(grid_thw)
+    if vp is None or vp.merge_sizes is None:
+        return unshuffle(hidden_states, grid_thw, merge_sizes)
+    return _unshuffle_op(hidden_states, vp.grid_thw, vp.merge_sizes, _features(vp))
