@@ -139,7 +139,7 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         vp.carriers = size_carriers({n: getattr(vp, n, None) or None for n in _VISION_COUNTS})
         for name, carrier in vp.carriers.items():
             _mark(carrier, per_item={0: f"syncfree.{kind}.{name}"})
-        if vp.table_spec.pool is not None and kind in ("image", "video"):
+        if vp.tower_tables.temporal_pooling is not None and kind in ("image", "video"):
             # (a pooling tower's merged tokens: its features, as many as the kind's placeholders, one symbol for both)
             vp.carriers.update(size_carriers({"merged_tokens": sum(vp.split_sizes)}))
             _mark(vp.carriers["merged_tokens"], per_item={0: f"syncfree.n_{kind}_tokens"})
