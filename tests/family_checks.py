@@ -333,6 +333,16 @@ TINY = _tiny_presets()  # model type -> its first tiny preset
 SLOW_TINY = {"glm5_next", "qwen4_exp", "dots3_note"}
 
 
+def installed(model_type: str) -> bool:
+    """Whether this Transformers release has the family's modeling module (a family is registered either way)."""
+    import importlib.util
+
+    from syncfree.families import FAMILIES
+
+    family = FAMILIES.get(model_type)
+    return family is not None and importlib.util.find_spec(family.modeling.rsplit(".", 1)[0]) is not None
+
+
 def tiny_family_params() -> list:
     """One pytest parameter per fully supported family, skipped where this Transformers release lacks it."""
     import importlib.util
