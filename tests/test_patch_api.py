@@ -238,3 +238,12 @@ def test_class_unpatch_also_removes_the_chosen_attention_backend(modeling):
         syncfree.unpatch()
     assert "_syncfree_attention" not in modeling.Qwen3VLVisionModel.__dict__
     assert not syncfree.is_patched(build_model("qwen3-vl-tiny"))
+
+
+def test_the_class_patch_table_keeps_the_name_the_transformers_test_harness_reads():
+    """``../shared/hf-tests``' plugin checks a class-level patch stayed applied through ``patching._class_patches``:
+    the registry's own table under that name (a copy would stay empty)."""
+    import syncfree.patching as patching
+    from syncfree.plan.registry import REGISTRY
+
+    assert patching._class_patches is REGISTRY.class_patches
