@@ -169,7 +169,7 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
     videos: 2), which divides the split sizes as stock's ``prod(-1) // merge**2 // temporal_merge_size``.
     ``merge_sizes``: a host (N,) tensor of each row's own merge size (``TowerShape.item_merge_sizes``).
     What the tower makes of each row (its segments, its features) is its ``TowerShape``'s to say."""
-    grid, rows = _check_grid(grid_thw, spec.spatial_merge_size, name)
+    grid, rows, runs = _check_grid(grid_thw, spec.spatial_merge_size, name)
     host = grid.numpy()
     tower = spec.tower
     per_item = tower.item_merges(grid, rows, merge_sizes, name)  # (merge_sizes, merges), or None: the spec's merge
@@ -198,13 +198,14 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes, split_array=split_array,
         max_seqlen=longest, n_patches=patches, cu_seqlens=cu_seqlens, device_grid=grid,
         features_follow_patches=per_item is None and tower.features_follow_patches(features, patches, merge),
-        items=item_columns(host, tables, per_item and per_item[1]), tower_tables=tables,
+        items=item_columns(host, tables, per_item and per_item[1], runs=runs), tower_tables=tables,
         tables_by_device=device_tables_match_stock(tables), segment_prefix=tower.segment_prefix, **extra,
     )
 
 
-def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, tuple]:
-    """The grid as int64 on the host, and its rows as Python ints (checked there: a few integers)."""
+def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, tuple, np.ndarray | None]:
+    """The grid as int64 on the host, its rows as Python ints (checked there: a few integers), and where its runs
+    of equal rows start (None for a grid of 64 rows or fewer, which is looked at row by row)."""
     if not isinstance(grid, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of shape (N, 3), got {type(grid).__name__}")
     if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
@@ -213,21 +214,24 @@ def _check_grid(grid, merge: int, name: str) -> tuple[torch.Tensor, tuple]:
         raise GridDtypeError(f"{name} must hold integers (torch.long), got {grid.dtype}")
     grid = grid.to("cpu", torch.long)
     values = grid.numpy()  # (checked in NumPy, whole columns: a NaViT batch has thousands of rows)
-    if (values <= 0).any():
+    # (A NaViT batch has thousands of crops of a few sizes side by side: found once, the runs of equal rows serve
+    # the checks, the rows' tuples and the item table; a run's first row speaks for the run.)
+    runs = row_runs(values) if values.shape[0] > 64 else None
+    firsts = values if runs is None else values[runs]
+    if (firsts <= 0).any():
         raise GridError(f"{name} must be positive everywhere, got {grid.tolist()}")
-    if (values[:, 1:] % merge).any():
+    if (firsts[:, 1:] % merge).any():
         raise GridError(f"{name} heights and widths must be multiples of spatial_merge_size={merge}, "
                         f"got {grid.tolist()}")
-    return grid, _rows_of(values)
+    return grid, _rows_of(values, runs), runs
 
 
-def _rows_of(values: np.ndarray) -> tuple:
-    """The grid's rows as a tuple of ``(t, h, w)`` tuples of Python ints, one tuple object per run of equal rows: a NaViT
-    batch has thousands of crops of a few sizes, and a tuple per row was a good part of its plan's host time."""
-    if values.shape[0] <= 64:
+def _rows_of(values: np.ndarray, runs: np.ndarray | None) -> tuple:
+    """The grid's rows as a tuple of ``(t, h, w)`` tuples of Python ints, one tuple object per run of equal rows
+    (``runs``: where they start; None: a tuple per row): a tuple per row of a NaViT batch's thousands of crops was a
+    good part of its plan's host time."""
+    if runs is None:
         return tuple(map(tuple, values.tolist()))
-    # (By runs of equal rows, a run's tuple repeated: a NaViT image's crops are mostly one size, side by side.)
-    starts = row_runs(values)
-    counts = np.diff(np.append(starts, values.shape[0])).tolist()
-    runs = [(tuple(row),) * n for row, n in zip(values[starts].tolist(), counts)]
-    return tuple(itertools.chain.from_iterable(runs))
+    counts = np.diff(np.append(runs, values.shape[0])).tolist()
+    repeated = [(tuple(row),) * n for row, n in zip(values[runs].tolist(), counts)]
+    return tuple(itertools.chain.from_iterable(repeated))

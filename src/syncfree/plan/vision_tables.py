@@ -141,8 +141,9 @@ WINDOW = ("size",  # merged patches in the window
 _W = {name: i for i, name in enumerate(WINDOW)}
 
 
-def item_columns(rows, spec: TowerTables, merges=None) -> torch.Tensor:
-    """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size).
+def item_columns(rows, spec: TowerTables, merges=None, runs: np.ndarray | None = None) -> torch.Tensor:
+    """The (len(ITEM), N) int64 host table of the grid ``rows`` (``merges``: each row's own merge size; ``runs``:
+    where the grid's runs of equal rows start, where the caller found them).
 
     Whole-column NumPy arithmetic, not a Python tuple per item: a NaViT batch has thousands of crops, and
     the per-item loop was most of its plan's host time."""
@@ -150,7 +151,10 @@ def item_columns(rows, spec: TowerTables, merges=None) -> torch.Tensor:
     merge = np.asarray(merges, dtype=np.int64) if merges is not None else np.full(grid.shape[0], spec.merge)
     keys = np.concatenate([grid, merge[:, None]], 1)
     # (Computed once per run of equal rows, then repeated: a NaViT image's crops are mostly one size, side by side.)
-    starts = row_runs(keys) if keys.shape[0] > 64 else None
+    if runs is not None and merges is None:  # (one merge size: the grid's runs are the keys')
+        starts = runs
+    else:
+        starts = row_runs(keys) if keys.shape[0] > 64 else None
     t, h, w, merge = (keys if starts is None else keys[starts]).T
     kh, kw = spec.temporal_pooling or (1, 1)
     shuffle = spec.pixel_shuffle or 1

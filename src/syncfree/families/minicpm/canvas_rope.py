@@ -195,8 +195,9 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     k_in_frame = slice_idx - frame_crop[f] - 1  # a slice's place among its frame's slices
     if slice_idx.shape[0]:
         # Columns: up to the first gap between slices wider than ``</slice><slice>`` (a newline), else all of them.
-        nxt = np.minimum(slice_idx + 1, C - 1)
-        wide = (slice_idx < last_crop[f]) & (cs[nxt] - ce[slice_idx] > 2)
+        s_begin, s_end = cs[slice_idx], ce[slice_idx]
+        gap_after = cs[np.minimum(slice_idx + 1, C - 1)] - s_end  # (tokens up to the next crop)
+        wide = (slice_idx < last_crop[f]) & (gap_after > 2)
         candidate = np.where(wide, k_in_frame + 1, n_slices[f])
         firsts = np.flatnonzero(k_in_frame == 0)
         cols[has] = np.minimum.reduceat(candidate, firsts)
@@ -216,33 +217,39 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     np.add.at(in_frame, end, -1)
     advance = (np.cumsum(in_frame[:K], dtype=np.int32) == 0).astype(np.int64)
     advance[end - 1] = np.maximum(canvas_h, canvas_w) + 1
-    before = np.cumsum(advance) - advance
+    before = np.zeros(K, dtype=np.int64)  # (what the tokens before each advanced)
+    np.cumsum(advance[:-1], out=before[1:])
+    pos = positions[0]  # (the base coat: each token's position from its row's start)
     lengths_of_rows = row_end - row_begin
     if (lengths_of_rows == lengths_of_rows[0]).all():  # (rows of one length: each row's start by broadcasting)
-        pos = (before.reshape(row_begin.shape[0], -1) - before[row_begin][:, None]).reshape(-1)
+        np.subtract(before.reshape(row_begin.shape[0], -1), before[row_begin][:, None],
+                    out=pos.reshape(row_begin.shape[0], -1))
     else:
-        pos = before - np.append(before, 0)[row_begin][row_of]  # (a row with no kept token begins at K)
+        np.subtract(before, np.append(before, 0)[row_begin][row_of], out=pos)  # (a row of no kept token begins at K)
     origin = pos[fs]
-    if slice_idx.shape[0]:  # (each slice's place on its frame's canvas)
-        h_off = (k_in_frame // cols[f]) * slice_h[f]
-        w_off = (k_in_frame % cols[f]) * slice_w[f]
+    if slice_idx.shape[0]:  # (each slice's place on its frame's canvas: its row and column of slices)
+        slice_row, slice_col = np.divmod(k_in_frame, cols[f])
+        f_slice_h, f_origin = slice_h[f], origin[f]
+        h_off, w_off = slice_row * f_slice_h, slice_col * slice_w[f]
 
     # The crops' own positions: stock's per crop size and canvas, offset by the crop's place on its frame's canvas
     # (the frame's origin is already every crop token's base coat).
-    thumb = ~is_slice
-    canvas_of = np.zeros((C, 2), dtype=np.int64)  # (a slice's canvas: stock's 0, its own grid)
-    canvas_of[thumb] = np.stack([canvas_h, canvas_w], 1)
-    keys = np.stack([sizes[:, 0], sizes[:, 1], canvas_of[:, 0], canvas_of[:, 1]], 1)
-    span = int(keys.max()) + 1
-    if span < 2**15:  # (one int64 code per key: the distinct codes over the runs of equal ones, a frame's slices
-        # being one run: a few dozen, not every crop)
-        codes = ((keys[:, 0] * span + keys[:, 1]) * span + keys[:, 2]) * span + keys[:, 3]
+    # (A slice's canvas is stock's 0: its own grid.) One int64 code per (size, canvas), then the distinct codes
+    # over the runs of equal ones, a frame's slices being one run: a few dozen, not every crop.
+    span = int(max(sizes.max(), canvas_h.max(), canvas_w.max())) + 1
+    if sizes.min() < 0:
+        return False  # (a negative size: stock's own index says what that gives)
+    if span < 2**15:
+        codes = (sizes[:, 0] * span + sizes[:, 1]) * (span * span)
+        codes[frame_crop] += canvas_h * span + canvas_w
         run_start = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
         codes, inverse = np.unique(codes[run_start], return_inverse=True)
         inverse = np.repeat(inverse.reshape(-1), np.diff(np.append(run_start, C)))
         unique = np.stack([codes // span**3, codes // span**2 % span, codes // span % span, codes % span], 1)
     else:
-        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        canvas_of = np.zeros((C, 2), dtype=np.int64)
+        canvas_of[frame_crop] = np.stack([canvas_h, canvas_w], 1)
+        unique, inverse = np.unique(np.concatenate([sizes, canvas_of], 1), axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
     tables = [_crop_positions(spec, *map(int, key), merge) for key in unique]
     # Every token reads ``table`` at its run's start plus its place in the run: a crop's run starts at its crop's
@@ -250,33 +257,37 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     zeros = int(lengths[~crop].max(initial=0))
     table = np.concatenate([np.zeros((2, zeros), dtype=np.int64), *tables], axis=1)
     table_start = zeros + np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
-    run_entry, run_h, run_w = (np.zeros(starts.shape[0], dtype=np.int64) for _ in range(3))
+    run_entry, run_hw = np.zeros(starts.shape[0], dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=np.int64)
     run_entry[crop_runs] = table_start[inverse]
     if slice_idx.shape[0]:
-        run_h[crop_runs[slice_idx]], run_w[crop_runs[slice_idx]] = h_off, w_off
-    entry = np.arange(K) + np.repeat(run_entry - starts, lengths)
-    positions[0] = pos
-    np.add(pos, np.repeat(run_h, lengths), out=positions[1])
-    positions[1] += table[0].take(entry)
-    np.add(pos, np.repeat(run_w, lengths), out=positions[2])
-    positions[2] += table[1].take(entry)
+        run_hw[0, crop_runs[slice_idx]], run_hw[1, crop_runs[slice_idx]] = h_off, w_off
+    hw = table.take(np.arange(K) + np.repeat(run_entry - starts, lengths), axis=1)
+    hw += np.repeat(run_hw, lengths, axis=1)
+    np.add(hw, pos, out=positions[1:])
 
-    def marker(where, h, w, keep=None):
-        where, h, w = (where, h, w) if keep is None else (where[keep], h[keep], w[keep])
+    def marker(where, h, w, keep):
+        if not keep.all():  # (a marker past its frame's clipped end: the next frame writes it)
+            where, h, w = where[keep], h[keep], w[keep]
         positions[1, where], positions[2, where] = h, w
 
-    marker(fs, np.maximum(origin - 1, 0), np.maximum(origin - 1, 0))  # the halo on <image>
+    halo = np.maximum(origin - 1, 0)
+    positions[1, fs], positions[2, fs] = halo, halo  # the halo on <image>
     marker(te, origin + canvas_h, origin + canvas_w, te < end)  # </image>: the thumbnail's far corner
     if slice_idx.shape[0]:
-        s, e = cs[slice_idx], ce[slice_idx]
-        marker(e, origin[f] + h_off + lh[slice_idx] - 1, origin[f] + w_off + lw[slice_idx] - 1, e < end[f])
-        marker(s - 1, origin[f] + h_off, origin[f] + w_off)  # (after every </slice>: a <slice> there wins)
+        corner_h, corner_w = f_origin + h_off, f_origin + w_off
+        marker(s_end, corner_h + lh[slice_idx] - 1, corner_w + lw[slice_idx] - 1, s_end < end[f])
+        where = s_begin - 1  # (after every </slice>: a <slice> there wins)
+        positions[1, where], positions[2, where] = corner_h, corner_w
 
-    # The newlines ending a row of slices (a gap wider than ``</slice><slice>``): past that row's right edge.
-    if slice_idx.shape[0]:
-        gap = np.where(wide, cs[nxt] - ce[slice_idx] - 2, 0)
-        first_newline = ce[slice_idx] + 1
-        where = np.repeat(first_newline, gap) + (np.arange(int(gap.sum())) - np.repeat(np.cumsum(gap) - gap, gap))
-        positions[1, where] = np.repeat(origin[f] + (k_in_frame // cols[f] + 1) * slice_h[f] - 1, gap)
-        positions[2, where] = np.repeat(origin[f] + cols[f] * slice_w[f], gap)
+        # The newlines ending a row of slices (a gap wider than ``</slice><slice>``): past that row's right edge.
+        ending = np.flatnonzero(wide)
+        gap, first_newline = gap_after[ending] - 2, s_end[ending] + 1
+        if (gap == 1).all():  # (one newline per row of slices, as the processor writes)
+            where = first_newline
+        else:
+            where = np.repeat(first_newline, gap) + (np.arange(int(gap.sum()))
+                                                     - np.repeat(np.cumsum(gap) - gap, gap))
+        fe_ = f[ending]
+        positions[1, where] = np.repeat(f_origin[ending] + (slice_row[ending] + 1) * f_slice_h[ending] - 1, gap)
+        positions[2, where] = np.repeat(origin[fe_] + cols[fe_] * slice_w[fe_], gap)
     return True
