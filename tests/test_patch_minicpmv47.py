@@ -212,3 +212,17 @@ def test_the_numpy_canvas_index_is_stocks(rows, left, seed, edits, masked):
         batch = _edited(batch, edits, config)
     names = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos")
     check_host_index_is_stocks(canvas_rope_index, config, batch, names, masked, bool(edits))
+
+
+@pytest.mark.parametrize("crop", [0, 1, -1])
+def test_the_numpy_canvas_index_is_stocks_with_a_crop_of_negative_sides(crop):
+    """A crop whose ``target_sizes`` row is negated keeps its token count (the product of the sides), so only its
+    signs are wrong: the NumPy index answers as stock's own index, or leaves the batch to it."""
+    from syncfree.families.minicpm.canvas_rope import canvas_rope_index
+
+    config = model_pair(PRESET)[0].config
+    batch = build_minicpm_inputs(config, [[Text(3), Image(2 * U, 2 * U), Text(2), Image(U, U), Text(1)]], seed=0)
+    batch["target_sizes"] = batch["target_sizes"].clone()
+    batch["target_sizes"][crop] *= -1
+    names = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos")
+    check_host_index_is_stocks(canvas_rope_index, config, batch, names, masked=False, edited=True)
