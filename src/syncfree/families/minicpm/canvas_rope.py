@@ -181,7 +181,9 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     else:
         sizes = np.empty((C, 2), dtype=np.int64)
         sizes[~video], sizes[video] = grids[1][:C - n_video], grids[2][:n_video]
-    lh, lw = sizes[:, 0] // merge, sizes[:, 1] // merge
+    if sizes.min() < 0:
+        return False  # (a negative side: stock's own index says what that gives)
+    lh, lw = (sizes >> (merge.bit_length() - 1)).T  # (sides // merge: a power of two, sides >= 0)
     if not np.array_equal(length, lh * lw):
         return False  # (stock's assignment of a crop's positions fails, or broadcasts one)
 
@@ -237,8 +239,6 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     # (A slice's canvas is stock's 0: its own grid.) One int64 code per (size, canvas), then the distinct codes
     # over the runs of equal ones, a frame's slices being one run: a few dozen, not every crop.
     span = int(max(sizes.max(), canvas_h.max(), canvas_w.max())) + 1
-    if sizes.min() < 0:
-        return False  # (a negative size: stock's own index says what that gives)
     if span < 2**15:
         codes = (sizes[:, 0] * span + sizes[:, 1]) * (span * span)
         codes[frame_crop] += canvas_h * span + canvas_w
@@ -254,7 +254,7 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
     tables = [_crop_positions(spec, *map(int, key), merge) for key in unique]
     # Every token reads ``table`` at its run's start plus its place in the run: a crop's run starts at its crop's
     # table, any other run in a block of zeros as long as the longest of them (whole-row passes, no scatter).
-    zeros = int(lengths[~crop].max(initial=0))
+    zeros = int(lengths.max())  # (at least the longest run outside a crop: a bound found in one reduction)
     table = np.concatenate([np.zeros((2, zeros), dtype=np.int64), *tables], axis=1)
     table_start = zeros + np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
     run_entry, run_hw = np.zeros(starts.shape[0], dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=np.int64)
