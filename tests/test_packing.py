@@ -587,3 +587,38 @@ def test_packed_3d_positions_without_their_text_row_are_refused():
     alone = {k: v for k, v in samples[0].items() if k != "attention_mask"}
     positions, _ = model.model.get_rope_index(alone["input_ids"], alone["mm_token_type_ids"], alone["image_grid_thw"])
     syncfree.prepare({**alone, "position_ids": positions}, "cpu", model)
+
+
+@pytest.mark.skipif("qwen4_exp" not in SHIPPED, reason="this Transformers release has no Qwen4-Exp")
+def test_positions_restarting_at_padding_under_a_mask_of_their_own_are_not_a_packed_batch():
+    """generate() with a static cache hands the forward per-layer masks (a dict) and positions that restart where a
+    row's padding ends; stock reads no packed samples from positions when a mask is given. The patched forward neither:
+    it gives stock's tokens, where it refused the batch as packed in a family that refuses packing (Qwen4-Exp)."""
+    torch.manual_seed(0)
+    model = build_model("qwen4-exp-tiny").eval()
+    side = _unit(model.config)
+    batch = processor_batch(model.config, [[Text(3), Image(side, side), Text(2)], [Text(1), Image(side, side), Text(9)]],
+                            padding_side="left")
+    embeds = model.get_input_embeddings()(batch.pop("input_ids"))
+    options = dict(max_new_tokens=3, do_sample=False, cache_implementation="static", eos_token_id=-1, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(inputs_embeds=embeds, **batch, **options)
+        syncfree.patch(model)
+        try:
+            got = model.generate(inputs_embeds=embeds, **batch, **options)
+        finally:
+            syncfree.unpatch(model)
+    assert torch.equal(got, want)
+
+
+def test_prepare_reads_no_packing_from_positions_beside_a_4d_mask():
+    """A batch whose 4-row positions restart inside a row but that carries a 4D mask of its own: stock's mask code
+    reads no packed samples then, and neither does the plan."""
+    config = load_config("qwen2-vl-tiny")
+    text = syncfree.packing_collator(config, max_tokens=32)([{"input_ids": torch.randint(1, 900, (1, n))}
+                                                             for n in (5, 9, 3)])
+    text.pop("syncfree_plan")
+    assert syncfree.prepare(dict(text), None, config)["syncfree_plan"].packing is not None  # (no mask: packed)
+    width = text["input_ids"].shape[1]
+    text["attention_mask"] = torch.ones(text["input_ids"].shape[0], 1, width, width)
+    assert syncfree.prepare(text, None, config)["syncfree_plan"].packing is None

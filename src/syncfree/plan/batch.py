@@ -342,7 +342,9 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
     checksums. ``packing``: a packed batch's segments; its call gives each sample's own positions, so none are made
     for the rows."""
     spec, host, types, mask = draft.spec, draft.host, draft.types, draft.mask
-    if packing is None and mask is None:  # (a padding-free packed batch made elsewhere: its text row says so)
+    # (A padding-free packed batch made elsewhere: its text row says so. With a mask of its own, 4D or per layer,
+    # stock reads no packed samples from the positions: their restarts are the padding's.)
+    if packing is None and mask is None and host.get("attention_mask") is None:
         packing = packing_from_positions(host.get("position_ids"), tuple(types.shape))
         if packing is None and spec.rope.mrope and restarts_without_text_row(host.get("position_ids"), tuple(types.shape)):
             raise ValueError("position_ids restart inside a row but have no text row: a padding-free packed batch "

@@ -173,6 +173,10 @@ def _resolve(model, given: dict, explicit: Plan | None, taken) -> active.Entry |
     wanted = {n: given.get(n) for n in plan_inputs()}
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
         wanted["attention_mask"] = None  # 4D masks and per-layer dicts are not planned for (and not read)
+        if mask is not None:
+            # (With a mask of its own, e.g. generate()'s per-layer masks, stock reads no packed samples from the
+            # positions, whose restarts are then the padding's: the plan reads none either.)
+            wanted["position_ids"] = None
     host = read_to_host_syncs_once(wanted)
     spec = spec_of(model)
     flags = {"use_audio_in_video": bool(given.get("use_audio_in_video"))} if spec.rope.audio_class else {}
