@@ -129,3 +129,22 @@ def test_with_inductor_a_stream_is_within_float32_rounding_of_the_eager_logits()
             expected = model(**syncfree.prepare(batch, "cpu", model)).logits
             torch.testing.assert_close(compiled(**syncfree.prepare(batch, "cpu", model)).logits, expected,
                                        msg=f"batch {i}")
+
+
+@pytest.mark.parametrize("window", [1, 2, 8])
+def test_the_cache_windows_tail_is_stocks_slice_and_one_graph_for_texts_shorter_and_longer(window):
+    """``window_tail`` (the sliding-window cache layer's kept keys): stock's ``[:, :, -window + 1:, :]`` in eager and
+    in a traced graph, which serves texts shorter and longer than the window alike (stock's slice guards on which)."""
+    from syncfree.rewrite.helpers import window_tail
+
+    counter = CompileCounter()
+    # (as the next step's update reads the kept keys: concatenated with the new ones)
+    compiled = torch.compile(lambda kept, new: torch.cat([window_tail(kept, window), new], dim=2), fullgraph=True,
+                             dynamic=True, backend=counter)
+    new = torch.ones(2, 6, 13, 4)  # (sizes no kept length shares: Dynamo would take them as one symbol)
+    for length in (3, 5, 11, 20, 9):
+        states = torch.arange(2 * 6 * length * 4, dtype=torch.float32).reshape(2, 6, length, 4)
+        want = states[:, :, -window + 1:, :]
+        assert torch.equal(window_tail(states, window), want)
+        assert torch.equal(compiled(states, new), torch.cat([want, new], dim=2))
+    assert counter.frame_count == 1

@@ -16,6 +16,7 @@ from ..rewrite.edits import (
     PLACEHOLDER_MASK,
     RECURRENT_MASK,
     ROPE_DELTAS_AFTER_CACHE,
+    SLIDING_WINDOW_TAIL,
     SLIDING_WINDOW_TENSOR,
     STATIC_LENGTH_TENSOR,
     VISION_ATTENTION,
@@ -126,6 +127,9 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
     # A class's method ("Class.method"): the class itself is patched.
     ("transformers.cache_utils", "DynamicSlidingWindowLayer.lazy_initialization"): Target(
         "DynamicSlidingWindowLayer", "lazy_initialization", edits=SLIDING_WINDOW_TENSOR, optional=True),
+    # (the window's tail without a guard on the text's length: one traced graph for texts shorter and longer)
+    ("transformers.cache_utils", "DynamicSlidingWindowLayer.update"): Target(
+        "DynamicSlidingWindowLayer", "update", edits=SLIDING_WINDOW_TAIL, optional=True),
     ("transformers.cache_utils", "StaticLayer.lazy_initialization"): Target(
         "StaticLayer", "lazy_initialization", edits=STATIC_LENGTH_TENSOR, optional=True),
     ("transformers.cache_utils", "LinearAttentionLayer.lazy_initialization"): Target(

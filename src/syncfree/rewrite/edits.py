@@ -10,7 +10,7 @@ from .rewriter import Edit
 
 __all__ = ["PACKED_CHECK", "PACKED_SEQUENCES", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "ROPE_DELTAS_AFTER_CACHE", "SLIDING_WINDOW_TENSOR",
+           "GENERATION_POSITIONS", "ROPE_DELTAS_AFTER_CACHE", "SLIDING_WINDOW_TENSOR", "SLIDING_WINDOW_TAIL",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split", "GRID_LIST"]
@@ -238,3 +238,10 @@ SLIDING_WINDOW_TENSOR = _host_scalar_move("_sliding_window_tensor")
 # a state (Transformers 5.25: a blocking copy per layer, in the static cache's layers and the linear-attention ones).
 STATIC_LENGTH_TENSOR = _host_scalar_move("cumulative_length")
 LINEAR_LENGTH_TENSOR = _host_scalar_move("cumulative_length_linear")
+# A sliding-window layer keeps its last ``sliding_window - 1`` keys and values by a negative slice, whose length (the
+# window's, or the whole text's where the text is shorter) Dynamo decides by a guard on the text's length: in a traced
+# stream, a graph for texts shorter than the window and another for longer ones. Kept by ``window_tail`` instead: the
+# same tokens, their count a symbolic min in a traced forward (no guard); stock's slice itself in eager.
+SLIDING_WINDOW_TAIL = tuple(
+    Edit("expr", f"full_{kind}_states[:, :, -self.sliding_window + 1:, :]",
+         f"_syncfree.window_tail(full_{kind}_states, self.sliding_window)") for kind in ("key", "value"))

@@ -29,7 +29,7 @@ from .segments import segment_lengths  # noqa: F401  (called from the generic sp
 __all__ = ["segment_attention", "segment_attention_with_weights", "split_segments", "host_padding_mask", "all_ones",
            "segment_lengths", "placeholder_count", "placeholder_numel",
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
-           "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to",
+           "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to", "window_tail",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
            "traced_vision_plan", "traced_grid_rows"]
 
@@ -267,6 +267,18 @@ def host_scalar_to(tensor: torch.Tensor, device) -> torch.Tensor:
             and torch.device(device).type != "cpu" and not _compiling()):
         return torch.full((), tensor.item(), dtype=tensor.dtype, device=device)
     return tensor.to(device)
+
+
+def window_tail(states: torch.Tensor, window: int) -> torch.Tensor:
+    """``states[:, :, -window + 1:, :]``, the last ``window - 1`` tokens (all of them for fewer), as stock's cache
+    keeps them. In a traced forward, the same tokens by a start and a length Dynamo keeps symbolic (a max and a min
+    of the text's length: no guard on which is shorter, so no second graph for texts longer than the window)."""
+    keep = window - 1
+    if not _compiling() or not isinstance(keep, int) or keep <= 0:
+        return states[:, :, -window + 1:, :]  # (stock's own slice; ``-0:`` keeps every token, as stock's does)
+    length = states.shape[-2]
+    start = torch.sym_max(length - keep, 0)
+    return states.narrow(-2, start, length - start)
 
 
 def planned_kwargs(kwargs: dict) -> dict:

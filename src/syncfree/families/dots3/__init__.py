@@ -65,7 +65,7 @@ def _dots3_note() -> Family:
     )
     return Family("dots3_note", targets, Layout(family_module("dots3_note"), rope=RotaryIndex(mrope=False),
                                                 vision_markers=False, token_types=False, audio=AudioLayout(tokens=True),
-                                                plan=PLAN, one_graph=True),
+                                                plan=PLAN, one_graph=True, stream=True),
                   helpers={name: getattr(m, name) for m in (audio_chunks, placeholders) for name in m.__all__})
 
 

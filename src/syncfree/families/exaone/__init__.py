@@ -21,7 +21,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("exaone4_5", vlm_targets("Exaone4_5_VisionAttention", "Exaone4_5_VisionModel", "Exaone4_5_Model",
                                     "Exaone4_5_ForConditionalGeneration", vision_needs=WINDOW_NEEDS, rope_needs=None),
            Layout(family_module("exaone4_5"), tower=TowerShape(windows=True), rope=RotaryIndex(mrope=False),
-                  vision_markers=False, token_types=False, one_graph=True)),
+                  vision_markers=False, token_types=False, one_graph=True, stream=True)),
 )
 
 # A tiny model with the real layout rules: patch 14, merge 2, 112-pixel windows (so test images larger than

@@ -78,7 +78,8 @@ def _family(model_type: str, prefix: str, audio: bool = False) -> Family:
         Layout(family_module(model_type), rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
                table=PositionTable(side="pos_emb_height", align_corners_from=f"{prefix}VisionPatchEmbedder",
                                    swap_hw=True, padding="zeros"),
-               tower=_TOWER, audio=AudioLayout(tokens=audio), one_graph=True, plan=PLAN if audio else PlanHooks()),
+               tower=_TOWER, audio=AudioLayout(tokens=audio), one_graph=True, stream=True,
+               plan=PLAN if audio else PlanHooks()),
         helpers=audio_tokens)
 
 
