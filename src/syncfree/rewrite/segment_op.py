@@ -20,7 +20,9 @@ import types
 
 import torch
 
-__all__ = ["segment_attention_op", "op_applies", "segment_linear_op", "autograd_inside", "laid_out_like"]
+from .recomputed_op import autograd_inside, laid_out_like, recomputed_op
+
+__all__ = ["segment_attention_op", "op_applies", "segment_linear_op"]
 
 
 def _interface(implementation: str, modeling: str):
@@ -64,27 +66,6 @@ def _segment_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Te
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         out = _segments(*leaves, lengths, implementation, modeling, scaling, groups)
         return [laid_out_like(g, t) for g, t in zip(torch.autograd.grad(out, leaves, grad), (q, k, v))]
-
-
-def laid_out_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``grad`` laid out as ``like`` (what the operator's fake gives, ``empty_like``): a traced backward views the
-    gradient as the graph planned (a transposed input's gradient, for one); a view (of the incoming gradient, say) is
-    copied too, as an operator's output may alias none of its inputs."""
-    if grad.stride() == like.stride() and grad._base is None:
-        return grad
-    return torch.empty_like(like).copy_(grad)
-
-
-def autograd_inside():
-    """Autograd back on inside an operator's body (the dispatcher runs a custom operator with its autograd keys
-    excluded): the backward differentiates the per-segment calls it runs again. The thread's other exclusions stay."""
-    keys = torch._C._dispatch_tls_local_exclude_set()
-    for name in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor", "AutogradCPU", "AutogradCUDA",
-                 "ADInplaceOrView"):
-        key = getattr(torch._C.DispatchKey, name, None)
-        if key is not None and keys.has(key):
-            keys = keys.remove(key)
-    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keys)
 
 
 @_segment_attention_backward.register_fake
@@ -132,56 +113,16 @@ def segment_attention_op(module, qkv, lengths: torch.Tensor, scaling) -> torch.T
 # that takes the rows per segment as a host tensor, so a traced forward holds one call whatever the items.
 
 
-def _linears(x, lengths, weight, bias):
+def _linears(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.nn.functional.linear(part, weight, bias) for part in torch.split(x, lengths.tolist())])
 
 
-@torch.library.custom_op("syncfree::segment_linear", mutates_args=())
-def _segment_linear(x: torch.Tensor, lengths: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor:
-    with torch.no_grad():
-        return _linears(x, lengths, weight, bias)
-
-
-@_segment_linear.register_fake
-def _(x, lengths, weight, bias):
-    return x.new_empty((x.shape[0], weight.shape[0]))
-
-
-@torch.library.custom_op("syncfree::segment_linear_backward", mutates_args=())
-def _segment_linear_backward(grad: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor, weight: torch.Tensor,
-                             bias: torch.Tensor | None) -> list[torch.Tensor]:
-    with autograd_inside(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (x, weight)]
-        b = None if bias is None else bias.detach().requires_grad_(True)
-        out = _linears(leaves[0], lengths, leaves[1], b)
-        grads = torch.autograd.grad(out, [*leaves, *([] if b is None else [b])], grad)
-        grads = [laid_out_like(g, t) for g, t in zip(grads, (x, weight, bias))]
-        return grads if b is not None else [*grads, x.new_empty((0,))]  # (an empty one where there is no bias)
-
-
-@_segment_linear_backward.register_fake
-def _(grad, x, lengths, weight, bias):
-    return [torch.empty_like(x), torch.empty_like(weight),
-            torch.empty_like(bias) if bias is not None else x.new_empty((0,))]
-
-
-def _linear_setup_context(ctx, inputs, output):
-    x, lengths, weight, bias = inputs
-    ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, lengths, weight, bias)
-
-
-def _linear_backward(ctx, grad):
-    x, lengths, weight, bias = ctx.saved_tensors
-    dx, dw, db = _segment_linear_backward(grad, x, lengths, weight, bias)
-    return dx, None, dw, db if ctx.has_bias else None
-
-
-_segment_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+_segment_linear = recomputed_op("syncfree::segment_linear", _linears,
+                                lambda x, weight, bias, lengths: x.new_empty((x.shape[0], weight.shape[0])),
+                                differentiable=3)
 
 
 def segment_linear_op(linear: torch.nn.Linear, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``torch.cat([linear(part) for part in x.split(lengths)])`` (the rows per segment: a host tensor) as one
     operator."""
-    return _segment_linear(x, lengths, linear.weight, linear.bias)
+    return _segment_linear(x, linear.weight, linear.bias, lengths)

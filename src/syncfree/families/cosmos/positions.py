@@ -15,55 +15,22 @@ import importlib
 import torch
 
 from ...rewrite.helpers import traced_vision_plan
-from ...rewrite.segment_op import autograd_inside, laid_out_like
+from ...rewrite.recomputed_op import recomputed_op
 
 __all__ = ["resized_positions"]
 
 _MODELING = "transformers.models.cosmos3_edge.modeling_cosmos3_edge"
 
 
-def _resize(table, grid, merge: int):
+def _resize(table: torch.Tensor, grid: torch.Tensor, merge: int) -> torch.Tensor:
     embeddings = importlib.import_module(_MODELING).Cosmos3EdgeVisionEmbeddings
     return embeddings.resize_positional_embeddings(table, grid, merge)
 
 
-@torch.library.custom_op("syncfree::cosmos3_positions", mutates_args=())
-def _positions(table: torch.Tensor, grid: torch.Tensor, patches: torch.Tensor, merge: int) -> torch.Tensor:
-    with torch.no_grad():
-        return _resize(table, grid, merge)
-
-
-@_positions.register_fake
-def _(table, grid, patches, merge):
-    # (stock's float32 upcast on the CPU, cast back: the table's dtype; one row per patch)
-    return table.new_empty((patches.shape[0], table.shape[-1]))
-
-
-@torch.library.custom_op("syncfree::cosmos3_positions_backward", mutates_args=())
-def _positions_backward(grad: torch.Tensor, table: torch.Tensor, grid: torch.Tensor, merge: int) -> torch.Tensor:
-    with autograd_inside(), torch.enable_grad():
-        leaf = table.detach().requires_grad_(True)
-        (d_table,) = torch.autograd.grad(_resize(leaf, grid, merge), [leaf], grad)
-        return laid_out_like(d_table, table)
-
-
-@_positions_backward.register_fake
-def _(grad, table, grid, merge):
-    return torch.empty_like(table)
-
-
-def _setup_context(ctx, inputs, output):
-    table, grid, _patches, merge = inputs
-    ctx.save_for_backward(table, grid)
-    ctx.merge = merge
-
-
-def _backward(ctx, grad):
-    table, grid = ctx.saved_tensors
-    return _positions_backward(grad, table, grid, ctx.merge), None, None, None
-
-
-_positions.register_autograd(_backward, setup_context=_setup_context)
+# (stock's float32 upcast on the CPU, cast back: the table's dtype; one row per patch)
+_positions = recomputed_op("syncfree::cosmos3_positions", _resize,
+                           lambda table, grid, merge, patches: table.new_empty((patches.shape[0], table.shape[-1])),
+                           sized_by=("patches",))
 
 
 def resized_positions(resize, table: torch.Tensor, grid_thw: torch.Tensor, merge: int, patch_embeds: torch.Tensor):
@@ -72,4 +39,4 @@ def resized_positions(resize, table: torch.Tensor, grid_thw: torch.Tensor, merge
     vp = traced_vision_plan(grid_thw)
     if vp is None or vp.host_seqlens is None:
         return resize(table, grid_thw, merge)
-    return _positions(table, vp.grid_thw, patch_embeds, merge)
+    return _positions(table, vp.grid_thw, merge, patch_embeds)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...rewrite.segment_op import autograd_inside, laid_out_like
+from ...rewrite.recomputed_op import recomputed_op
 
 __all__ = ["frame_convs", "convolves_in_one"]
 
@@ -24,7 +24,7 @@ def convolves_in_one(grid_thw) -> bool:
     return isinstance(grid_thw, torch.Tensor)
 
 
-def _convs(gated, grid, weight, merge: int, padding: int):
+def _convs(gated: torch.Tensor, weight: torch.Tensor, grid: torch.Tensor, merge: int, padding: int) -> torch.Tensor:
     """Stock's loop (``Lfm3VlVisionShortConv.forward``), its ``self.spatial_conv`` as the same ``conv2d`` call."""
     rows = grid.tolist()
     channels = gated.shape[-1]
@@ -38,47 +38,11 @@ def _convs(gated, grid, weight, merge: int, padding: int):
     return torch.cat(outputs, dim=0)
 
 
-@torch.library.custom_op("syncfree::lfm3_frame_convs", mutates_args=())
-def _frame_convs(gated: torch.Tensor, grid: torch.Tensor, weight: torch.Tensor, merge: int,
-                 padding: int) -> torch.Tensor:
-    with torch.no_grad():
-        return _convs(gated, grid, weight, merge, padding)
-
-
-@_frame_convs.register_fake
-def _(gated, grid, weight, merge, padding):
-    return torch.empty_like(gated, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("syncfree::lfm3_frame_convs_backward", mutates_args=())
-def _frame_convs_backward(grad: torch.Tensor, gated: torch.Tensor, grid: torch.Tensor, weight: torch.Tensor,
-                          merge: int, padding: int) -> list[torch.Tensor]:
-    with autograd_inside(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (gated, weight)]
-        out = _convs(leaves[0], grid, leaves[1], merge, padding)
-        return [laid_out_like(g, t) for g, t in zip(torch.autograd.grad(out, leaves, grad), (gated, weight))]
-
-
-@_frame_convs_backward.register_fake
-def _(grad, gated, grid, weight, merge, padding):
-    return [torch.empty_like(gated), torch.empty_like(weight)]
-
-
-def _setup_context(ctx, inputs, output):
-    gated, grid, weight, merge, padding = inputs
-    ctx.save_for_backward(gated, grid, weight)
-    ctx.options = (merge, padding)
-
-
-def _backward(ctx, grad):
-    gated, grid, weight = ctx.saved_tensors
-    d_gated, d_weight = _frame_convs_backward(grad, gated, grid, weight, *ctx.options)
-    return d_gated, None, d_weight, None, None
-
-
-_frame_convs.register_autograd(_backward, setup_context=_setup_context)
+_frame_convs = recomputed_op("syncfree::lfm3_frame_convs", _convs,
+                             lambda gated, *_: torch.empty_like(gated, memory_format=torch.contiguous_format),
+                             differentiable=2)
 
 
 def frame_convs(conv: torch.nn.Conv2d, gated: torch.Tensor, grid: torch.Tensor, merge: int) -> torch.Tensor:
     """The stock loop's concatenated outputs over the host ``grid``, as one operator."""
-    return _frame_convs(gated, grid, conv.weight, merge, int(conv.padding[0]))
+    return _frame_convs(gated, conv.weight, grid, merge, int(conv.padding[0]))

@@ -15,7 +15,7 @@ import torch
 
 from ...plan import active
 from ...rewrite.helpers import traced_vision_plan
-from ...rewrite.segment_op import autograd_inside, laid_out_like
+from ...rewrite.recomputed_op import recomputed_op
 
 __all__ = ["unshuffled", "stream_plan"]
 
@@ -28,47 +28,14 @@ def stream_plan(grid_thw):
     return vp if vp is not None and vp.host_seqlens is not None else None
 
 
-def _unshuffle(hidden, grid, merges):
+def _unshuffle(hidden: torch.Tensor, grid: torch.Tensor, merges: torch.Tensor) -> torch.Tensor:
     # (the class's own method: the patched one is the instance's; it reads nothing of ``self``)
     return importlib.import_module(_MODELING).VideoLlama3VisionModel.pixel_unshuffle(None, hidden, grid, merges)
 
 
-@torch.library.custom_op("syncfree::videollama3_unshuffle", mutates_args=())
-def _unshuffle_op(hidden: torch.Tensor, grid: torch.Tensor, merges: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return _unshuffle(hidden, grid, merges)
-
-
-@_unshuffle_op.register_fake
-def _(hidden, grid, merges, rows):
-    return hidden.new_empty((rows.shape[0], hidden.shape[-1]))
-
-
-@torch.library.custom_op("syncfree::videollama3_unshuffle_backward", mutates_args=())
-def _unshuffle_backward(grad: torch.Tensor, hidden: torch.Tensor, grid: torch.Tensor,
-                        merges: torch.Tensor) -> torch.Tensor:
-    with autograd_inside(), torch.enable_grad():
-        leaf = hidden.detach().requires_grad_(True)
-        (d_hidden,) = torch.autograd.grad(_unshuffle(leaf, grid, merges), [leaf], grad)
-        return laid_out_like(d_hidden, hidden)
-
-
-@_unshuffle_backward.register_fake
-def _(grad, hidden, grid, merges):
-    return torch.empty_like(hidden)
-
-
-def _setup_context(ctx, inputs, output):
-    hidden, grid, merges, _rows = inputs
-    ctx.save_for_backward(hidden, grid, merges)
-
-
-def _backward(ctx, grad):
-    hidden, grid, merges = ctx.saved_tensors
-    return _unshuffle_backward(grad, hidden, grid, merges), None, None, None
-
-
-_unshuffle_op.register_autograd(_backward, setup_context=_setup_context)
+_unshuffle_op = recomputed_op("syncfree::videollama3_unshuffle", _unshuffle,
+                              lambda hidden, grid, merges, rows: hidden.new_empty((rows.shape[0], hidden.shape[-1])),
+                              sized_by=("rows",))
 
 
 def _features(vp):

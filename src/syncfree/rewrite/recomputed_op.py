@@ -1,0 +1,115 @@
+"""A stock per-item loop as one opaque operator whose backward recomputes it, for forwards that ``torch.compile``
+traces with dynamic shapes.
+
+Stock code that loops in Python over the items of a batch (a ``tolist()`` of a grid, a ``split`` by per-item
+lengths) is unrolled by Dynamo: one graph per number and size of items, so a stream of layouts recompiles until
+Dynamo's limit. ``recomputed_op`` wraps such a stock function in a custom operator that takes the per-item sizes as
+a host (CPU) tensor or ints: reading them waits for no device, Dynamo sees only the operator's fake output, and the
+graph holds one call whatever the items. Inside, the very calls the eager path makes, in the same order: the outputs
+are the eager ones bit for bit.
+
+Its backward is an operator too (``<name>_backward``): it runs the stock function again under autograd and takes its
+gradients, so the gradients are the eager path's (at the cost of one more forward of the loop, as activation
+checkpointing costs). Stock's function is traced by neither.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["recomputed_op", "autograd_inside", "laid_out_like"]
+
+
+def laid_out_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``grad`` laid out as ``like`` (what the operator's fake gives, ``empty_like``): a traced backward views the
+    gradient as the graph planned (a transposed input's gradient, for one); a view (of the incoming gradient, say) is
+    copied too, as an operator's output may alias none of its inputs."""
+    if grad.stride() == like.stride() and grad._base is None:
+        return grad
+    return torch.empty_like(like).copy_(grad)
+
+
+def autograd_inside():
+    """Autograd back on inside an operator's body (the dispatcher runs a custom operator with its autograd keys
+    excluded): the backward differentiates the per-item calls it runs again. The thread's other exclusions stay."""
+    keys = torch._C._dispatch_tls_local_exclude_set()
+    for name in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor", "AutogradCPU", "AutogradCUDA",
+                 "ADInplaceOrView"):
+        key = getattr(torch._C.DispatchKey, name, None)
+        if key is not None and keys.has(key):
+            keys = keys.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keys)
+
+
+def _prototype(function: Callable, parameters: list[inspect.Parameter], returns) -> Callable:
+    """``function`` under the signature the operator's schema is inferred from (types resolved: the modules that
+    define stock functions postpone their annotations)."""
+    function.__signature__ = inspect.Signature(parameters, return_annotation=returns)
+    return function
+
+
+def recomputed_op(name: str, stock: Callable[..., torch.Tensor], output: Callable[..., torch.Tensor],
+                  differentiable: int = 1, sized_by: Sequence[str] = ()):
+    """``stock`` as the custom operator ``name``, with a backward that recomputes it; returns the operator.
+
+    ``stock``: the stock function (annotated: its annotations make the schema); its first ``differentiable``
+    parameters are the tensors the gradient flows to (``None`` allowed where annotated optional: a bias), the rest
+    what stock loops over (host tensors, ints). ``sized_by``: names of tensors the operator takes after ``stock``'s
+    parameters only for ``output``'s sake (a size Dynamo keeps dynamic, which the host values cannot give it);
+    ``stock`` never sees them and the backward does not keep them. ``output``: of the operator's arguments, an empty
+    tensor of the output's size and dtype (the fake Dynamo traces with).
+    """
+    hints = typing.get_type_hints(stock)
+    own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(stock).parameters.values()]
+    sizers = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor) for n in sized_by]
+    count = len(own)
+
+    def forward(*args):
+        with torch.no_grad():
+            return stock(*args[:count])
+
+    op = torch.library.custom_op(name, _prototype(forward, own + sizers, torch.Tensor), mutates_args=())
+    op.register_fake(output)
+
+    def recompute(grad, *args):
+        inputs = args[:differentiable]
+        with autograd_inside(), torch.enable_grad():
+            leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs]
+            out = stock(*leaves, *args[differentiable:])
+            grads = iter(torch.autograd.grad(out, [t for t in leaves if t is not None], grad))
+            return [_absent(inputs) if t is None else laid_out_like(next(grads), t) for t in inputs]
+
+    grad_param = inspect.Parameter("grad", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor)
+    backward_op = torch.library.custom_op(f"{name}_backward",
+                                          _prototype(recompute, [grad_param, *own], list[torch.Tensor]),
+                                          mutates_args=())
+
+    @backward_op.register_fake
+    def _(grad, *args):
+        inputs = args[:differentiable]
+        return [_absent(inputs) if t is None else torch.empty_like(t) for t in inputs]
+
+    def setup_context(ctx, inputs, output):
+        kept = inputs[:count]
+        # tensors saved as autograd saves them; ints and absent tensors kept as they are
+        ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in kept))
+        ctx.plain = tuple(None if isinstance(a, torch.Tensor) else a for a in kept)
+
+    def backward(ctx, grad):
+        args = [t if p is None else p for t, p in zip(ctx.saved_tensors, ctx.plain)]
+        grads = backward_op(grad, *args)
+        found = [None if t is None else g for t, g in zip(args[:differentiable], grads)]
+        return (*found, *[None] * (count - differentiable + len(sizers)))
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+def _absent(inputs) -> torch.Tensor:
+    # The gradient of an absent optional input (no bias): a list of tensors holds no None, so an empty one stands in;
+    # the autograd formula gives None for it.
+    return next(t for t in inputs if t is not None).new_empty((0,))
