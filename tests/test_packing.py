@@ -26,7 +26,10 @@ from syncfree.presets import build_model, load_config
 
 # Families whose patched forward keeps packed samples apart (their layouts say so); every other one is refused.
 SHIPPED = set(shipped_types())  # (the families this Transformers release has)
-PACKING = sorted(t for t, f in FAMILIES.items() if not f.layout.packing_refused and t in SHIPPED)
+# (the families the collator packs for: those whose forward keeps packed samples apart, less those with an audio
+# encoder, whose audio the collator lays out no way; they take batches packed elsewhere, tested below)
+PACKING = sorted(t for t, f in FAMILIES.items() if not f.layout.packing_refused and not f.layout.audio.encoder
+                 and t in SHIPPED)
 TOLERANCE = 1e-5  # fp32, absolute: the packed row's masked attention against the sample's own causal one
 
 
@@ -240,7 +243,7 @@ def test_rows_and_boundaries(lengths, max_tokens, first_fit):
 def test_every_family_packs_or_is_refused_in_one_line(model_type):
     """Refused families name themselves and why; the others are in PACKING, whose parity test runs above."""
     layout = FAMILIES[model_type].layout
-    if not layout.packing_refused:
+    if not layout.packing_refused and not layout.audio.encoder:
         assert model_type in PACKING
         return
     config = load_config(tiny_preset(model_type))
@@ -622,3 +625,41 @@ def test_prepare_reads_no_packing_from_positions_beside_a_4d_mask():
     width = text["input_ids"].shape[1]
     text["attention_mask"] = torch.ones(text["input_ids"].shape[0], 1, width, width)
     assert syncfree.prepare(text, None, config)["syncfree_plan"].packing is None
+
+
+@pytest.mark.parametrize("model_type", [t for t, f in sorted(FAMILIES.items())
+                                        if f.layout.audio.encoder and f.layout.rope.audio_class and t in SHIPPED])
+def test_a_thinker_takes_a_batch_packed_elsewhere_with_stocks_logits(model_type):
+    """A padding-free batch packed elsewhere, as Transformers' own test makes one for the Omni thinkers: the padded
+    batch's kept tokens in one row, its audio and pixels as they were, 4-row positions (each sample's text row from 0,
+    stock's 3D index of the padded batch). Without a cache stock keeps the samples apart by the restarts, and the
+    patched forward gives stock's logits; with one too (stock attends across them there). It refused the batch, as it
+    refuses the collator's, which lays out no audio."""
+    from syncfree.inputs import Audio
+
+    torch.manual_seed(0)
+    model = build_model(tiny_preset(model_type)).eval()
+    side = _unit(model.config)
+    padded = processor_batch(model.config, [[Text(3), Image(side, side), Text(1), Audio(90), Text(2)],
+                                            [Text(5), Audio(120), Text(1)]], padding_side="right")
+    kept = padded["attention_mask"].bool()
+    rope = model.get_rope_index if hasattr(model, "get_rope_index") else model.model.get_rope_index
+    positions, _ = rope(input_ids=padded["input_ids"], image_grid_thw=padded["image_grid_thw"],
+                        attention_mask=padded["attention_mask"],
+                        audio_seqlens=padded["feature_attention_mask"].sum(1))
+    text = torch.cat([torch.arange(int(n)) for n in kept.sum(1)])[None]
+    packed = {name: padded[name] for name in ("input_features", "feature_attention_mask", "pixel_values",
+                                              "image_grid_thw")}
+    packed.update(input_ids=padded["input_ids"][kept][None],
+                  position_ids=torch.cat([text, positions[:, kept]])[:, None, :])
+    with torch.no_grad():
+        want = model(**packed, use_cache=False).logits
+        syncfree.patch(model)
+        try:
+            got = model(**packed, use_cache=False).logits
+            cached = model(**packed, use_cache=True).logits
+            assert syncfree.prepare(dict(packed), None, model)["syncfree_plan"].packing is not None
+        finally:
+            syncfree.unpatch(model)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(cached, want)  # (SDPA with a cache of no tokens: its own kernel choice)

@@ -477,9 +477,10 @@ def unpatch(model: torch.nn.Module | None = None) -> None:
                 del module.__dict__[attr]
 
 
-def packing_refusal(model) -> str | None:
-    """Why ``model`` cannot take a padding-free packed batch (``syncfree.packing_collator``), in one line naming its
-    family; None where it can: a fully supported family whose patched forward keeps packed samples apart, patched."""
+def packing_refusal(model, collated: bool = True) -> str | None:
+    """Why ``model`` cannot take a padding-free packed batch (``syncfree.packing_collator``'s; ``collated=False``: one
+    packed elsewhere, its 4-row positions given), in one line naming its family; None where it can: a fully supported
+    family whose patched forward keeps packed samples apart, patched."""
     config = multimodal_config(model)  # (a PEFT wrapper: the model's own config, as prepare finds it)
     model_type = getattr(config, "model_type", type(model).__name__)
     layout = layout_of(model_type)
@@ -488,6 +489,10 @@ def packing_refusal(model) -> str | None:
                 "the samples of a packed row apart")
     if layout.packing_refused:
         return f"syncfree refuses packed batches for {model_type}: {layout.packing_refused}"
+    if collated and layout.audio.encoder:
+        return (f"syncfree refuses packed batches for {model_type}: its audio inputs (input_features, "
+                "feature_attention_mask) and audio-in-video positions are not laid out by the packing collator (a "
+                "batch packed elsewhere, with its 4-row position_ids, is taken)")
     if isinstance(model, torch.nn.Module) and not is_patched(model):
         return (f"syncfree refuses packed batches for an unpatched {model_type} model: stock attends across the "
                 "samples of a packed row; call syncfree.patch(model) first")

@@ -94,6 +94,7 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     if buckets is not None:
         batch = _bucketed(batch, buckets, model)
     plan: Plan | None = batch.pop(PLAN_KEY, None)
+    carried = plan is not None  # (a collator's plan; else one made here, whose packing the positions say)
     if plan is None:
         plan = plan_batch(batch, model_spec(model, batch), ids_assumed=model is None)
     else:
@@ -105,7 +106,7 @@ def prepare(batch: Mapping, device: str | torch.device | None = None, model=None
     if plan.packing is not None and model is not None:
         from .patching import packing_refusal  # (the patching side: whether this model keeps packed samples apart)
 
-        refusal = packing_refusal(model)
+        refusal = packing_refusal(model, collated=carried)
         if refusal is not None:
             raise ValueError(refusal)
     if device is None:

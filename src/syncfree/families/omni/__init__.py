@@ -25,7 +25,7 @@ from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
 from ..group import FamilyGroup
 from ..preset import Preset
-from ..shared import VISION_NEEDS, WINDOW_NEEDS, family_module
+from ..shared import PACKS, VISION_NEEDS, WINDOW_NEEDS, family_module
 from . import audio_features
 from .audio_features import AUDIO_FEATURES
 from .inputs import OMNI_ITEMS, build_omni_inputs, is_omni, omni_forward_kwargs
@@ -77,9 +77,7 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     layout = Layout(family_module(folder), table=PositionTable() if deepstack else None,
                     tower=TowerShape(windows=not deepstack), audio=AudioLayout(encoder=True),
                     rope=RotaryIndex(audio_class=f"{prefix}PreTrainedModelForConditionalGeneration"),
-                    plan=dataclasses.replace(PLAN, rope_index=rope_index),
-                    packing_refused="its audio inputs (input_features, feature_attention_mask) and audio-in-video "
-                                    "positions are not laid out by the packing collator")
+                    plan=dataclasses.replace(PLAN, rope_index=rope_index), **PACKS)
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 
