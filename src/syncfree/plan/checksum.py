@@ -72,6 +72,7 @@ class _HostPlaces(threading.local):
     # (per thread: a plan may be made in several at once; per process: a forked DataLoader worker draws its own seed)
     def __init__(self) -> None:
         self.pid, self.seed, self.table = None, 0, np.zeros(0, np.int64)
+        self.even = self.table  # (its even places, contiguous: the weights of values < 2**31, read on every plan)
 
 
 _host = _HostPlaces()
@@ -81,10 +82,12 @@ def _host_hash(n: int) -> tuple[int, np.ndarray]:
     """This process's seed and at least ``n`` hashed places for it (without the key), grown by doubling."""
     if _host.pid != os.getpid():
         _host.pid, _host.seed, _host.table = os.getpid(), _random_int64(), np.zeros(0, np.int64)
+        _host.even = _host.table
     if _host.table.shape[0] < n:
         with np.errstate(over="ignore"):
             _host.table = _mixed(np.arange(max(n, 2 * _host.table.shape[0], 1024), dtype=np.int64),
                                  np.int64(_host.seed), np.int64(0))
+        _host.even = _host.table[0::2].copy()
     return _host.seed, _host.table
 
 
@@ -177,7 +180,7 @@ def host_checksums(host: dict) -> torch.Tensor:
     full = None
     if any(t is not None and v is None for t, v in zip(kept, small)):
         full = table[:n] ^ mixed | np.int64(1)
-    even = table[0:n:2] ^ mixed | np.int64(1) if any(v is not None for v in small) else None
+    even = _host.even[:(n + 1) // 2] ^ mixed | np.int64(1) if any(v is not None for v in small) else None
     sums = []
     with np.errstate(over="ignore"):
         for t, values in zip(kept, small):
