@@ -139,17 +139,24 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
 
+_GRID_HELPERS = ("grid_products", "grid_list", "grid_rows")
+
+
 def test_the_patched_towers_graph_breaks_are_its_own_grid_reads():
     """The tower's per-image loops (the position table's resampling, the merger) run over the plan's host grid: no
-    sync. torch.compile breaks the graph only where stock reads that grid into Python: the merger's ``.tolist()`` (its
-    split sizes and its loop), and with older Transformers/torch the resampling loop over the grid's rows too."""
+    sync. The tower traced alone breaks the graph only where stock reads that grid into Python: the merger's
+    ``.tolist()`` (its split sizes and its loop), and with older Transformers/torch the resampling loop over the grid's
+    rows too. (Inside a prepared forward those reads are the plan's rows: one graph, tests/test_one_graph.py.)"""
     _, patched = _pair()
     batch = processor_batch(patched.config, [[Image(96, 128), Image(64, 32)]])
     explained = tower_graph_breaks(patched, patched.model.vision_tower, batch)
-    lines = [str(r.user_stack[-1].line).strip() for r in explained.break_reasons]
+    frames = [r.user_stack[-1] for r in explained.break_reasons]
+    lines = [str(f.line).strip() for f in frames]
     grid_reads = ["for t, h, w in grid_thw:", "split_sizes = grid_thw.prod(dim=-1).tolist()",
                   "for grid, item in zip(grid_thw.tolist(), split_items):"]
-    assert lines and all(line in grid_reads for line in lines), lines
+    # (the merger's reads are stock's expressions inside the grid helpers its edits call: the plan's rows in a traced
+    # forward, stock's expression in a tower traced without its forward's plan, as here)
+    assert lines and all(line in grid_reads or f.name in _GRID_HELPERS for line, f in zip(lines, frames)), lines
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,7 +7,10 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 
 * the tower (``HunYuanVLVisionTransformer.forward(pixel_values, grid_thw)``) has no rotary ids: the wrapper hands it
   only the segment sizes (``make_vision_forward_seqlens_only``); its per-image ``F.interpolate`` of the position table
-  and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept);
+  and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept); in a forward
+  traced with inputs from ``prepare`` (``Layout.one_graph``) they, and ``get_image_features``' split, read the plan's
+  rows as ints instead (``grid_rows``, ``grid_list``, ``grid_products``, ``planned_feature_sizes``): one graph per
+  layout;
 * each segment's attention call passes only the scale (``VISION_ATTENTION_SCALING``);
 * the merger appends a newline column to every merged row and a begin and an end embedding to every image: an image
   is ``lh * (lw + 1) + 2`` placeholders (``TowerShape.row_extra_tokens`` / ``item_extra_tokens``), between the
@@ -36,13 +39,15 @@ from ...items import Draft, Image, Row, Text, Video, batch_builder, item_grid, p
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, RotaryIndex, TowerShape
-from ...rewrite.edits import PLACEHOLDER_MASK
+from ...rewrite.edits import GRID_LIST, PLACEHOLDER_MASK
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
+from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlens_only
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import family_module, scale_sections, vlm_targets
+from . import features
 from .rope import hunyuan_rope_index, hyv4_rope_index
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
@@ -50,9 +55,19 @@ __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
 
 _MODEL = "HunYuanVLModel"
 _HYV4 = "HYV4VLModel"
-# What the tower wrapper relies on in both towers: the merger's split and loop read the grid, which is the plan's host
-# grid there.
-_TOWER_NEEDS = ("grid_thw.prod(dim=-1).tolist()", "zip(grid_thw.tolist(), split_items)")
+# Both towers' merger splits the blocks' output by patches per image and loops over the grid's rows: the plan's host
+# grid there in eager (no sync), the plan's rows in a traced forward (which cannot read the grid's values).
+_TOWER_EDITS = (Edit("expr", "grid_thw.prod(dim=-1).tolist()", "_syncfree.grid_products(grid_thw)"),) + GRID_LIST
+_TOWER_NEEDS = ("zip(grid_thw.tolist(), split_items)",)
+# Both position resamplings loop ``for t, h, w in grid_thw:`` (the loop is the only use of the name there): the host
+# grid's rows in eager, the plan's rows as ints in a traced forward, where stock's 0-d rows would size the resampling
+# by values the graph cannot read. (The check-only target pins that the edit's one match is that loop.)
+_POSITION_ROWS = (Edit("expr", "grid_thw", "_syncfree.grid_rows(grid_thw)"),)
+
+
+def _position_rows(embed: str) -> tuple[Target, ...]:
+    return (Target(embed, "forward", edits=_POSITION_ROWS),
+            Target(embed, "forward", check_only=True, needs=("for t, h, w in grid_thw:",)))
 
 
 def _hunyuan() -> Family:
@@ -61,8 +76,10 @@ def _hunyuan() -> Family:
         image_only=True, attention_edits=VISION_ATTENTION_SCALING, vision_wrap=make_vision_forward_seqlens_only,
         vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
-        # (The merger's split and loop read the grid: the plan's host grid there.)
-        vision_needs=_TOWER_NEEDS)
+        vision_edits=_TOWER_EDITS, vision_needs=_TOWER_NEEDS,
+        # (Each image's features: its merged rows with a newline column, a begin and an end embedding.)
+        feature_split=(Edit("expr", "(merged_h * (merged_w + 1) + 2).tolist()",
+                            "_syncfree.planned_feature_sizes(merged_h * (merged_w + 1) + 2, image_grid_thw)"),))
     own = {
         # The placeholder count, and the check that selects the placeholders to count them again.
         "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL[:1]),
@@ -73,13 +90,11 @@ def _hunyuan() -> Family:
     }
     targets = tuple(own.get(t.attr, t) if t.cls == _MODEL else t for t in targets
                     if t.attr != "_prepare_position_ids_for_generation")  # (it has no vision-token check to answer)
-    # What the tower wrapper relies on beyond the tower's own code: the position resampling loops over the grid,
-    # which is the plan's host grid there.
-    targets += (Target("HunYuanVLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),)
+    targets += _position_rows("HunYuanVLVisionPatchEmbed")
     return Family("hunyuan_vl", targets, Layout(
         family_module("hunyuan_vl"), rope=RotaryIndex(host_class=_MODEL),
-        tower=TowerShape(row_extra_tokens=1, item_extra_tokens=2),
-        plan=PlanHooks(feature_words=_hunyuan_vl_words, rope_index=hunyuan_rope_index)))
+        tower=TowerShape(row_extra_tokens=1, item_extra_tokens=2), one_graph=True,
+        plan=PlanHooks(feature_words=_hunyuan_vl_words, rope_index=hunyuan_rope_index)), helpers=features)
 
 
 def _hunyuan_vl_words(kind: str, tokens: int, features: int, spec) -> str:
@@ -93,23 +108,27 @@ def _hyv4() -> Family:
         attention_edits=VISION_ATTENTION_SCALING, vision_wrap=make_vision_forward_seqlens_only,
         vision_params=("pixel_values", "grid_thw"),
         base_vision_needs=("get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)", "**kwargs,"),
-        vision_needs=_TOWER_NEEDS)
+        vision_edits=_TOWER_EDITS, vision_needs=_TOWER_NEEDS,
+        # (Each item's features: its merged rows with a newline column, every frame; videos too, which it splits by
+        # calling this with their grid.)
+        feature_split=(Edit("expr", "split_sizes.tolist()",
+                            "_syncfree.planned_feature_sizes(split_sizes, image_grid_thw)"),))
     # Its own index, from the plan (stock's on the host: the same numbers); generate()'s position setup calls it too
     # (its vision-token check is the shared GENERATION_POSITIONS edit). What makes it not Qwen-VL's: the frame blocks.
     rope = Target(_HYV4, "get_rope_index", wrap=make_host_rope_index,
                   params=("input_ids", "mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask"),
                   needs=("self.get_vision_position_ids(", "current_pos = vision_position_ids.max().item() + 1"))
     targets = tuple(rope if (t.cls, t.attr) == (_HYV4, "get_rope_index") else t for t in targets)
-    # The position resampling loops over the grid (the plan's host grid); get_image_features' split sizes (newline
-    # column included) read it too.
-    targets += (Target("HYV4VLVisionPatchEmbed", "forward", check_only=True, needs=("for t, h, w in grid_thw:",)),
-                Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)))
+    # (The split's edit applies where its code is there; the eager path relies on it too: the plan's host grid.)
+    targets += _position_rows("HYV4VLVisionPatchEmbed") + (
+        Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)),)
     return Family("hy_v4_vl", targets, Layout(
         family_module("hy_v4_vl"), rope=RotaryIndex(host_class=_HYV4), tower=TowerShape(row_extra_tokens=1),
-        vision_markers=False,
+        vision_markers=False, one_graph=True,
         plan=PlanHooks(rope_index=hyv4_rope_index),
         packing_refused="its four rotary axes (text, width, height, image ordinal) are not the text row and 3D rows "
-                        "a packed batch's positions are made of (a packed sample's logits differ by 1e-3)"))
+                        "a packed batch's positions are made of (a packed sample's logits differ by 1e-3)"),
+        helpers=features)
 
 
 FAMILIES: tuple[Family, ...] = (_hunyuan(), _hyv4())
