@@ -30,9 +30,8 @@ ONE_GRAPH = [f for f in discover() if f in FAMILIES and f in TINY and layout_of(
              and layout_of(f).one_graph]
 STREAM = [f for f in ONE_GRAPH if layout_of(f).stream]  # (one graph for any layout: Layout.stream)
 _QUICK = {"qwen2_5_vl"}
-# (the training stream, the costliest: Qwen2.5-VL's windowed tower and Qwen3-VL's deepstack; the others' training
-# step traces whole in tests/test_one_graph.py)
-_TRAINING = {"qwen2_5_vl", "qwen3_vl"}
+# (the training stream: every stream family, in the slow step; about a minute each on two CPU cores)
+_TRAINING = set(STREAM)
 _MOST_GRAPHS = 4  # (what the docs promise for any stream; a graph per input set: images, with videos, text only)
 
 
@@ -97,9 +96,13 @@ def test_one_compiled_training_step_runs_a_stream_of_16_layouts_with_the_eager_l
         got.backward()
         assert torch.equal(got, loss), f"batch {i}"
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        assert grads.keys() == expected.keys()
-        for name, grad in grads.items():  # (the graph sums a parameter's contributions in its own order)
-            torch.testing.assert_close(grad, expected[name], msg=f"batch {i}: {name}")
+        # (A parameter that reaches the generation cache but not the loss, MiniMax-M3-VL's indexer keys: None eager;
+        # zeros compiled, as AOTAutograd differentiates every output the graph returns, the cache's included.)
+        cache_only = grads.keys() - expected.keys()
+        assert all(not grads[n].any() for n in cache_only), f"batch {i}: {sorted(cache_only)}"
+        assert expected.keys() <= grads.keys()
+        for name in expected:  # (the graph sums a parameter's contributions in its own order)
+            torch.testing.assert_close(grads[name], expected[name], msg=f"batch {i}: {name}")
         model.zero_grad(set_to_none=True)
     assert counter.frame_count <= _MOST_GRAPHS
 
