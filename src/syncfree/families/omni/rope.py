@@ -65,6 +65,31 @@ def _time_offsets(frames: np.ndarray, seconds: np.ndarray | None, per_second, qw
     return values
 
 
+def _one_frame_items(pos, starts, lengths, item, lh, lw, time_shift, place_shift):
+    """The (3, K) positions of a batch whose items are one frame each: every token at its base coat ``pos``, an
+    item's placeholders shifted by its ``time_shift`` (time) and ``place_shift`` plus their (row, col) in its
+    ``lh`` x ``lw`` grid (height, width). The (row, col) come from a table per grid size (a batch has a few), read
+    at each run's start plus the token's place in the run; a run that is not an item reads a block of zeros."""
+    sizes = lh * (int(lw.max(initial=0)) + 1) + lw
+    _, one_of_each, inverse = np.unique(sizes, return_index=True, return_inverse=True)
+    zeros = int(lengths.max(initial=0))
+    tables = [np.stack(np.divmod(np.arange(int(lh[i] * lw[i]), dtype=pos.dtype), pos.dtype.type(lw[i])))
+              for i in one_of_each]
+    table = np.concatenate([np.zeros((2, zeros), dtype=pos.dtype), *tables], axis=1)
+    table_start = zeros + np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
+    runs = np.flatnonzero(item)
+    entry, shift = np.zeros(starts.shape[0], dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=pos.dtype)
+    entry[runs] = table_start[inverse.reshape(-1)]
+    shift[0, runs], shift[1, runs] = time_shift, place_shift
+    positions = np.empty((3, pos.shape[0]), dtype=pos.dtype)
+    shifts = np.repeat(shift, lengths, axis=1)
+    np.add(pos, shifts[0], out=positions[0])
+    hw = table.take(np.arange(pos.shape[0]) + np.repeat(entry - starts, lengths), axis=1)
+    hw += shifts[1]
+    np.add(hw, pos, out=positions[1:])
+    return positions
+
+
 def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
     config = spec.config
     ids = host["input_ids"]
@@ -150,20 +175,13 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
             offsets[chosen] = found
     top = np.maximum(np.maximum.reduceat(offsets, np.cumsum(t) - t) if n else offsets[:0], np.maximum(lh, lw) - 1)
 
-    # Each placeholder's place in its item, frame, row and column (int32: division is the costly op per token; no
-    # frame division where every item is one frame, as images are).
-    length = e - s
-    small = np.int32 if K < 2**31 else np.int64
-    place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small), length)
-    tokens = np.repeat(s, length) + place
-
     # One prefix sum: a text token advances by one, an item (from <vision_start> to its closing token) by top + 3,
     # booked on its <vision_start>. (Positions in int32 where every one fits, as the plan uploads them: half the
     # memory traffic of the passes over the tokens below.)
+    length = e - s
     most = K + int((top + 3).sum()) + int(offsets.max(initial=0))
     wide = np.int32 if most < 2**31 and int(offsets.min(initial=0)) > -(2**31) else np.int64
-    advance = np.ones(K, dtype=wide)
-    advance[tokens] = 0
+    advance = np.repeat((~item).astype(wide), lengths)  # (1 a text token, 0 a placeholder: by runs, one pass)
     advance[e] = 0
     advance[s - 1] = top + 3
     before = np.cumsum(advance, dtype=wide) - advance
@@ -171,21 +189,24 @@ def _omni_index(spec, host: dict, mask, use_audio_in_video: bool, qwen3: bool):
         pos = before - before[row_begin][row_of]
     else:  # (rows of S tokens: each row's start by broadcasting, not a gather per token)
         pos = (before.reshape(B, S) - before[row_begin][:, None]).reshape(-1)
-    positions = np.broadcast_to(pos, (3, K)).copy()
-    origin = pos[s - 1] + 1  # where each item's placeholders start
-    positions[:, e] = origin + top + 1  # the closing token
+    origin = pos[s - 1] + 1  # where each item's placeholders start (their base coat, pos, is origin + top + 2)
     first_frame = np.cumsum(t) - t
-    if (t == 1).all():  # (one frame an item: its time offset is the item's)
-        row, col = np.divmod(place, np.repeat(lw.astype(small), length))
-        base = np.repeat(origin, length)
-        positions[0, tokens] = np.repeat(origin + offsets[first_frame], length)
+    if (t == 1).all():  # (one frame an item, as images are: whole-row passes by runs, no scatter per placeholder)
+        positions = _one_frame_items(pos, starts, lengths, item, lh, lw, offsets[first_frame] - top - 2, -top - 2)
     else:
+        # Each placeholder's place in its item, frame, row and column (int32: division is the costly op per token).
+        small = np.int32 if K < 2**31 else np.int64
+        place = np.arange(int(length.sum()), dtype=small) - np.repeat((np.cumsum(length) - length).astype(small),
+                                                                       length)
+        tokens = np.repeat(s, length) + place
+        positions = np.broadcast_to(pos, (3, K)).copy()
         frame, rest = np.divmod(place, np.repeat((lh * lw).astype(small), length))
         row, col = np.divmod(rest, np.repeat(lw.astype(small), length))
         base = np.repeat(origin, length)
         positions[0, tokens] = base + offsets[np.repeat(first_frame, length) + frame]
-    positions[1, tokens] = base + row
-    positions[2, tokens] = base + col
+        positions[1, tokens] = base + row
+        positions[2, tokens] = base + col
+    positions[:, e] = origin + top + 1  # the closing token
     top_of_token = positions.max(axis=0)
     if qwen3 and (top_of_token.max(initial=0) >= _EXACT or ((offsets < 0).any() and -positions.min() >= _EXACT)):
         return None
