@@ -80,7 +80,7 @@ COMMANDS = {
     "launch_counts.json": "python benchmarks/launch_counts.py --out results/launch_counts.json",
     "attention_crossover.json": "python benchmarks/attention_crossover.py --out-dir results",
     "host_cost.json": "python benchmarks/host_cost.py --repeats 20 --syncs --out results/host_cost.json",
-    "host_cost_families.json": "python benchmarks/host_cost.py --families --repeats 20 "
+    "host_cost_families.json": "python benchmarks/host_cost.py --families --repeats 100 "
                                "--out benchmarks/results/host_cost_families.json",
     "generate_syncs.json": "python benchmarks/generate_syncs.py --out results/generate_syncs.json",
     "emulation_overhead.json": "python benchmarks/emulation_overhead.py "
