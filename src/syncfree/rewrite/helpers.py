@@ -278,7 +278,9 @@ def window_tail(states: torch.Tensor, window: int) -> torch.Tensor:
         return states[:, :, -window + 1:, :]  # (stock's own slice; ``-0:`` keeps every token, as stock's does)
     length = states.shape[-2]
     start = torch.sym_max(length - keep, 0)
-    return states.narrow(-2, start, length - start)
+    # (A copy, not a view: whether a view of the tail is contiguous depends on the text's length, which Inductor
+    # would guard on for the layer's kept keys. The tail is at most ``window - 1`` tokens.)
+    return states.index_select(-2, torch.arange(start, length, device=states.device))
 
 
 def planned_kwargs(kwargs: dict) -> dict:
