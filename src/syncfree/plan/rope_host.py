@@ -19,7 +19,7 @@ from .errors import MaskShapeError
 from .rope import check_options, rope_index, time_steps
 from .tensors import host_array
 
-__all__ = ["row_runs", "rope_index_host", "runs_of"]
+__all__ = ["read_by_runs", "row_runs", "rope_index_host", "runs_of"]
 
 _STEP_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
@@ -66,6 +66,18 @@ def runs_of(values: np.ndarray, row_starts: np.ndarray) -> tuple[np.ndarray, np.
     ends = np.empty_like(starts)
     ends[:-1], ends[-1:] = starts[1:], values.shape[0]
     return starts, ends - starts
+
+
+def read_by_runs(tables: list[np.ndarray], table_of_run: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                 dtype) -> np.ndarray:
+    """(2, K): each token of a run (``runs_of``' ``starts`` and ``lengths``) reads the (2, L) table ``tables[i]``
+    of its run (``table_of_run[run]``; -1: a block of zeros) at its place in the run. Whole-row passes: a per-token
+    position inside an item (a crop's, an image's) from a table per item size (a batch has a few), no scatter."""
+    zeros = int(lengths.max(initial=0))  # (at least the longest run reading zeros: a bound in one reduction)
+    table = np.concatenate([np.zeros((2, zeros), dtype=dtype), *tables], axis=1, dtype=dtype)
+    start_of = zeros + np.cumsum([0] + [t.shape[1] for t in tables])[:-1]
+    entry = np.append(start_of, 0)[table_of_run]  # (-1: the zeros at 0)
+    return table.take(np.arange(int(lengths.sum())) + np.repeat(entry - starts, lengths), axis=1)
 
 
 def row_runs(values: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...plan.rope_host import runs_of
+from ...plan.rope_host import read_by_runs, runs_of
 from ...plan.rope_stock import stock_on_host
 from ...plan.tensors import host_array
 
@@ -252,16 +252,13 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
         unique, inverse = np.unique(np.concatenate([sizes, canvas_of], 1), axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
     tables = [_crop_positions(spec, *map(int, key), merge) for key in unique]
-    # Every token reads ``table`` at its run's start plus its place in the run: a crop's run starts at its crop's
-    # table, any other run in a block of zeros as long as the longest of them (whole-row passes, no scatter).
-    zeros = int(lengths.max())  # (at least the longest run outside a crop: a bound found in one reduction)
-    table = np.concatenate([np.zeros((2, zeros), dtype=np.int64), *tables], axis=1)
-    table_start = zeros + np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
-    run_entry, run_hw = np.zeros(starts.shape[0], dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=np.int64)
-    run_entry[crop_runs] = table_start[inverse]
+    # Every token reads its run's table at its place in the run (``read_by_runs``: a crop's run its crop's table,
+    # any other zeros), plus its slice's place on its frame's canvas.
+    table_of_run, run_hw = np.full(starts.shape[0], -1, dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=np.int64)
+    table_of_run[crop_runs] = inverse
     if slice_idx.shape[0]:
         run_hw[0, crop_runs[slice_idx]], run_hw[1, crop_runs[slice_idx]] = h_off, w_off
-    hw = table.take(np.arange(K) + np.repeat(run_entry - starts, lengths), axis=1)
+    hw = read_by_runs(tables, table_of_run, starts, lengths, np.int64)
     hw += np.repeat(run_hw, lengths, axis=1)
     np.add(hw, pos, out=positions[1:])
 
@@ -287,7 +284,7 @@ def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) ->
         else:
             where = np.repeat(first_newline, gap) + (np.arange(int(gap.sum()))
                                                      - np.repeat(np.cumsum(gap) - gap, gap))
-        fe_ = f[ending]
+        frame = f[ending]
         positions[1, where] = np.repeat(f_origin[ending] + (slice_row[ending] + 1) * f_slice_h[ending] - 1, gap)
-        positions[2, where] = np.repeat(origin[fe_] + cols[fe_] * slice_w[fe_], gap)
+        positions[2, where] = np.repeat(f_origin[ending] + cols[frame] * slice_w[frame], gap)
     return True

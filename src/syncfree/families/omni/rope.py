@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...plan.rope_host import runs_of
+from ...plan.rope_host import read_by_runs, runs_of
 from ...plan.tensors import host_array
 
 __all__ = ["qwen3_omni_rope_index", "qwen2_5_omni_rope_index"]
@@ -72,19 +72,16 @@ def _one_frame_items(pos, starts, lengths, item, lh, lw, time_shift, place_shift
     at each run's start plus the token's place in the run; a run that is not an item reads a block of zeros."""
     sizes = lh * (int(lw.max(initial=0)) + 1) + lw
     _, one_of_each, inverse = np.unique(sizes, return_index=True, return_inverse=True)
-    zeros = int(lengths.max(initial=0))
     tables = [np.stack(np.divmod(np.arange(int(lh[i] * lw[i]), dtype=pos.dtype), pos.dtype.type(lw[i])))
               for i in one_of_each]
-    table = np.concatenate([np.zeros((2, zeros), dtype=pos.dtype), *tables], axis=1)
-    table_start = zeros + np.concatenate(([0], np.cumsum([t.shape[1] for t in tables])))[:-1]
     runs = np.flatnonzero(item)
-    entry, shift = np.zeros(starts.shape[0], dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=pos.dtype)
-    entry[runs] = table_start[inverse.reshape(-1)]
+    table_of_run, shift = np.full(starts.shape[0], -1, dtype=np.int64), np.zeros((2, starts.shape[0]), dtype=pos.dtype)
+    table_of_run[runs] = inverse.reshape(-1)
     shift[0, runs], shift[1, runs] = time_shift, place_shift
     positions = np.empty((3, pos.shape[0]), dtype=pos.dtype)
     shifts = np.repeat(shift, lengths, axis=1)
     np.add(pos, shifts[0], out=positions[0])
-    hw = table.take(np.arange(pos.shape[0]) + np.repeat(entry - starts, lengths), axis=1)
+    hw = read_by_runs(tables, table_of_run, starts, lengths, pos.dtype)
     hw += shifts[1]
     np.add(hw, pos, out=positions[1:])
     return positions
