@@ -114,15 +114,28 @@ def _key(value) -> str:
             return _trait_key(value)
         return _fields_key(value)
     if isinstance(value, (tuple, list)):
+        if _plain_tree(value):  # (plain values nested in tuples, as a rotary key's pairs: one repr, not one per value)
+            return repr(tuple(value))
         return "(" + ",".join(_key(v) for v in value) + ")"
     if callable(value):
         return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
     return repr(value)
 
 
+def _plain_tree(value) -> bool:
+    return all(type(v) in _PLAIN or type(v) is tuple and _plain_tree(v) for v in value)
+
+
 def _fields_key(value) -> str:
-    fields = ",".join(_key(getattr(value, f.name)) for f in dataclasses.fields(value) if f.compare)
-    return f"{type(value).__qualname__}({fields})"
+    cls = type(value)
+    names = _COMPARED.get(cls)
+    if names is None:  # (a dataclass' compared fields, once per class: ``dataclasses.fields`` builds them per call)
+        names = _COMPARED[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.compare)
+    fields = ",".join([repr(v) if type(v) in _PLAIN else _key(v) for v in map(value.__getattribute__, names)])
+    return f"{cls.__qualname__}({fields})"
+
+
+_COMPARED: dict[type, tuple[str, ...]] = {}
 
 
 _TRAIT_KEYS: dict[int, tuple] = {}

@@ -24,9 +24,6 @@ class Runs:
     rows: np.ndarray  # the row each run is in
     n_rows: int
 
-    def lengths_of(self, kind: int) -> list[int]:
-        return self.lengths[self.kinds == kind].tolist()
-
     def per_row(self, kind: int) -> tuple[int, ...]:
         return tuple(np.bincount(self.rows[self.kinds == kind], minlength=self.n_rows).tolist())
 
@@ -52,7 +49,9 @@ def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | N
         return host_array(mm_token_type_ids).astype(np.int64)
     if input_ids is not None and input_ids.dim() == 2:
         ids = host_array(input_ids)
-        return (ids == spec.image_token_id).astype(np.int64) + 2 * (ids == spec.video_token_id)
+        types = (ids == spec.image_token_id).astype(np.int64)
+        types[ids == spec.video_token_id] += 2  # (in place where the videos are: a third of a full-size sum's time)
+        return types
     if mm_token_type_ids is not None and mm_token_type_ids.dim() == 2:
         return host_array(mm_token_type_ids).astype(np.int64)
     return None

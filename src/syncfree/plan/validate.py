@@ -105,13 +105,15 @@ def check_batch(draft: Draft, *, pixel_values=None, pixel_values_videos=None, se
                      spec.hooks.feature_words(name, tokens, features, spec))
             raise ValueError(f"{words} ({grids} describes {len(vp.split_sizes)} {name}s of "
                              f"{list(vp.split_sizes)} tokens)")
-        runs = draft.runs.lengths_of(kind)
+        runs = draft.runs.lengths[draft.runs.kinds == kind]
         if kind == 2 and spec.video.frames_as_runs:  # each frame between its own start/end tokens
             expected = [h * w // merge2 for t, h, w in vp.grid_thw.tolist() for _ in range(t)]
             unit = "video frame"
         else:
-            expected, unit = list(vp.split_sizes), name
-        if runs != expected and spec.rope.mrope and not (kind == 2 and spec.audio_token_id is not None):
+            # (compared as arrays: a NaViT batch has thousands of crops)
+            expected, unit = vp.split_array if vp.split_array is not None else vp.split_sizes, name
+        if not np.array_equal(runs, expected) and spec.rope.mrope and not (kind == 2 and spec.audio_token_id is not None):
+            runs, expected = runs.tolist(), np.asarray(expected).tolist()
             # (A video carrying its audio has its pads interleaved with the audio's: runs do not apply.
             # Without 3D positions, stock places features in token order whatever the runs.)
             rule = spec.tower.split_rule(spec.spatial_merge_size)  # (the tower's: with extra tokens, its own)

@@ -149,13 +149,15 @@ def item_columns(rows, spec: TowerTables, merges=None, runs: np.ndarray | None =
     the per-item loop was most of its plan's host time."""
     grid = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
     merge = np.asarray(merges, dtype=np.int64) if merges is not None else np.full(grid.shape[0], spec.merge)
-    keys = np.concatenate([grid, merge[:, None]], 1)
+    n = grid.shape[0]
     # (Computed once per run of equal rows, then repeated: a NaViT image's crops are mostly one size, side by side.)
     if runs is not None and merges is None:  # (one merge size: the grid's runs are the keys')
-        starts = runs
+        starts, keys = runs, np.concatenate([grid[runs], merge[runs, None]], 1)
     else:
-        starts = row_runs(keys) if keys.shape[0] > 64 else None
-    t, h, w, merge = (keys if starts is None else keys[starts]).T
+        keys = np.concatenate([grid, merge[:, None]], 1)
+        starts = row_runs(keys) if n > 64 else None
+        keys = keys if starts is None else keys[starts]
+    t, h, w, merge = keys.T
     kh, kw = spec.temporal_pooling or (1, 1)
     shuffle = spec.pixel_shuffle or 1
     count, frame = t * h * w, h * w
@@ -165,7 +167,7 @@ def item_columns(rows, spec: TowerTables, merges=None, runs: np.ndarray | None =
         *_decoding_columns(merge, w // merge, frame), *_decoding_columns(merge, h // merge, frame),
         *_decoding_columns(np.full_like(t, shuffle), w // shuffle, frame)])
     if starts is not None:
-        table = np.repeat(table, np.diff(np.append(starts, keys.shape[0])), axis=1)
+        table = np.repeat(table, np.diff(np.append(starts, n)), axis=1)
     for column in (_I["start"], _I["pool_start"]):  # (where each item's patches and pooled tokens start)
         table[column] = np.cumsum(table[column]) - table[column]
     return torch.from_numpy(table)
