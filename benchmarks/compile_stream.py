@@ -137,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--buckets", action="store_true", help="also run patched with syncfree.Buckets")
     parser.add_argument("--passes", type=int, default=1, help="2: the stream again, timed (tokens per second)")
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--append", action="store_true",
+                        help="keep --out's rows of other families (recorded with the same versions and settings)")
     args = parser.parse_args(argv)
     families = args.families or [f for f in discover() if f in FAMILIES and layout_of(f) is not None
                                  and layout_of(f).one_graph]
@@ -149,11 +151,12 @@ def main(argv=None) -> int:
             "threads": 1, "seed": args.seed, "device": args.device, "dtype": args.dtype, "mode": args.mode,
             "inductor_caches": "off"}
     rows = []
+    kept = _kept_rows(args.out, meta, families) if args.append else []
 
     def write(partial: dict | None = None) -> None:
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows + ([partial] if partial else [])}, f, indent=1)
+                json.dump({"meta": meta, "rows": kept + rows + ([partial] if partial else [])}, f, indent=1)
 
     for family in tqdm(families, desc="families", file=sys.stderr):
         rows.append(measure(family, args.batches, args.backend, args.seed, args.device, args.dtype, args.mode,
@@ -161,6 +164,21 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), flush=True)
         write()
     return 0
+
+
+def _kept_rows(path: str | None, meta: dict, families: list[str]) -> list[dict]:
+    """The rows already in ``path`` for families not measured now; refused where they were recorded otherwise (rows
+    side by side in one table must share versions, backend and settings)."""
+    if not path:
+        raise SystemExit("--append needs --out")
+    try:
+        with open(path) as f:
+            recorded = json.load(f)
+    except FileNotFoundError:
+        return []
+    if recorded.get("meta") != meta:
+        raise SystemExit(f"--append: {path} was recorded with {recorded.get('meta')}, not {meta}; record it anew")
+    return [row for row in recorded["rows"] if row["family"] not in families]
 
 
 if __name__ == "__main__":
