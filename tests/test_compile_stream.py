@@ -1,6 +1,8 @@
 """One compiled model for a whole stream of layouts: ``torch.compile(model, fullgraph=True)`` fed batch after batch of
 varied layouts from ``syncfree.prepare`` (images of any count and size, videos, text-only rows, padding), with
-Dynamo's default automatic dynamic shapes and with ``dynamic=True``, in inference and in a training step.
+Dynamo's default automatic dynamic shapes and with ``dynamic=True``, in inference and in a training step; every
+fourth batch has a long text (64-400 tokens: past a chunked text model's 64-token chunks, whose count must not make
+a graph either).
 
 Each batch's outputs equal the eager patched forward's (``torch.equal``: the ``eager`` and ``aot_eager`` backends run
 the graph's own ops, the same kernels); the graphs, counted by a counting backend, do not grow with the stream.
@@ -38,7 +40,9 @@ _MOST_GRAPHS = 4  # (what the docs promise for any stream; a graph per input set
 def _stream(model, preset: str, count: int, training: bool = False):
     vocab = model.config.get_text_config().vocab_size
     videos = getattr(model.config, "video_token_id", None) is not None
-    for samples in stream_layouts(count, unit_of(model.config), videos=videos):
+    # (every fourth batch opens with 64-400 tokens of text: sizes a text model cuts in chunks or windows, which a
+    # stream of short texts never crosses)
+    for samples in stream_layouts(count, unit_of(model.config), videos=videos, long_every=4):
         try:
             batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
         except InputsNotTaken:  # (a family whose stock refuses images and videos in one batch: its images only)

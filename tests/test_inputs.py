@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from family_checks import shipped_types
 from syncfree.families import tiny_preset
-from syncfree.inputs import Image, Text, Video, build_inputs, named_layout
+from syncfree.inputs import Image, Text, Video, build_inputs, named_layout, stream_layouts
 from syncfree.presets import load_config
 
 CONFIG = load_config("qwen3-vl-tiny")
@@ -108,3 +108,17 @@ def test_build_inputs_refuses_an_item_it_does_not_take_in_one_line():
     config = load_config("qwen3-vl-tiny")
     with pytest.raises(InputsNotTaken, match=r"^qwen3_vl takes Text, Image and Video items, got Audio\(frames=250\)$"):
         build_inputs(config, [[Text(2), Audio(250)]])
+
+
+@given(seed=st.integers(0, 10_000), long_every=st.integers(1, 5))
+@settings(max_examples=40, deadline=None)
+def test_a_streams_long_texts_replace_only_the_first_text_of_every_nth_batch(seed, long_every):
+    short = stream_layouts(12, 16, seed=seed)
+    mixed = stream_layouts(12, 16, seed=seed, long_every=long_every)
+    for batch, (plain, varied) in enumerate(zip(short, mixed)):
+        for row, (a, b) in enumerate(zip(plain, varied)):
+            assert a[1:] == b[1:]  # (everything after the first text: the same stream)
+            if row == 0 and batch % long_every == 0:
+                assert 64 <= b[0].tokens <= 400
+            else:
+                assert a[0] == b[0]

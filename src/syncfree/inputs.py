@@ -31,15 +31,20 @@ __all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Aud
            "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only", "stream_layouts"]
 
 
-def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, seed: int = 0) -> list:
+def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, seed: int = 0,
+                   long_every: int = 0) -> list:
     """``count`` batches' samples as a training stream varies them: each of ``rows`` samples has text of 2-6 tokens
     and 0-3 images (sides of 1-3 ``unit`` by 2-3: at least two tokens each) or, where ``videos``, short videos (2 or
     4 frames), with text between; so the batches differ in image count and sizes, text length, padding, and in
-    text-only rows. The same ``seed``, the same stream."""
+    text-only rows. ``long_every``: every that many batches (from the first), its first sample opens with 64-400
+    tokens of text instead (a size a text model may cut in chunks or windows: 64 and its multiples crossed). The same
+    ``seed``, the same stream."""
     rng = random.Random(seed)
+    long_rng = random.Random(seed + 1)  # (its own draws, apart from the stream's)
 
-    def sample() -> list:
-        items = [Text(rng.randint(2, 6))]
+    def sample(long: bool = False) -> list:
+        short = rng.randint(2, 6)  # (drawn either way: the rest of the stream is the same with or without long texts)
+        items = [Text(long_rng.randint(64, 400) if long else short)]
         for _ in range(rng.randint(0, 3)):
             if videos and rng.random() < 0.2:
                 items.append(Video(2 * rng.randint(1, 2), rng.randint(1, 3) * unit, rng.randint(1, 3) * unit))
@@ -48,4 +53,5 @@ def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, se
             items.append(Text(rng.randint(2, 4)))
         return items
 
-    return [[sample() for _ in range(rows)] for _ in range(count)]
+    return [[sample(long=row == 0 and long_every > 0 and batch % long_every == 0) for row in range(rows)]
+            for batch in range(count)]
