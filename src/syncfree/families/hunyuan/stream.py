@@ -138,7 +138,7 @@ _merged_op = recomputed_op(
 
 def _modelled(merger) -> list[str] | None:
     """The parts of ``merger`` its stand-in models (the kinds ``_PARTS`` names, the convolutions unpadded, every
-    layer with its bias), else None."""
+    layer with its bias, the norms with their epsilon), else None: a merger built otherwise keeps stock's loop."""
     parts = [name for name, _ in _PARTS if hasattr(merger, name)]
     for name in parts:
         kind, part = _KINDS[name], getattr(merger, name)
@@ -147,6 +147,8 @@ def _modelled(merger) -> list[str] | None:
                                    and tuple(part.dilation) == (1, 1) and part.groups == 1 and part.bias is not None):
             return None
         if kind == "linear" and not (type(part) is torch.nn.Linear and part.bias is not None):
+            return None
+        if kind == "norm" and not isinstance(getattr(part, "variance_epsilon", None), float):
             return None
     if not isinstance(merger.config.hidden_act, str):
         return None
