@@ -65,7 +65,7 @@ _TOWER_EDITS = (
          for grid, item in zip(grid_thw.tolist(), split_items):
              _, h, w = grid
              processed_items.append(self.patch_merger(item, size=(h, w)))""", """
-         if _syncfree.merges_in_one(self.patch_merger, grid_thw):
+         if _syncfree.in_one_op(grid_thw):
              processed_items.append(_syncfree.merged_items(self.patch_merger, hidden_states, grid_thw))
          else:
              for grid, item in zip(_syncfree.listed_rows(grid_thw), split_items):

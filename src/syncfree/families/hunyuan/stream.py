@@ -24,7 +24,7 @@ from ...plan import active
 from ...rewrite.helpers import traced_grid_rows, traced_vision_plan
 from ...rewrite.recomputed_op import recomputed_op
 
-__all__ = ["in_one_op", "resampled_positions", "item_patches", "merges_in_one", "merged_items", "listed_rows"]
+__all__ = ["in_one_op", "resampled_positions", "item_patches", "merged_items", "listed_rows"]
 
 
 def _stock(path: str):
@@ -136,35 +136,31 @@ _merged_op = recomputed_op(
     differentiable=2, sized_by=("features",))
 
 
-def _modelled(merger) -> list[str] | None:
+def _modelled(merger) -> list[str]:
     """The parts of ``merger`` its stand-in models (the kinds ``_PARTS`` names, the convolutions unpadded, every
-    layer with its bias, the norms with their epsilon), else None: a merger built otherwise keeps stock's loop."""
+    layer with its bias, the norms with their epsilon); a merger built otherwise is refused in one line (a traced
+    stream forward has no other way: stock's loop would size the features by the grid's values)."""
     parts = [name for name, _ in _PARTS if hasattr(merger, name)]
     for name in parts:
         kind, part = _KINDS[name], getattr(merger, name)
         if kind == "conv" and not (type(part) is torch.nn.Conv2d and part.padding_mode == "zeros"
                                    and part.stride[0] == part.stride[1] and tuple(part.padding) == (0, 0)
                                    and tuple(part.dilation) == (1, 1) and part.groups == 1 and part.bias is not None):
-            return None
+            raise NotImplementedError(f"syncfree: {type(merger).__name__}.{name} is not the convolution the traced "
+                                      "stream forward's merger operator models")
         if kind == "linear" and not (type(part) is torch.nn.Linear and part.bias is not None):
-            return None
+            raise NotImplementedError(f"syncfree: {type(merger).__name__}.{name} is not the linear layer the traced "
+                                      "stream forward's merger operator models")
         if kind == "norm" and not isinstance(getattr(part, "variance_epsilon", None), float):
-            return None
-    if not isinstance(merger.config.hidden_act, str):
-        return None
+            raise NotImplementedError(f"syncfree: {type(merger).__name__}.{name} is not the RMS norm the traced "
+                                      "stream forward's merger operator models")
     return parts
-
-
-def merges_in_one(merger, grid_thw) -> bool:
-    """Whether the merger's loop over ``grid_thw``'s items runs as one operator: in a traced forward of a stream, a
-    merger the stand-in models (stock's is)."""
-    return in_one_op(grid_thw) and _modelled(merger) is not None
 
 
 def item_patches(grid_thw: torch.Tensor, hidden_states: torch.Tensor):
     """``grid_thw.prod(dim=-1).tolist()`` (patches per item, for the split before the merger's loop), from the plan's
-    rows in a traced forward; in a traced forward of a stream one piece, all the patches (the loop runs in one
-    operator: a split per item would be a graph per item count)."""
+    rows in a traced forward; in a traced forward of a stream, where the loop runs as one operator, one piece, all
+    the patches (a split per item would be a graph per item count)."""
     if in_one_op(grid_thw):
         return [hidden_states.shape[1]]
     rows = traced_grid_rows(grid_thw)
@@ -178,10 +174,10 @@ def listed_rows(grid_thw: torch.Tensor):
     return grid_thw.tolist() if rows is None else [list(row) for row in rows]
 
 
-def merged_items(merger, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """The merger's outputs over every item of ``grid_thw``, concatenated (stock's loop), as one operator over the
-    plan's host grid, sized by the count of the kind's placeholders."""
-    vp = _stream_plan(grid_thw)
+def _merger_arguments(merger) -> tuple:
+    """What the operator takes of ``merger`` (one ``_modelled``): its class, its parts (joined by commas), their
+    tensors in that order, its norm's class, the norms' epsilons and the convolutions' strides (in that order), its
+    activation, its output's width (its last projection's)."""
     parts = _modelled(merger)
     params, eps, strides = [], [], []
     for name in parts:
@@ -194,9 +190,16 @@ def merged_items(merger, hidden_states: torch.Tensor, grid_thw: torch.Tensor) ->
             strides += [int(part.stride[0])] if kind == "conv" else []
         elif kind == "tensor":
             params.append(part)
+    norm = next((_path(type(getattr(merger, n))) for n in parts if _KINDS[n] == "norm"), "")
+    width = merger.mlp.out_features if "mlp" in parts else merger.proj_out.out_channels
+    return (params, _path(type(merger)), ",".join(parts), norm, eps, strides, merger.config.hidden_act, width)
+
+
+def merged_items(merger, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """The merger's outputs over every item of ``grid_thw``, concatenated (stock's loop), as one operator over the
+    plan's host grid, sized by the count of the kind's placeholders."""
+    vp = _stream_plan(grid_thw)
+    params, *rest = _merger_arguments(merger)
     entry = active.current()
     features = entry.plan.carriers["n_image_tokens" if vp is entry.plan.image else "n_video_tokens"]
-    norm = next((_path(type(getattr(merger, n))) for n in parts if _KINDS[n] == "norm"), "")
-    width = merger.mlp.out_features if "mlp" in parts else merger.proj_out.out_channels  # (its last projection's)
-    return _merged_op(hidden_states, params, vp.grid_thw, _path(type(merger)), ",".join(parts), norm, eps, strides,
-                      merger.config.hidden_act, width, features)
+    return _merged_op(hidden_states, params, vp.grid_thw, *rest, features)
