@@ -8,9 +8,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * the tower (``HunYuanVLVisionTransformer.forward(pixel_values, grid_thw)``) has no rotary ids: the wrapper hands it
   only the segment sizes (``make_vision_forward_seqlens_only``); its per-image ``F.interpolate`` of the position table
   and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept); in a forward
-  traced with inputs from ``prepare`` (``Layout.one_graph``) they, and ``get_image_features``' split, read the plan's
-  rows as ints instead (``grid_rows``, ``grid_list``, ``grid_products``, ``planned_feature_sizes``): one graph per
-  layout;
+  traced with inputs from ``prepare`` (``Layout.stream``) each loop is one operator over the plan's host grid, the
+  merger's parameters among its arguments (``stream``), and ``get_image_features``' split one piece
+  (``planned_feature_sizes``): one graph for a stream of layouts;
 * each segment's attention call passes only the scale (``VISION_ATTENTION_SCALING``);
 * the merger appends a newline column to every merged row and a begin and an end embedding to every image: an image
   is ``lh * (lw + 1) + 2`` placeholders (``TowerShape.row_extra_tokens`` / ``item_extra_tokens``), between the
