@@ -139,7 +139,7 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
 
-_GRID_HELPERS = ("grid_products", "grid_list", "grid_rows")
+_GRID_HELPERS = ("grid_products", "grid_list", "grid_rows", "item_patches", "listed_rows")  # (shared; the family's)
 
 
 def test_the_patched_towers_graph_breaks_are_its_own_grid_reads():
@@ -174,3 +174,49 @@ def test_the_numpy_index_is_stocks(rows, left, seed, masked, edits):
         batch = edited_first_row(batch, edits)
     names = ("input_ids", "mm_token_type_ids", "image_grid_thw")
     check_host_index_is_stocks(hunyuan_rope_index, config, batch, names, masked, bool(edits))
+
+
+@pytest.mark.parametrize("preset", ["hunyuan-vl-tiny", "hy-v4-vl-tiny"])
+def test_the_stream_operators_are_stocks_loops_with_their_gradients(preset):
+    """In a traced stream forward the tower's two per-item loops (the position resampling, the merger) are operators
+    over the host grid (``families/hunyuan/stream.py``; HY-V4-VL's tower is HunYuan-VL's, its merger without the
+    projection and begin/end embeddings): they pass ``opcheck``, give stock's loop's values and the gradients eager
+    autograd gives through it, the merger's parameters included (``torch.equal``)."""
+    from syncfree.families.hunyuan import stream
+    from syncfree.presets import build_model
+
+    tower = build_model(preset).model.vision_tower
+    embed, merger = tower.embeddings, tower.patch_merger
+    gen = torch.Generator().manual_seed(0)
+    for p in merger.parameters():  # (the tiny model leaves the embeddings empty: values for the check)
+        p.data.copy_(torch.randn(p.shape, generator=gen))
+    grid = torch.tensor([[1, 4, 6], [1, 2, 2]] + ([[2, 4, 4]] if preset.startswith("hy-") else []))
+    rows = grid.tolist()
+    patches = int(grid.prod(-1).sum())
+
+    embeddings = torch.randn(patches, embed.embed_dim, generator=gen)
+    table = embed.position_embedding.weight
+    args = (table, grid, stream._path(type(embed)), embed.position_edge, embed.config.interpolate_mode,
+            embeddings.dtype, embeddings)
+    torch.library.opcheck(stream._positions_op, args)
+    want = torch.concat([embed.interpolate_pos_encoding(embeddings, h, w).squeeze(0).repeat(t, 1) for t, h, w in rows])
+    got = stream._positions_op(*args)
+    assert torch.equal(got, want)
+    g = torch.randn(want.shape, generator=gen)
+    assert torch.equal(*(torch.autograd.grad(out, table, g)[0] for out in (got, want)))
+
+    params, *rest = stream._merger_arguments(merger)
+    hidden = torch.randn(1, patches, tower.config.hidden_size, generator=gen, requires_grad=True)
+    merge = merger.spatial_merge_size
+    begin_end = 2 if hasattr(merger, "image_begin") else 0
+    features = sum(t * (h // merge) * (w // merge + 1) + begin_end for t, h, w in rows)
+    args = (hidden, params, grid, *rest, torch.empty(features, 0))
+    torch.library.opcheck(stream._merged_op, args)
+    got = stream._merged_op(*args)
+    want = torch.cat([merger(item, size=(h, w)) for (_, h, w), item in
+                      zip(rows, torch.split(hidden, grid.prod(-1).tolist(), dim=1))], dim=1)
+    assert torch.equal(got, want)
+    g = torch.randn(want.shape, generator=gen)
+    leaves = [hidden, *params]
+    assert len(params) == len([p for p in merger.parameters() if p is not getattr(merger, "image_sep", None)])
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(got, leaves, g), torch.autograd.grad(want, leaves, g)))

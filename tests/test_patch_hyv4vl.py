@@ -142,7 +142,7 @@ def test_prepared_prefill_has_no_sync_and_no_blocking_copy():
     check_prepared_prefill_is_sync_and_copy_free(stock, patched, batch)
 
 
-_GRID_HELPERS = ("grid_products", "grid_list", "grid_rows")
+_GRID_HELPERS = ("grid_products", "grid_list", "grid_rows", "item_patches", "listed_rows")  # (shared; the family's)
 
 
 def test_the_patched_towers_graph_breaks_are_its_own_grid_reads():

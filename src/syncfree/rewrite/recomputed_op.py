@@ -57,8 +57,9 @@ def recomputed_op(name: str, stock: Callable[..., torch.Tensor], output: Callabl
     """``stock`` as the custom operator ``name``, with a backward that recomputes it; returns the operator.
 
     ``stock``: the stock function (annotated: its annotations make the schema); its first ``differentiable``
-    parameters are the tensors the gradient flows to (``None`` allowed where annotated optional: a bias), the rest
-    what stock loops over (host tensors, ints). ``sized_by``: names of tensors the operator takes after ``stock``'s
+    parameters are the tensors the gradient flows to (``None`` allowed where annotated optional: a bias; a list of
+    tensors where annotated ``list[torch.Tensor]``: a module's parameters, each its own gradient), the rest what
+    stock loops over (host tensors, ints). ``sized_by``: names of tensors the operator takes after ``stock``'s
     parameters only for ``output``'s sake (a size Dynamo keeps dynamic, which the host values cannot give it);
     ``stock`` never sees them and the backward does not keep them. ``output``: of the operator's arguments, an empty
     tensor of the output's size and dtype (the fake Dynamo traces with).
@@ -78,10 +79,10 @@ def recomputed_op(name: str, stock: Callable[..., torch.Tensor], output: Callabl
     def recompute(grad, *args):
         inputs = args[:differentiable]
         with autograd_inside(), torch.enable_grad():
-            leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs]
+            leaves = [_each(t, lambda x: x.detach().requires_grad_(True)) for t in inputs]
             out = stock(*leaves, *args[differentiable:])
-            grads = iter(torch.autograd.grad(out, [t for t in leaves if t is not None], grad))
-            return [_absent(inputs) if t is None else laid_out_like(next(grads), t) for t in inputs]
+            grads = iter(torch.autograd.grad(out, [t for t in _flat(leaves) if t is not None], grad))
+            return [_absent(inputs) if t is None else laid_out_like(next(grads), t) for t in _flat(inputs)]
 
     grad_param = inspect.Parameter("grad", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor)
     backward_op = torch.library.custom_op(f"{name}_backward",
@@ -91,18 +92,25 @@ def recomputed_op(name: str, stock: Callable[..., torch.Tensor], output: Callabl
     @backward_op.register_fake
     def _(grad, *args):
         inputs = args[:differentiable]
-        return [_absent(inputs) if t is None else torch.empty_like(t) for t in inputs]
+        return [_absent(inputs) if t is None else torch.empty_like(t) for t in _flat(inputs)]
 
     def setup_context(ctx, inputs, output):
         kept = inputs[:count]
-        # tensors saved as autograd saves them; ints and absent tensors kept as they are
-        ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in kept))
-        ctx.plain = tuple(None if isinstance(a, torch.Tensor) else a for a in kept)
+        # tensors saved as autograd saves them (a list's one by one), absent ones as None; the rest kept as it is
+        ctx.save_for_backward(*_flat(a for a in kept if _is_tensors(a)))
+        ctx.kinds = tuple(_Saved(len(a) if isinstance(a, list) else None) if _is_tensors(a) else a for a in kept)
 
     def backward(ctx, grad):
-        args = [t if p is None else p for t, p in zip(ctx.saved_tensors, ctx.plain)]
-        grads = backward_op(grad, *args)
-        found = [None if t is None else g for t, g in zip(args[:differentiable], grads)]
+        saved = iter(ctx.saved_tensors)
+        args = [kind.take(saved) if isinstance(kind, _Saved) else kind for kind in ctx.kinds]
+        grads = iter(backward_op(grad, *args))
+        found = []
+        for t in args[:differentiable]:
+            if isinstance(t, list):  # (a list's gradients as a list)
+                found.append([next(grads) for _ in t])
+            else:  # (None for an absent input: its stand-in gradient dropped)
+                g = next(grads)
+                found.append(None if t is None else g)
         return (*found, *[None] * (count - differentiable + len(sizers)))
 
     op.register_autograd(backward, setup_context=setup_context)
@@ -112,4 +120,34 @@ def recomputed_op(name: str, stock: Callable[..., torch.Tensor], output: Callabl
 def _absent(inputs) -> torch.Tensor:
     # The gradient of an absent optional input (no bias): a list of tensors holds no None, so an empty one stands in;
     # the autograd formula gives None for it.
-    return next(t for t in inputs if t is not None).new_empty((0,))
+    return next(t for t in _flat(inputs) if t is not None).new_empty((0,))
+
+
+def _flat(items) -> list:
+    """``items`` with each list of tensors (a module's parameters) spread out in its place."""
+    return [t for item in items for t in (item if isinstance(item, list) else (item,))]
+
+
+def _is_tensors(item) -> bool:
+    """A tensor argument: a tensor, an absent one (None), a list of tensors."""
+    if isinstance(item, list):
+        return all(isinstance(t, torch.Tensor) for t in item)
+    return item is None or isinstance(item, torch.Tensor)
+
+
+def _each(item, fn):
+    """``fn`` of a tensor, of each tensor of a list of tensors; None kept."""
+    if isinstance(item, list):
+        return [fn(t) for t in item]
+    return None if item is None else fn(item)
+
+
+class _Saved:
+    """What the autograd context keeps of a tensor argument (``length``: of a list of tensors): its tensors are among
+    the saved tensors, taken back in order."""
+
+    def __init__(self, length: int | None = None) -> None:
+        self.length = length
+
+    def take(self, saved):
+        return next(saved) if self.length is None else [next(saved) for _ in range(self.length)]

@@ -36,8 +36,9 @@ def _interface(implementation: str, modeling: str):
 
 def _segments(q, k, v, lengths, implementation, modeling, scaling, groups):
     call = _interface(implementation, modeling)
-    # What the stock call reads of its module (the key/value groups; no dropout here: see op_applies).
-    module = types.SimpleNamespace(num_key_value_groups=groups, is_causal=False, training=False)
+    # What the stock call reads of its module (the key/value groups; no dropout and no attention sinks here: see
+    # op_applies; an eager function that takes sinks reads the attribute whether or not the module has any).
+    module = types.SimpleNamespace(num_key_value_groups=groups, is_causal=False, training=False, sinks=None)
     sizes = lengths.tolist()  # a host tensor: no wait
     splits = [torch.split(t, sizes, dim=2) for t in (q, k, v)]
     outputs = [call(module, a, b, c, attention_mask=None, scaling=scaling, dropout=0.0, is_causal=False)[0]
@@ -90,12 +91,12 @@ _segment_attention.register_autograd(_backward, setup_context=_setup_context)
 
 def op_applies(module) -> bool:
     """Whether the operator computes what the attention's own call would: an implementation the operator looks up as
-    stock does (not flash, whose stock path takes ``cu_seqlens`` and never splits), and no dropout in play (the
-    backward runs the forward again)."""
+    stock does (not flash, whose stock path takes ``cu_seqlens`` and never splits), no dropout in play (the
+    backward runs the forward again), and no attention sinks (a parameter the operator does not take)."""
     config = getattr(module, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
     dropout = getattr(module, "attention_dropout", getattr(module, "dropout", 0.0))
-    return (implementation in ("sdpa", "eager")
+    return (implementation in ("sdpa", "eager") and getattr(module, "sinks", None) is None
             and (not module.training or not isinstance(dropout, float) or dropout == 0.0))
 
 

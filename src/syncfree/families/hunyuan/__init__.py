@@ -8,9 +8,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * the tower (``HunYuanVLVisionTransformer.forward(pixel_values, grid_thw)``) has no rotary ids: the wrapper hands it
   only the segment sizes (``make_vision_forward_seqlens_only``); its per-image ``F.interpolate`` of the position table
   and its merger loop read the grid, which is the plan's host grid there (no sync, stock's kernels kept); in a forward
-  traced with inputs from ``prepare`` (``Layout.one_graph``) they, and ``get_image_features``' split, read the plan's
-  rows as ints instead (``grid_rows``, ``grid_list``, ``grid_products``, ``planned_feature_sizes``): one graph per
-  layout;
+  traced with inputs from ``prepare`` (``Layout.stream``) each loop is one operator over the plan's host grid, the
+  merger's parameters among its arguments (``stream``), and ``get_image_features``' split one piece
+  (``planned_feature_sizes``): one graph for a stream of layouts;
 * each segment's attention call passes only the scale (``VISION_ATTENTION_SCALING``);
 * the merger appends a newline column to every merged row and a begin and an end embedding to every image: an image
   is ``lh * (lw + 1) + 2`` placeholders (``TowerShape.row_extra_tokens`` / ``item_extra_tokens``), between the
@@ -39,7 +39,7 @@ from ...items import Draft, Image, Row, Text, Video, batch_builder, item_grid, p
 from ...plan.errors import InputsNotTaken
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, RotaryIndex, TowerShape
-from ...rewrite.edits import GRID_LIST, PLACEHOLDER_MASK
+from ...rewrite.edits import PLACEHOLDER_MASK
 from ...rewrite.edits_variants import PLACEHOLDER_NUMEL, VISION_ATTENTION_SCALING
 from ...rewrite.rewriter import Edit
 from ...rewrite.targets import Family, Target
@@ -47,27 +47,47 @@ from ...rewrite.wrappers import make_host_rope_index, make_vision_forward_seqlen
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import family_module, scale_sections, vlm_targets
-from . import features
+from . import features, stream
 from .rope import hunyuan_rope_index, hyv4_rope_index
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_hunyuan_inputs", "build_hyv4_inputs"]
 
 _MODEL = "HunYuanVLModel"
+_HELPERS = {name: getattr(module, name) for module in (features, stream) for name in module.__all__}
 _HYV4 = "HYV4VLModel"
-# Both towers' merger splits the blocks' output by patches per image and loops over the grid's rows: the plan's host
-# grid there in eager (no sync), the plan's rows in a traced forward (which cannot read the grid's values).
-_TOWER_EDITS = (Edit("expr", "grid_thw.prod(dim=-1).tolist()", "_syncfree.grid_products(grid_thw)"),) + GRID_LIST
+# Both towers' merger splits the blocks' output by patches per item and loops over the grid's rows: the plan's host
+# grid there in eager (no sync), the plan's rows in a traced forward (which cannot read the grid's values), and in a
+# traced forward of a stream one operator over the plan's host grid, the split one piece (``stream``).
+_TOWER_EDITS = (
+    Edit("expr", "grid_thw.prod(dim=-1).tolist()", "_syncfree.item_patches(grid_thw, hidden_states)"),
+    Edit("stmt", """
+         for grid, item in zip(grid_thw.tolist(), split_items):
+             _, h, w = grid
+             processed_items.append(self.patch_merger(item, size=(h, w)))""", """
+         if _syncfree.in_one_op(grid_thw):
+             processed_items.append(_syncfree.merged_items(self.patch_merger, hidden_states, grid_thw))
+         else:
+             for grid, item in zip(_syncfree.listed_rows(grid_thw), split_items):
+                 _, h, w = grid
+                 processed_items.append(self.patch_merger(item, size=(h, w)))"""),
+)
 _TOWER_NEEDS = ("zip(grid_thw.tolist(), split_items)",)
-# Both position resamplings loop ``for t, h, w in grid_thw:`` (the loop is the only use of the name there): the host
-# grid's rows in eager, the plan's rows as ints in a traced forward, where stock's 0-d rows would size the resampling
-# by values the graph cannot read. (The check-only target pins that the edit's one match is that loop.)
-_POSITION_ROWS = (Edit("expr", "grid_thw", "_syncfree.grid_rows(grid_thw)"),)
+# Both position resamplings loop ``for t, h, w in grid_thw:``: the host grid's rows in eager, the plan's rows as ints
+# in a traced forward, where stock's 0-d rows would size the resampling by values the graph cannot read; in a traced
+# forward of a stream one operator over the plan's host grid (``stream``).
+_POSITION_ROWS = (Edit("stmt", """
+    for t, h, w in grid_thw:
+        position_embeddings_list.append(self.interpolate_pos_encoding(embeddings, h, w).squeeze(0).repeat(t, 1))""", """
+    if _syncfree.in_one_op(grid_thw):
+        position_embeddings_list.append(_syncfree.resampled_positions(self, embeddings, grid_thw))
+    else:
+        for t, h, w in _syncfree.grid_rows(grid_thw):
+            position_embeddings_list.append(self.interpolate_pos_encoding(embeddings, h, w).squeeze(0).repeat(t, 1))"""),)
 
 
 def _position_rows(embed: str) -> tuple[Target, ...]:
-    return (Target(embed, "forward", edits=_POSITION_ROWS),
-            Target(embed, "forward", check_only=True, needs=("for t, h, w in grid_thw:",)))
+    return (Target(embed, "forward", edits=_POSITION_ROWS),)
 
 
 def _hunyuan() -> Family:
@@ -79,7 +99,8 @@ def _hunyuan() -> Family:
         vision_edits=_TOWER_EDITS, vision_needs=_TOWER_NEEDS,
         # (Each image's features: its merged rows with a newline column, a begin and an end embedding.)
         feature_split=(Edit("expr", "(merged_h * (merged_w + 1) + 2).tolist()",
-                            "_syncfree.planned_feature_sizes(merged_h * (merged_w + 1) + 2, image_grid_thw)"),))
+                            "_syncfree.planned_feature_sizes(merged_h * (merged_w + 1) + 2, image_grid_thw, "
+                            "image_outputs.pooler_output)"),))
     own = {
         # The placeholder count, and the check that selects the placeholders to count them again.
         "get_placeholder_mask": Target(_MODEL, "get_placeholder_mask", edits=PLACEHOLDER_MASK[:1] + PLACEHOLDER_NUMEL[:1]),
@@ -93,8 +114,8 @@ def _hunyuan() -> Family:
     targets += _position_rows("HunYuanVLVisionPatchEmbed")
     return Family("hunyuan_vl", targets, Layout(
         family_module("hunyuan_vl"), rope=RotaryIndex(host_class=_MODEL),
-        tower=TowerShape(row_extra_tokens=1, item_extra_tokens=2), one_graph=True,
-        plan=PlanHooks(feature_words=_hunyuan_vl_words, rope_index=hunyuan_rope_index)), helpers=features)
+        tower=TowerShape(row_extra_tokens=1, item_extra_tokens=2), one_graph=True, stream=True,
+        plan=PlanHooks(feature_words=_hunyuan_vl_words, rope_index=hunyuan_rope_index)), helpers=_HELPERS)
 
 
 def _hunyuan_vl_words(kind: str, tokens: int, features: int, spec) -> str:
@@ -112,7 +133,8 @@ def _hyv4() -> Family:
         # (Each item's features: its merged rows with a newline column, every frame; videos too, which it splits by
         # calling this with their grid.)
         feature_split=(Edit("expr", "split_sizes.tolist()",
-                            "_syncfree.planned_feature_sizes(split_sizes, image_grid_thw)"),))
+                            "_syncfree.planned_feature_sizes(split_sizes, image_grid_thw, "
+                            "vision_outputs.pooler_output)"),))
     # Its own index, from the plan (stock's on the host: the same numbers); generate()'s position setup calls it too
     # (its vision-token check is the shared GENERATION_POSITIONS edit). What makes it not Qwen-VL's: the frame blocks.
     rope = Target(_HYV4, "get_rope_index", wrap=make_host_rope_index,
@@ -124,11 +146,11 @@ def _hyv4() -> Family:
         Target(_HYV4, "get_image_features", check_only=True, needs=("split_sizes.tolist()",)),)
     return Family("hy_v4_vl", targets, Layout(
         family_module("hy_v4_vl"), rope=RotaryIndex(host_class=_HYV4), tower=TowerShape(row_extra_tokens=1),
-        vision_markers=False, one_graph=True,
+        vision_markers=False, one_graph=True, stream=True,
         plan=PlanHooks(rope_index=hyv4_rope_index),
         packing_refused="its four rotary axes (text, width, height, image ordinal) are not the text row and 3D rows "
                         "a packed batch's positions are made of (a packed sample's logits differ by 1e-3)"),
-        helpers=features)
+        helpers=_HELPERS)
 
 
 FAMILIES: tuple[Family, ...] = (_hunyuan(), _hyv4())
