@@ -63,7 +63,7 @@ from .edits import (
     PLACEHOLDER_BY_TOKEN_ID,
 )
 from .plan import PLAN
-from .wrappers import make_vision_forward_target_sizes
+from .wrappers import make_merger_forward, make_vision_forward_target_sizes
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_minicpm_inputs", "MARKERS"]
@@ -75,6 +75,15 @@ _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds",
 _ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos", "downsample_mode",
                 "attention_mask")
 _ROPE_NEEDS = ("self._group_visual_frames(", "self.get_vision_position_ids(", "current_input_ids.tolist()")
+
+
+# One graph for a stream of layouts (``Layout.stream``): none yet. MiniCPM-OCR ("4x") traces a stream with the eager
+# logits (the tower's stream kwargs, the merger's operator: ``wrappers``, ``merger``), but in one graph more than its
+# input sets: Qwen3.5's gated delta rule guards on its chunk count being 1 (``modeling_qwen3_5.py``,
+# ``torch_chunk_gated_delta_rule``: ``decay.cumsum(dim=3)``), a text of 64 tokens or fewer compiles again. In "16x"
+# (MiniCPM-V 4.6, 4.7) the window merger's order and segments are built in the graph from each crop's rows
+# (``navit.navit_window_index``, ``navit_merged_cu_seqlens``): a graph per layout.
+_STREAM: tuple[str, ...] = ()
 
 
 def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
@@ -91,7 +100,8 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         # the host sizes the forward hands it (in a traced forward: on the plan's rows).
         Target(f"{p}VisionEmbeddings", "forward", check_only=True,
                needs=("get_vision_nearest_position_ids(target_sizes, self.num_patches_per_side, kwargs=kwargs)",)),
-        Target(f"{p}Merger", "forward", edits=MERGER_CROP_SIZE),
+        Target(f"{p}Merger", "forward", edits=MERGER_CROP_SIZE, wrap=make_merger_forward,
+               params=("hidden_states", "target_sizes")),
         # The sizes get_image_features / get_video_features derive for the merger and the tower (only a traced forward
         # needs their rows).
         Target(f"{p}Model", "get_image_features", edits=HALVED_SIZES),
@@ -111,7 +121,8 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
                     tower=TowerShape(holds_projector=False), plan=PLAN,
-                    rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True)
+                    rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True,
+                    stream=model_type in _STREAM)
     return Family(model_type, targets, layout, helpers=navit)
 
 

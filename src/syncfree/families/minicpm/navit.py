@@ -25,7 +25,7 @@ import torch
 from ...plan import active
 
 __all__ = ["MergerTables", "MERGER", "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs",
-           "navit_merged_cu_seqlens", "traced_crops", "halved_sizes", "frame_sizes", "crop_size", "window_order"]
+           "navit_merged_cu_seqlens", "traced_crops", "stream_crops", "halved_sizes", "frame_sizes", "crop_size", "window_order"]
 
 
 @dataclass
@@ -75,6 +75,20 @@ def traced_crops(sizes) -> tuple | None:
     return entry.known(sizes)
 
 
+def stream_crops(sizes):
+    """In a traced forward of a stream (``Layout.stream``): the vision plan whose crops ``sizes`` is (the call's own
+    ``target_sizes`` / ``target_sizes_videos``, by identity), made with host lengths; else None. Reads none of its
+    rows: a row read is a guard, a graph per layout."""
+    entry = active.current() if torch.compiler.is_compiling() else None
+    if entry is None:
+        return None
+    for vp, name in ((entry.plan.image, "target_sizes"), (entry.plan.video, "target_sizes_videos")):
+        if vp is not None and vp.host_seqlens is not None and entry.given.get(name) is sizes:
+            return vp
+    known = entry.known(sizes)  # (a video's frames, one repeat: ``frame_sizes``)
+    return known[0] if known is not None and known[0] is not None and known[0].host_seqlens is not None else None
+
+
 def halved_sizes(target_sizes):
     """``target_sizes // 2`` (the crops after a 2x2 merge), noted with its rows in a traced forward."""
     halved = target_sizes // 2
@@ -88,6 +102,10 @@ def frame_sizes(target_sizes_videos, num_frames: int):
     """``target_sizes_videos.repeat(num_frames, 1)`` (every frame's crops), noted with its rows in a traced forward
     (still the plan's crops where there is one repeat: the forward hands ``pixel_values_videos[:1]``)."""
     repeated = target_sizes_videos.repeat(num_frames, 1)
+    stream = stream_crops(target_sizes_videos)
+    if stream is not None and num_frames == 1:  # (no rows: a row read is a guard, a graph per layout)
+        active.current().note(repeated, stream, None)
+        return repeated
     found = traced_crops(target_sizes_videos)
     if found is not None:
         vp, rows = found
