@@ -78,7 +78,9 @@ _ROPE_NEEDS = ("self._group_visual_frames(", "self.get_vision_position_ids(", "c
 
 
 # One graph for a stream of layouts (``Layout.stream``): none yet. MiniCPM-OCR ("4x") traces a stream with the eager
-# logits (the tower's stream kwargs, the merger's operator: ``wrappers``, ``merger``), but in one graph more than its
+# logits (the tower's stream kwargs, the merger's operator: ``wrappers``, ``merger``; and, not made yet, its NaViT
+# strip (1, C, p, patches * p) marked dynamic in its last dimension by ``plan.dynamic_dims``, which marks only a pixel
+# tensor's first dimension dynamic and the rest static), but in one graph more than its
 # input sets: Qwen3.5's gated delta rule guards on its chunk count being 1 (``modeling_qwen3_5.py``,
 # ``torch_chunk_gated_delta_rule``: ``decay.cumsum(dim=3)``), a text of 64 tokens or fewer compiles again. In "16x"
 # (MiniCPM-V 4.6, 4.7) the window merger's order and segments are built in the graph from each crop's rows
