@@ -52,7 +52,9 @@ from ..shared import (
     installed_source_has,
     )
 from . import navit
+from .delta_rule import chunk_delta_rule
 from .edits import (
+    CHUNK_DELTA_RULE,
     FEATURE_SCATTER_MASK,
     FRAME_SIZES,
     HALVED_SIZES,
@@ -63,7 +65,7 @@ from .edits import (
     PLACEHOLDER_BY_TOKEN_ID,
 )
 from .plan import PLAN
-from .wrappers import make_merger_forward, make_vision_forward_target_sizes
+from .wrappers import make_merger_forward, make_vision_forward_target_sizes, make_window_merger_forward
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_minicpm_inputs", "MARKERS"]
@@ -85,7 +87,7 @@ _ROPE_NEEDS = ("self._group_visual_frames(", "self.get_vision_position_ids(", "c
 # ``torch_chunk_gated_delta_rule``: ``decay.cumsum(dim=3)``), a text of 64 tokens or fewer compiles again. In "16x"
 # (MiniCPM-V 4.6, 4.7) the window merger's order and segments are built in the graph from each crop's rows
 # (``navit.navit_window_index``, ``navit_merged_cu_seqlens``): a graph per layout.
-_STREAM: tuple[str, ...] = ()
+_STREAM: tuple[str, ...] = ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")
 
 
 def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
@@ -109,13 +111,17 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         Target(f"{p}Model", "get_image_features", edits=HALVED_SIZES),
         Target(f"{p}Model", "get_video_features", edits=FRAME_SIZES),
         # The in-tower window merger ("16x") and the segments after it.
-        Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
+        Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER, wrap=make_window_merger_forward,
+               params=("hidden_states", "target_sizes")),
         Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
         Target(f"{p}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_TOKEN_ID),
         Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap=make_model_forward,
                params=_MODEL_PARAMS + ("mm_token_type_ids",) if host_rope else _MODEL_PARAMS,
                needs=MODEL_NEEDS if host_rope else tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
         Target(f"{p}ForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
+        # Qwen3.5's text model, borrowed: its chunked delta rule as one operator in a traced stream forward.
+        Target("Qwen3_5GatedDeltaNet", "forward", edits=CHUNK_DELTA_RULE, module=family_module("qwen3_5"),
+               borrowed=True),
     )
     if host_rope:  # (its own index, from the plan; generate()'s position setup calls it too)
         targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
@@ -125,7 +131,11 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
                     tower=TowerShape(holds_projector=False), plan=PLAN,
                     rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True,
                     stream=model_type in _STREAM)
-    return Family(model_type, targets, layout, helpers=navit)
+    return Family(model_type, targets, layout, helpers=_HELPERS)
+
+
+# What the family's rewritten code calls under ``_syncfree``: the NaViT helpers and the delta rule's.
+_HELPERS = {**{name: getattr(navit, name) for name in navit.__all__}, "chunk_delta_rule": chunk_delta_rule}
 
 
 # Registered where the installed code merges windows per crop by the window index (Transformers 5.24); 5.17's merger

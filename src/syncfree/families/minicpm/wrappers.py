@@ -29,10 +29,11 @@ from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
 from ...rewrite.roles import TOWER, wrapper
 from ...rewrite.segments import TracedSegments
-from .merger import merged_crops
-from .navit import MERGER, MergerTables, stream_crops, traced_crops
+from .merger import merged_crops, merged_windows
+from .navit import MERGER, MergerTables, note_stream_crops, stream_crops, traced_crops
 
-__all__ = ["make_vision_forward_target_sizes", "make_merger_forward", "nearest_position_ids"]
+__all__ = ["make_vision_forward_target_sizes", "make_merger_forward", "make_window_merger_forward",
+           "nearest_position_ids", "merger_tables"]
 
 
 def nearest_position_ids(rows: list, num_patches_per_side: int, device) -> torch.Tensor:
@@ -81,10 +82,12 @@ def make_vision_forward_target_sizes(stock):
             return stock(self, *args, **kwargs)
         in_traced_forward = vp is None and torch.compiler.is_compiling()
         stream = stream_crops(sizes) if in_traced_forward else None
-        if stream is not None and not _merger_runs(self, use_vit_merger):
-            return stock(self, pixels, stream.grid_thw[:, 1:], use_vit_merger,
-                         **{**_stream_kwargs(self, stream, pixels), **{k: v for k, v in kwargs.items()
-                                                                      if k not in names[:3]}})
+        if stream is not None:
+            # (the host sizes noted as the plan's crops: the window merger and the segments after it find them so)
+            note_stream_crops(stream[1], *stream)
+            return stock(self, pixels, stream[1], use_vit_merger,
+                         **{**_stream_kwargs(self, stream[0], pixels), **{k: v for k, v in kwargs.items()
+                                                                         if k not in names[:3]}})
         if in_traced_forward:
             # A traced forward: the plan of these very sizes, which stock then reads only through the rewritten code
             # (the plan's rows as Python ints: navit.traced_crops); none (stock's graph, breaks and all) without one.
@@ -124,7 +127,7 @@ def make_vision_forward_target_sizes(stock):
             return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
         tables = vp.tables_made.get("navit_merger")
         if tables is None:
-            tables = _merger_tables(self.vit_merger, host, pixels.device)
+            tables = merger_tables(self.vit_merger, host, pixels.device)
             if not torch.compiler.is_compiling():
                 vp.tables_made["navit_merger"] = tables
         token = MERGER.set(tables)
@@ -145,9 +148,27 @@ def make_merger_forward(stock):
     @functools.wraps(stock)
     def forward(self, *args, **kwargs):
         given = given_args(names, args, kwargs)
-        vp = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
-        merged = None if vp is None else merged_crops(self, given.get(names[0]), vp)
-        return stock(self, *args, **kwargs) if merged is None else merged
+        stream = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
+        if stream is None:
+            return stock(self, *args, **kwargs)
+        vp, host = stream
+        return merged_crops(self, given.get(names[0]), host, "image" if vp is active.current().plan.image else "video")
+
+    return forward
+
+
+@wrapper("runs the in-tower window merger as one operator over the plan's host crop sizes in a traced forward of a "
+         "stream")
+def make_window_merger_forward(stock):
+    names = positional_names(stock)  # (hidden_states, target_sizes)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        given = given_args(names, args, kwargs)
+        stream = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
+        if stream is None:
+            return stock(self, *args, **kwargs)
+        return merged_windows(self, given.get(names[0]), stream[1])
 
     return forward
 
@@ -185,7 +206,7 @@ def _stream_position_ids(grid, num_patches_per_side: int, pixels, patch: int) ->
     return _position_ids_op(grid, num_patches_per_side, pixels, patch)
 
 
-def _merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
+def merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
     """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
     no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
     window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
