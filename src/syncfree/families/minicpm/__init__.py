@@ -30,9 +30,16 @@ Only the "4x" mode is sync free: "16x" (the window merger inside the tower, Mini
 segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
 ``wrappers``).
 
-The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``: the family's
-``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared ``rewrite/helpers.py``) and its
-tower wrapper (``wrappers``).
+In a forward ``torch.compile`` traces for a stream of layouts (``Layout.stream``) no crop's size is read: the tower
+gets its position ids from one operator on the plan's host sizes and its segments as host lengths, the merger's and
+the in-tower window merger's per-crop work each runs in one operator over the host crop sizes (``merger``), and the
+borrowed Qwen3.5 text model's chunked delta rule, whose loop over 64-token chunks would be a graph per chunk count,
+in one operator too (``delta_rule``).
+
+The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``, with the delta
+rule's: the family's ``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared
+``rewrite/helpers.py``), its tower, merger and window merger wrappers (``wrappers``) and the operators they run
+(``merger``).
 """
 
 from __future__ import annotations
@@ -79,15 +86,6 @@ _ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_
 _ROPE_NEEDS = ("self._group_visual_frames(", "self.get_vision_position_ids(", "current_input_ids.tolist()")
 
 
-# One graph for a stream of layouts (``Layout.stream``): none yet. MiniCPM-OCR ("4x") traces a stream with the eager
-# logits (the tower's stream kwargs, the merger's operator: ``wrappers``, ``merger``; and, not made yet, its NaViT
-# strip (1, C, p, patches * p) marked dynamic in its last dimension by ``plan.dynamic_dims``, which marks only a pixel
-# tensor's first dimension dynamic and the rest static), but in one graph more than its
-# input sets: Qwen3.5's gated delta rule guards on its chunk count being 1 (``modeling_qwen3_5.py``,
-# ``torch_chunk_gated_delta_rule``: ``decay.cumsum(dim=3)``), a text of 64 tokens or fewer compiles again. In "16x"
-# (MiniCPM-V 4.6, 4.7) the window merger's order and segments are built in the graph from each crop's rows
-# (``navit.navit_window_index``, ``navit_merged_cu_seqlens``): a graph per layout.
-_STREAM: tuple[str, ...] = ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")
 
 
 def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
@@ -127,10 +125,13 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
+    # One graph serves a stream of layouts (``Layout.stream``; tests/test_compile_stream.py): the NaViT strip's patch
+    # dimension dynamic (``plan.dynamic_dims``), the tower handed its stream kwargs, the merger, the window merger and
+    # Qwen3.5's chunked delta rule each one operator (``wrappers``, ``merger``, ``delta_rule``).
     layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
                     tower=TowerShape(holds_projector=False), plan=PLAN,
                     rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True,
-                    stream=model_type in _STREAM)
+                    stream=True)
     return Family(model_type, targets, layout, helpers=_HELPERS)
 
 

@@ -12,6 +12,11 @@ cannot be read either: there every crop size comes from the plan's rows as Pytho
 ``target_sizes`` / ``target_sizes_videos`` are known by identity (``traced_crops``); the tensors stock derives from
 them (the video frames' ``repeat``, the merges' ``// 2``) are noted with their rows as they are made
 (``frame_sizes``, ``halved_sizes``), and the window tables are built in the graph from those rows.
+
+In a traced forward of a stream (``Layout.stream``: a plan made with host lengths) no row is read, as a row read is a
+guard, a graph per layout: the same tensors are found and noted with the crops' sizes as a host tensor instead
+(``stream_crops``), which the merger's and window merger's operators take (``merger``), and the segments after the
+window merger are made on the device from the plan's grid there (``navit_merged_cu_seqlens``).
 """
 
 from __future__ import annotations
