@@ -9,7 +9,7 @@ each runs inside one operator (``syncfree::minicpm_merger_<n>``, ``syncfree::min
 ``recomputed_op``; ``n`` the module's weights) that takes the plan's host crop sizes and calls the module itself: the
 same calls in the same order, so the outputs are the eager ones bit for bit (the merger's crops concatenated, as the
 forward concatenates them). The window merger runs there on the tables the eager path makes (stock's
-``get_window_index`` on the host sizes, moved without a wait: ``wrappers.merger_tables``). The merger's output rows
+``get_window_index`` on the host sizes, moved without a wait: ``navit.merger_tables``). The merger's output rows
 are the kind's placeholders (the plan's size carrier); the window merger's, one per window of the patches it takes.
 
 An operator takes no module: the module is found inside it by a key (``_key``: run once while Dynamo traces, a
@@ -28,7 +28,7 @@ import torch
 
 from ...plan import active
 from ...rewrite.recomputed_op import recomputed_op
-from .navit import MERGER
+from .navit import MERGER, merger_tables
 
 __all__ = ["merged_crops", "merged_windows"]
 
@@ -56,8 +56,6 @@ def _merge(module, weights, hidden, sizes) -> torch.Tensor:
 
 
 def _merge_windows(module, weights, hidden, sizes) -> torch.Tensor:
-    from .wrappers import merger_tables  # (the tower wrapper's, which imports this module)
-
     token = MERGER.set(merger_tables(module, sizes, hidden.device))
     try:
         return _call(module, weights, hidden, sizes)

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from ...plan import active
+from ...rewrite.host_index import host_index_to
 from ...rewrite.segments import TracedSegments
 
 __all__ = ["MergerTables", "MERGER", "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs",
-           "navit_merged_cu_seqlens", "traced_crops", "stream_crops", "note_stream_crops", "halved_sizes", "frame_sizes",
-           "crop_size", "window_order"]
+           "navit_merged_cu_seqlens", "merger_tables", "traced_crops", "stream_crops", "note_stream_crops",
+           "halved_sizes", "frame_sizes", "crop_size", "window_order"]
 
 
 @dataclass
@@ -60,6 +61,19 @@ def navit_cu_seqlens(kwargs: dict, stock):
         return stock()
     kwargs.pop("position_ids", None)
     return planned
+
+
+def merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
+    """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
+    no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
+    window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
+    windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
+    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
+    merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
+                                        (1, 0))
+    return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
+                        {len(windows) + 1: tuple(windows)}, host_index_to(merged_cu, device),
+                        {len(merged) + 1: tuple(merged)})
 
 
 def _tables() -> MergerTables | None:

@@ -25,15 +25,14 @@ from ...plan.spec import ModelSpec
 from ...plan.tensors import same_host_values
 from ...plan.vision import VisionPlan, vision_plan
 from ...rewrite.call_args import given_args, positional_names, same_device
-from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
 from ...rewrite.roles import TOWER, wrapper
 from ...rewrite.segments import TracedSegments
 from .merger import merged_crops, merged_windows
-from .navit import MERGER, MergerTables, note_stream_crops, stream_crops, traced_crops
+from .navit import MERGER, merger_tables, note_stream_crops, stream_crops, traced_crops
 
 __all__ = ["make_vision_forward_target_sizes", "make_merger_forward", "make_window_merger_forward",
-           "nearest_position_ids", "merger_tables"]
+           "nearest_position_ids"]
 
 
 def nearest_position_ids(rows: list, num_patches_per_side: int, device) -> torch.Tensor:
@@ -204,19 +203,6 @@ def _(grid, num_patches_per_side, pixels, patch):
 
 def _stream_position_ids(grid, num_patches_per_side: int, pixels, patch: int) -> torch.Tensor:
     return _position_ids_op(grid, num_patches_per_side, pixels, patch)
-
-
-def merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
-    """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
-    no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
-    window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
-    windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
-    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
-    merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
-                                        (1, 0))
-    return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
-                        {len(windows) + 1: tuple(windows)}, host_index_to(merged_cu, device),
-                        {len(merged) + 1: tuple(merged)})
 
 
 def _flash(config) -> bool:
