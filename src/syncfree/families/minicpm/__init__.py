@@ -26,9 +26,9 @@ and deltas, moved with the plan without a wait (``make_host_rope_index``); the d
 the device, as stock. A call's own ``downsample_mode`` other than the config's runs stock's index on one read. Its
 processor types the placeholders (``mm_token_type_ids``) and writes no id before a video.
 
-Only the "4x" mode is sync free: "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) shrinks every
-segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
-``wrappers``).
+In "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) the merger shrinks every segment 4x and keeps
+their count, which split sizes keyed by segment count cannot tell apart: the tower wrapper makes the window merger's
+tables and the segments after it from the host sizes and hands them over for the call (see ``wrappers``).
 
 In a forward ``torch.compile`` traces for a stream of layouts (``Layout.stream``) no crop's size is read: the tower
 gets its position ids from one operator on the plan's host sizes and its segments as host lengths, the merger's and

@@ -12,6 +12,11 @@ shrinks every segment 4x and keeps their count, which the planned split sizes (k
 apart: for such a call the wrapper also makes the merger's tables (``navit.MergerTables``: stock's window
 order on the host sizes, the window and post-merger segments) and holds them in ``navit.MERGER`` while stock
 runs.
+
+In a traced forward of a stream (``Layout.stream``) the tower is handed the plan's host sizes noted as its crops, the
+position ids by one operator and the segments as host lengths (``_stream_kwargs``); the merger's and the window
+merger's wrappers then run each module in one operator over those host sizes (``merger``), which makes the window
+merger's tables inside it as this wrapper makes them. Elsewhere those two wrappers call stock's own.
 """
 
 from __future__ import annotations
