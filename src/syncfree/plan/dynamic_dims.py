@@ -8,7 +8,8 @@ images and its 3 columns share one, which the next batch of 4 images breaks; and
 (one image). Marking them here avoids all three:
 
 - token dimensions (``input_ids``' batch and length, wherever a tensor ends with them) and the pixels' patch
-  dimension: dynamic from the first compile (``maybe_mark_dynamic``, a hint Dynamo may still overrule);
+  dimension (the first, or the last of a NaViT strip): dynamic from the first compile (``maybe_mark_dynamic``, a
+  hint Dynamo may still overrule);
 - per-item and per-segment dimensions (grid rows, the plan's per-item tables, segment lengths) and the counts a
   traced forward reads (placeholders, longest segment: ``size_carriers``): unbacked (``mark_unbacked``), with one
   symbol per quantity (``shape_id``), so no coincidence of values and no 0 or 1 makes another graph;
@@ -63,11 +64,15 @@ def _mark(t: torch.Tensor, dynamic: tuple[int, ...] = (), per_item: dict | None 
             mark_static(t, d)
 
 
-def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None, unbacked: bool) -> None:
+def _by_role(name: str, t: torch.Tensor, tokens: tuple[int, ...] | None, unbacked: bool, strip: bool = False) -> None:
     if t.dim() == 0:
         return
     if tokens is not None and t.dim() >= 2 and tuple(t.shape[-2:]) == tokens:
         _mark(t, dynamic=(t.dim() - 2, t.dim() - 1))
+    elif strip and t.dtype.is_floating_point and t.dim() == 4:
+        # (NaViT pixels: every crop side by side in one (1, channels, patch, patches * patch) strip, its patches the
+        # last dimension; its first is always 1)
+        _mark(t, dynamic=(3,))
     elif t.dtype.is_floating_point and t.dim() >= 2:  # pixels, features: (patches, channels...)
         _mark(t, dynamic=(0,))
     else:  # grids and other per-item inputs: (items, columns), (items,)
@@ -95,11 +100,13 @@ def mark_layout_dims(inputs: dict, plan) -> None:
 
     layout = layout_of(plan.spec.model_type)
     stream = layout is not None and layout.stream
+    # (A family whose grids come as its own inputs hands its pixels as one NaViT strip, as plan.validate reads them.)
+    strip = bool(plan.spec.hooks.grid_inputs)
     ids = inputs.get("input_ids")
     tokens = tuple(ids.shape) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else tuple(plan.batch_shape)
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
-            _by_role(name, value, tokens, stream)
+            _by_role(name, value, tokens, stream, strip)
     for name, value in plan.host.items():
         if isinstance(value, torch.Tensor):
             _by_role(name, value, tokens, stream)

@@ -26,13 +26,20 @@ and deltas, moved with the plan without a wait (``make_host_rope_index``); the d
 the device, as stock. A call's own ``downsample_mode`` other than the config's runs stock's index on one read. Its
 processor types the placeholders (``mm_token_type_ids``) and writes no id before a video.
 
-Only the "4x" mode is sync free: "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) shrinks every
-segment 4x and keeps their count, so the tower wrapper runs such a call on stock's own splits (see
-``wrappers``).
+In "16x" (the window merger inside the tower, MiniCPM-V 4.6's default) the merger shrinks every segment 4x and keeps
+their count, which split sizes keyed by segment count cannot tell apart: the tower wrapper makes the window merger's
+tables and the segments after it from the host sizes and hands them over for the call (see ``wrappers``).
 
-The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``: the family's
-``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared ``rewrite/helpers.py``) and its
-tower wrapper (``wrappers``).
+In a forward ``torch.compile`` traces for a stream of layouts (``Layout.stream``) no crop's size is read: the tower
+gets its position ids from one operator on the plan's host sizes and its segments as host lengths, the merger's and
+the in-tower window merger's per-crop work each runs in one operator over the host crop sizes (``merger``), and the
+borrowed Qwen3.5 text model's chunked delta rule, whose loop over 64-token chunks would be a graph per chunk count,
+in one operator too (``delta_rule``).
+
+The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``, with the delta
+rule's: the family's ``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared
+``rewrite/helpers.py``), its tower, merger and window merger wrappers (``wrappers``) and the operators they run
+(``merger``).
 """
 
 from __future__ import annotations
@@ -52,7 +59,9 @@ from ..shared import (
     installed_source_has,
     )
 from . import navit
+from .delta_rule import chunk_delta_rule
 from .edits import (
+    CHUNK_DELTA_RULE,
     FEATURE_SCATTER_MASK,
     FRAME_SIZES,
     HALVED_SIZES,
@@ -63,7 +72,7 @@ from .edits import (
     PLACEHOLDER_BY_TOKEN_ID,
 )
 from .plan import PLAN
-from .wrappers import make_vision_forward_target_sizes
+from .wrappers import make_merger_forward, make_vision_forward_target_sizes, make_window_merger_forward
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_minicpm_inputs", "MARKERS"]
@@ -75,6 +84,8 @@ _MODEL_PARAMS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds",
 _ROPE_PARAMS = ("input_ids", "mm_token_type_ids", "target_sizes", "target_sizes_videos", "downsample_mode",
                 "attention_mask")
 _ROPE_NEEDS = ("self._group_visual_frames(", "self.get_vision_position_ids(", "current_input_ids.tolist()")
+
+
 
 
 def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
@@ -91,28 +102,41 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
         # the host sizes the forward hands it (in a traced forward: on the plan's rows).
         Target(f"{p}VisionEmbeddings", "forward", check_only=True,
                needs=("get_vision_nearest_position_ids(target_sizes, self.num_patches_per_side, kwargs=kwargs)",)),
-        Target(f"{p}Merger", "forward", edits=MERGER_CROP_SIZE),
+        Target(f"{p}Merger", "forward", edits=MERGER_CROP_SIZE, wrap=make_merger_forward,
+               params=("hidden_states", "target_sizes")),
         # The sizes get_image_features / get_video_features derive for the merger and the tower (only a traced forward
         # needs their rows).
         Target(f"{p}Model", "get_image_features", edits=HALVED_SIZES),
         Target(f"{p}Model", "get_video_features", edits=FRAME_SIZES),
         # The in-tower window merger ("16x") and the segments after it.
-        Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER),
+        Target(f"{p}ViTWindowAttentionMerger", "forward", edits=NAVIT_WINDOW_MERGER, wrap=make_window_merger_forward,
+               params=("hidden_states", "target_sizes")),
         Target(f"{p}VisionModel", "get_downsampled_inputs", edits=NAVIT_MERGED_CU_SEQLENS),
         Target(f"{p}Model", "get_placeholder_mask", edits=PLACEHOLDER_BY_TOKEN_ID),
         Target(f"{p}Model", "forward", edits=FEATURE_SCATTER_MASK, wrap=make_model_forward,
                params=_MODEL_PARAMS + ("mm_token_type_ids",) if host_rope else _MODEL_PARAMS,
                needs=MODEL_NEEDS if host_rope else tuple(n for n in MODEL_NEEDS if n != "self.compute_3d_position_ids(")),
         Target(f"{p}ForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
+        # Qwen3.5's text model, borrowed: its chunked delta rule as one operator in a traced stream forward.
+        Target("Qwen3_5GatedDeltaNet", "forward", edits=CHUNK_DELTA_RULE, module=family_module("qwen3_5"),
+               borrowed=True),
     )
     if host_rope:  # (its own index, from the plan; generate()'s position setup calls it too)
         targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
                            needs=_ROPE_NEEDS),)
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
+    # One graph serves a stream of layouts (``Layout.stream``; tests/test_compile_stream.py): the NaViT strip's patch
+    # dimension dynamic (``plan.dynamic_dims``), the tower handed its stream kwargs, the merger, the window merger and
+    # Qwen3.5's chunked delta rule each one operator (``wrappers``, ``merger``, ``delta_rule``).
     layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
                     tower=TowerShape(holds_projector=False), plan=PLAN,
-                    rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True)
-    return Family(model_type, targets, layout, helpers=navit)
+                    rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True,
+                    stream=True)
+    return Family(model_type, targets, layout, helpers=_HELPERS)
+
+
+# What the family's rewritten code calls under ``_syncfree``: the NaViT helpers and the delta rule's.
+_HELPERS = {**{name: getattr(navit, name) for name in navit.__all__}, "chunk_delta_rule": chunk_delta_rule}
 
 
 # Registered where the installed code merges windows per crop by the window index (Transformers 5.24); 5.17's merger

@@ -12,6 +12,11 @@ cannot be read either: there every crop size comes from the plan's rows as Pytho
 ``target_sizes`` / ``target_sizes_videos`` are known by identity (``traced_crops``); the tensors stock derives from
 them (the video frames' ``repeat``, the merges' ``// 2``) are noted with their rows as they are made
 (``frame_sizes``, ``halved_sizes``), and the window tables are built in the graph from those rows.
+
+In a traced forward of a stream (``Layout.stream``: a plan made with host lengths) no row is read, as a row read is a
+guard, a graph per layout: the same tensors are found and noted with the crops' sizes as a host tensor instead
+(``stream_crops``), which the merger's and window merger's operators take (``merger``), and the segments after the
+window merger are made on the device from the plan's grid there (``navit_merged_cu_seqlens``).
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from ...plan import active
+from ...rewrite.host_index import host_index_to
+from ...rewrite.segments import TracedSegments
 
 __all__ = ["MergerTables", "MERGER", "navit_cu_seqlens", "navit_window_index", "navit_window_kwargs",
-           "navit_merged_cu_seqlens", "traced_crops", "halved_sizes", "frame_sizes", "crop_size", "window_order"]
+           "navit_merged_cu_seqlens", "merger_tables", "traced_crops", "stream_crops", "note_stream_crops",
+           "halved_sizes", "frame_sizes", "crop_size", "window_order"]
 
 
 @dataclass
@@ -55,6 +63,19 @@ def navit_cu_seqlens(kwargs: dict, stock):
     return planned
 
 
+def merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
+    """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
+    no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
+    window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
+    windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
+    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
+    merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
+                                        (1, 0))
+    return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
+                        {len(windows) + 1: tuple(windows)}, host_index_to(merged_cu, device),
+                        {len(merged) + 1: tuple(merged)})
+
+
 def _tables() -> MergerTables | None:
     # (a forward traced whole with its plan sets none, and Dynamo cannot read a ContextVar: it would break there; a
     # tower compiled alone with its plan reads it, at a graph break)
@@ -75,9 +96,36 @@ def traced_crops(sizes) -> tuple | None:
     return entry.known(sizes)
 
 
+def stream_crops(sizes) -> tuple | None:
+    """In a traced forward of a stream (``Layout.stream``): ``(vision plan, host sizes)`` where ``sizes`` is a plan's
+    crops (made with host lengths) or a tensor noted as derived from them (``frame_sizes``, ``halved_sizes``, the
+    tower's host sizes), ``host sizes`` the same values as a host tensor; else None. Reads none of their rows: a row
+    read is a guard, a graph per layout."""
+    entry = active.current() if torch.compiler.is_compiling() else None
+    if entry is None or not isinstance(sizes, torch.Tensor):
+        return None
+    for vp, name in ((entry.plan.image, "target_sizes"), (entry.plan.video, "target_sizes_videos")):
+        if vp is not None and vp.host_seqlens is not None and entry.given.get(name) is sizes:
+            return vp, vp.grid_thw[:, 1:]
+    known = entry.known(sizes)  # (a stream's notes hold the host sizes where the rows would be)
+    if known is None or known[0] is None or known[0].host_seqlens is None or not isinstance(known[1], torch.Tensor):
+        return None
+    return known
+
+
+def note_stream_crops(sizes, vp, host) -> None:
+    """Make ``sizes`` known as ``vp``'s crops, ``host`` their values as a host tensor (see ``stream_crops``)."""
+    active.current().note(sizes, vp, host)
+
+
 def halved_sizes(target_sizes):
-    """``target_sizes // 2`` (the crops after a 2x2 merge), noted with its rows in a traced forward."""
+    """``target_sizes // 2`` (the crops after a 2x2 merge), noted with its rows in a traced forward (in a stream's,
+    with its host values)."""
     halved = target_sizes // 2
+    stream = stream_crops(target_sizes)
+    if stream is not None:
+        note_stream_crops(halved, stream[0], stream[1] // 2)
+        return halved
     found = traced_crops(target_sizes)
     if found is not None:
         active.current().note(halved, None, tuple((h // 2, w // 2) for h, w in found[1]))
@@ -88,6 +136,10 @@ def frame_sizes(target_sizes_videos, num_frames: int):
     """``target_sizes_videos.repeat(num_frames, 1)`` (every frame's crops), noted with its rows in a traced forward
     (still the plan's crops where there is one repeat: the forward hands ``pixel_values_videos[:1]``)."""
     repeated = target_sizes_videos.repeat(num_frames, 1)
+    stream = stream_crops(target_sizes_videos)
+    if stream is not None and num_frames == 1:  # (no rows: a row read is a guard, a graph per layout)
+        note_stream_crops(repeated, *stream)
+        return repeated
     found = traced_crops(target_sizes_videos)
     if found is not None:
         vp, rows = found
@@ -162,6 +214,17 @@ def navit_merged_cu_seqlens(kwargs: dict, stock, target_sizes=None, device=None)
     if tables is not None:
         kwargs["syncfree_seqlens"] = tables.merged_seqlens
         return tables.merged_cu_seqlens
+    stream = stream_crops(target_sizes)
+    if stream is not None:
+        # (a stream: the merged crops' segments made on the device from the plan's grid there, the lengths the
+        # attention's operator takes from the host sizes; no row read)
+        vp, host = stream
+        grid = vp.device_grid[:, 1:] // 2
+        cu_seqlens = torch.nn.functional.pad(torch.cumsum(grid[:, 0] * grid[:, 1], dim=0, dtype=torch.int32), (1, 0))
+        kwargs["syncfree_seqlens"] = TracedSegments(
+            [(cu_seqlens, host[:, 0] * host[:, 1],
+              lambda: tuple((h // 2) * (w // 2) for _, h, w in vp.rows))], lambda: {})
+        return cu_seqlens
     found = traced_crops(target_sizes) if target_sizes is not None else None
     if found is None:
         return stock()

@@ -12,6 +12,11 @@ shrinks every segment 4x and keeps their count, which the planned split sizes (k
 apart: for such a call the wrapper also makes the merger's tables (``navit.MergerTables``: stock's window
 order on the host sizes, the window and post-merger segments) and holds them in ``navit.MERGER`` while stock
 runs.
+
+In a traced forward of a stream (``Layout.stream``) the tower is handed the plan's host sizes noted as its crops, the
+position ids by one operator and the segments as host lengths (``_stream_kwargs``); the merger's and the window
+merger's wrappers then run each module in one operator over those host sizes (``merger``), which makes the window
+merger's tables inside it as this wrapper makes them. Elsewhere those two wrappers call stock's own.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ from ...plan.spec import ModelSpec
 from ...plan.tensors import same_host_values
 from ...plan.vision import VisionPlan, vision_plan
 from ...rewrite.call_args import given_args, positional_names, same_device
-from ...rewrite.host_index import host_index_to
 from ...rewrite.host_read import read_to_host_syncs_once, send_plan_back
 from ...rewrite.roles import TOWER, wrapper
-from .navit import MERGER, MergerTables, traced_crops
+from ...rewrite.segments import TracedSegments
+from .merger import merged_crops, merged_windows
+from .navit import MERGER, merger_tables, note_stream_crops, stream_crops, traced_crops
 
-__all__ = ["make_vision_forward_target_sizes", "nearest_position_ids"]
+__all__ = ["make_vision_forward_target_sizes", "make_merger_forward", "make_window_merger_forward",
+           "nearest_position_ids"]
 
 
 def nearest_position_ids(rows: list, num_patches_per_side: int, device) -> torch.Tensor:
@@ -75,10 +82,16 @@ def make_vision_forward_target_sizes(stock):
         given = given_args(names, args, kwargs)
         pixels, sizes = given.get(names[0]), given.get(names[1])
         use_vit_merger = given.get(names[2], True)
-        if not isinstance(pixels, torch.Tensor) or not isinstance(sizes, torch.Tensor) or sizes.dim() != 2 \
-                or sizes.shape[0] == 0:
+        if not isinstance(pixels, torch.Tensor) or not isinstance(sizes, torch.Tensor) or sizes.dim() != 2:
             return stock(self, *args, **kwargs)
         in_traced_forward = vp is None and torch.compiler.is_compiling()
+        stream = stream_crops(sizes) if in_traced_forward else None
+        if stream is not None:
+            # (the host sizes noted as the plan's crops: the window merger and the segments after it find them so)
+            note_stream_crops(stream[1], *stream)
+            return stock(self, pixels, stream[1], use_vit_merger,
+                         **{**_stream_kwargs(self, stream[0], pixels), **{k: v for k, v in kwargs.items()
+                                                                         if k not in names[:3]}})
         if in_traced_forward:
             # A traced forward: the plan of these very sizes, which stock then reads only through the rewritten code
             # (the plan's rows as Python ints: navit.traced_crops); none (stock's graph, breaks and all) without one.
@@ -86,6 +99,10 @@ def make_vision_forward_target_sizes(stock):
             if traced is None or traced[0] is None:
                 return stock(self, *args, **kwargs)
             vp = traced[0]
+        # (no crops: stock's own; counted on the plan's rows where there is one, as a traced stream forward's crop
+        # count is a size Dynamo keeps unbacked, which no branch may test)
+        if not (vp.rows if vp is not None else sizes.shape[0]):
+            return stock(self, *args, **kwargs)
         found = (vp, sizes) if vp is not None else _planned(sizes)
         if found is None:  # a tower called on its own: one read of the sizes (none if already on the host)
             host = read_to_host_syncs_once({"target_sizes": sizes})["target_sizes"]
@@ -114,7 +131,7 @@ def make_vision_forward_target_sizes(stock):
             return stock(self, pixels, host, use_vit_merger, **{**extra, **rest})
         tables = vp.tables_made.get("navit_merger")
         if tables is None:
-            tables = _merger_tables(self.vit_merger, host, pixels.device)
+            tables = merger_tables(self.vit_merger, host, pixels.device)
             if not torch.compiler.is_compiling():
                 vp.tables_made["navit_merger"] = tables
         token = MERGER.set(tables)
@@ -127,17 +144,70 @@ def make_vision_forward_target_sizes(stock):
     return forward
 
 
-def _merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
-    """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
-    no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
-    window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
-    windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
-    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
-    merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
-                                        (1, 0))
-    return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
-                        {len(windows) + 1: tuple(windows)}, host_index_to(merged_cu, device),
-                        {len(merged) + 1: tuple(merged)})
+@wrapper("runs the merger's per-crop loop as one operator over the plan's host crop sizes in a traced forward of a "
+         "stream")
+def make_merger_forward(stock):
+    names = positional_names(stock)  # (hidden_states, target_sizes)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        given = given_args(names, args, kwargs)
+        stream = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
+        if stream is None:
+            return stock(self, *args, **kwargs)
+        vp, host = stream
+        return merged_crops(self, given.get(names[0]), host, "image" if vp is active.current().plan.image else "video")
+
+    return forward
+
+
+@wrapper("runs the in-tower window merger as one operator over the plan's host crop sizes in a traced forward of a "
+         "stream")
+def make_window_merger_forward(stock):
+    names = positional_names(stock)  # (hidden_states, target_sizes)
+
+    @functools.wraps(stock)
+    def forward(self, *args, **kwargs):
+        given = given_args(names, args, kwargs)
+        stream = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
+        if stream is None:
+            return stock(self, *args, **kwargs)
+        return merged_windows(self, given.get(names[0]), stream[1])
+
+    return forward
+
+
+def _stream_kwargs(tower, vp: VisionPlan, pixels: torch.Tensor) -> dict:
+    """What the tower is handed in a traced forward of a stream (``Layout.stream``), read from no row of the plan (a
+    row read is a guard, a graph per layout): the position ids made by one operator on the plan's host sizes, sized by
+    the pixels' patches; the planned ``cu_seqlens``; the segments as the host lengths the attention's operator takes
+    (``TracedSegments``)."""
+    patch = tower.config.patch_size
+    extra = {"position_ids": _stream_position_ids(vp.grid_thw, tower.embeddings.num_patches_per_side, pixels,
+                                                  patch),
+             "syncfree_cu_seqlens": vp.cu_seqlens,
+             "syncfree_seqlens": TracedSegments([(vp.cu_seqlens, vp.host_seqlens,
+                                                  lambda: vp.seqlens_by_length()[len(vp.seqlens) + 1])],
+                                                vp.seqlens_by_length)}
+    if _flash(tower.config):
+        extra["max_seqlen"] = vp.carriers["max_seqlen"].shape[0]
+    return extra
+
+
+@torch.library.custom_op("syncfree::navit_position_ids", mutates_args=())
+def _position_ids_op(grid: torch.Tensor, num_patches_per_side: int, pixels: torch.Tensor, patch: int) -> torch.Tensor:
+    # (the host grid's (1, h, w) rows; made on the pixels' device, as the eager path makes them)
+    return nearest_position_ids([(h, w) for _, h, w in grid.tolist()], num_patches_per_side, pixels.device)
+
+
+@_position_ids_op.register_fake
+def _(grid, num_patches_per_side, pixels, patch):
+    # (one id per patch of the NaViT strip (1, C, p, patches * p))
+    return pixels.new_empty((pixels.shape[-1] // patch,), dtype=torch.long)
+
+
+def _stream_position_ids(grid, num_patches_per_side: int, pixels, patch: int) -> torch.Tensor:
+    return _position_ids_op(grid, num_patches_per_side, pixels, patch)
 
 
 def _flash(config) -> bool:
