@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .rewriter import Edit
 
-__all__ = ["PACKED_CHECK", "PACKED_SEQUENCES", "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
+__all__ = ["CHUNK_DELTA_RULE", "PACKED_CHECK", "PACKED_SEQUENCES",
+           "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
            "GENERATION_POSITIONS", "ROPE_DELTAS_AFTER_CACHE", "SLIDING_WINDOW_TENSOR", "SLIDING_WINDOW_TAIL",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
@@ -245,3 +246,10 @@ LINEAR_LENGTH_TENSOR = _host_scalar_move("cumulative_length_linear")
 SLIDING_WINDOW_TAIL = tuple(
     Edit("expr", f"full_{kind}_states[:, :, -self.sliding_window + 1:, :]",
          f"_syncfree.window_tail(full_{kind}_states, self.sliding_window)") for kind in ("key", "value"))
+# A gated-DeltaNet layer scans its chunked delta rule in a Python loop over 64-token chunks, which Dynamo unrolls: in a
+# traced stream, a graph per chunk count. The layer's call goes through ``chunk_delta_rule`` instead: in a traced stream
+# forward the same call inside one operator, stock's function itself elsewhere. (The name, not the call's statement:
+# Transformers' releases name the call's arguments and results differently.)
+CHUNK_DELTA_RULE = (
+    Edit("expr", "torch_chunk_gated_delta_rule", "_syncfree.chunk_delta_rule(torch_chunk_gated_delta_rule)"),
+)

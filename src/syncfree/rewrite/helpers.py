@@ -22,6 +22,7 @@ from ..plan import active
 
 # (called from rewritten vision attention)
 from .attention import segment_attention, segment_attention_with_weights, split_segments  # noqa: F401
+from .chunk_delta_rule import chunk_delta_rule  # noqa: F401  (called from a gated-DeltaNet layer's forward)
 from .host_index import host_index_to  # noqa: F401
 from .host_mask import host_padding_mask
 from .segments import segment_lengths  # noqa: F401  (called from the generic split fix)
@@ -31,7 +32,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to", "window_tail",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
-           "traced_vision_plan", "traced_grid_rows"]
+           "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule"]
 
 
 def _compiling() -> bool:

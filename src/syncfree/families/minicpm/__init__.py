@@ -34,12 +34,11 @@ In a forward ``torch.compile`` traces for a stream of layouts (``Layout.stream``
 gets its position ids from one operator on the plan's host sizes and its segments as host lengths, the merger's and
 the in-tower window merger's per-crop work each runs in one operator over the host crop sizes (``merger``), and the
 borrowed Qwen3.5 text model's chunked delta rule, whose loop over 64-token chunks would be a graph per chunk count,
-in one operator too (``delta_rule``).
+in one operator too (``rewrite/chunk_delta_rule.py``, as in Qwen3.5 itself).
 
-The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``, with the delta
-rule's: the family's ``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared
-``rewrite/helpers.py``), its tower, merger and window merger wrappers (``wrappers``) and the operators they run
-(``merger``).
+The family's own code is in this folder: its edits (``edits``), the NaViT helpers they call (``navit``: the family's
+``Family.helpers``, which its rewritten code sees under ``_syncfree`` beside the shared ``rewrite/helpers.py``), its
+tower, merger and window merger wrappers (``wrappers``) and the operators they run (``merger``).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder
 from ...plan.spec import Layout, RotaryIndex, TowerShape
-from ...rewrite.edits import VISION_ATTENTION
+from ...rewrite.edits import CHUNK_DELTA_RULE, VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
 from ..group import FamilyGroup
@@ -59,9 +58,7 @@ from ..shared import (
     installed_source_has,
     )
 from . import navit
-from .delta_rule import chunk_delta_rule
 from .edits import (
-    CHUNK_DELTA_RULE,
     FEATURE_SCATTER_MASK,
     FRAME_SIZES,
     HALVED_SIZES,
@@ -127,16 +124,12 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     # One graph serves a stream of layouts (``Layout.stream``; tests/test_compile_stream.py): the NaViT strip's patch
     # dimension dynamic (``plan.dynamic_dims``), the tower handed its stream kwargs, the merger, the window merger and
-    # Qwen3.5's chunked delta rule each one operator (``wrappers``, ``merger``, ``delta_rule``).
+    # Qwen3.5's chunked delta rule each one operator (``wrappers``, ``merger``, ``rewrite/chunk_delta_rule.py``).
     layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
                     tower=TowerShape(holds_projector=False), plan=PLAN,
                     rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True,
                     stream=True)
-    return Family(model_type, targets, layout, helpers=_HELPERS)
-
-
-# What the family's rewritten code calls under ``_syncfree``: the NaViT helpers and the delta rule's.
-_HELPERS = {**{name: getattr(navit, name) for name in navit.__all__}, "chunk_delta_rule": chunk_delta_rule}
+    return Family(model_type, targets, layout, helpers=navit)
 
 
 # Registered where the installed code merges windows per crop by the window index (Transformers 5.24); 5.17's merger

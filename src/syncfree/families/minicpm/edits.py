@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...rewrite.rewriter import Edit
 
 __all__ = ["NAVIT_CU_SEQLENS", "PLACEHOLDER_BY_TOKEN_ID", "FEATURE_SCATTER_MASK", "NAVIT_WINDOW_MERGER",
-           "NAVIT_MERGED_CU_SEQLENS", "HALVED_SIZES", "FRAME_SIZES", "MERGER_CROP_SIZE", "CHUNK_DELTA_RULE"]
+           "NAVIT_MERGED_CU_SEQLENS", "HALVED_SIZES", "FRAME_SIZES", "MERGER_CROP_SIZE"]
 
 # MiniCPM-V's NaViT tower builds its segments' cumulative lengths from ``target_sizes`` and copies them to the device
 # (from the plan's host sizes the wrapper hands it: a blocking copy): the plan's, moved with it, instead.
@@ -77,18 +77,4 @@ FRAME_SIZES = (
 # The merger's per-crop loop slices the features by each crop's size: Python ints from the plan in a traced forward.
 MERGER_CROP_SIZE = (
     Edit("stmt", "height, width = target_sizes[batch_idx]", "height, width = _syncfree.crop_size(target_sizes, batch_idx)"),
-)
-
-# Qwen3.5's gated-DeltaNet layer (the borrowed text model) calls the chunked delta rule, whose loop over chunks Dynamo
-# unrolls: in a traced stream forward, the same call inside one operator (``delta_rule``); stock's function elsewhere.
-CHUNK_DELTA_RULE = (
-    Edit("stmt", """
-         chunked_attn_out, chunked_last_recurrent_state = torch_chunk_gated_delta_rule(
-             chunked_query, chunked_key, chunked_value, g=chunked_g, beta=chunked_beta, initial_state=recurrent_state,
-             output_final_state=cache is not None, use_qk_l2norm_in_kernel=True,
-             cu_seqlens=kwargs.pop("cu_seq_lens_q", None), **kwargs)""", """
-         chunked_attn_out, chunked_last_recurrent_state = _syncfree.chunk_delta_rule(torch_chunk_gated_delta_rule)(
-             chunked_query, chunked_key, chunked_value, g=chunked_g, beta=chunked_beta, initial_state=recurrent_state,
-             output_final_state=cache is not None, use_qk_l2norm_in_kernel=True,
-             cu_seqlens=kwargs.pop("cu_seq_lens_q", None), **kwargs)"""),
 )

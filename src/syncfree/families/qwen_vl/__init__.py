@@ -9,7 +9,7 @@ positions; Qwen2.5-VL's windows and video time scale).
 from __future__ import annotations
 
 from ...plan.spec import Layout, ModelSpec, PositionTable, TowerShape, VideoLayout
-from ...rewrite.edits import DEEPSTACK_MERGE, DEEPSTACK_PROCESS
+from ...rewrite.edits import CHUNK_DELTA_RULE, DEEPSTACK_MERGE, DEEPSTACK_PROCESS
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_per_sample_recurrent
 from ..group import FamilyGroup
@@ -29,14 +29,17 @@ def _common(attention: str, vision: str, prefix: str, vision_needs: tuple, rope_
 
 def qwen3_vl_targets(prefix: str, deepstack: bool = True, recurrent: bool = False) -> tuple[Target, ...]:
     """Qwen3-VL's vision tower and layout; Qwen3.5 has the same without the deepstack features, and gated-DeltaNet
-    layers (``recurrent``: run sample by sample in a packed batch)."""
+    layers (``recurrent``: run sample by sample in a packed batch, their chunked delta rule one operator in a traced
+    stream forward)."""
     targets = _common(f"{prefix}VisionAttention", f"{prefix}VisionModel", prefix,
                       vision_needs=("get_vision_interpolation_indices_and_weights(",),
                       rope_needs=("video_grid_thw[:, 0] = 1",), model_edits=DEEPSTACK_MERGE if deepstack else ())
     if deepstack:
         targets += (Target(f"{prefix}TextModel", "_deepstack_process", edits=DEEPSTACK_PROCESS),)
     if recurrent:
-        targets += (Target(f"{prefix}GatedDeltaNet", "forward", wrap=make_per_sample_recurrent,
+        # (and its chunked delta rule one operator in a traced stream forward: stock's loop over chunks made a graph
+        # per chunk count)
+        targets += (Target(f"{prefix}GatedDeltaNet", "forward", wrap=make_per_sample_recurrent, edits=CHUNK_DELTA_RULE,
                            # (its cache is ``cache`` from Transformers 5.25, ``cache_params`` before: either)
                            params=("hidden_states", "attention_mask"),
                            needs=("recurrent_state",), borrowed=True),)

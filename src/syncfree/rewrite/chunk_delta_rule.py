@@ -1,17 +1,16 @@
-"""Qwen3.5's chunked gated delta rule (the text model MiniCPM borrows) in a traced forward of a stream
-(``Layout.stream``).
+"""A gated-DeltaNet text model's chunked delta rule in a traced forward of a stream (``Layout.stream``).
 
 Stock's ``torch_chunk_gated_delta_rule`` pads the text to whole chunks of 64 tokens and scans them in a Python loop
 (``for i in range(num_chunks)``), which Dynamo unrolls: a graph per chunk count, so texts of up to 64, 128, ...
 tokens each compile apart (and one chunk also specialises a size of 1: ``decay.cumsum(dim=3)`` broadcasts it). In a
-traced stream forward the call runs inside one operator (``syncfree::minicpm_chunk_delta_rule``, made by
-``recomputed_op``): the very function stock calls (the module's, its fallback to a kernel package included), with
-the same arguments, so the outputs are the eager ones bit for bit; its backward runs it again under autograd. A custom
-operator returns one tensor: where stock also returns the final state (a forward with a cache), the output and the
-state come packed in one float32 vector (the state's dtype: the output's converts there and back exactly) and are
-viewed apart after it.
+traced stream forward the call runs inside one operator (``syncfree::chunk_delta_rule``, made by ``recomputed_op``):
+the very function stock calls, with the same arguments, so the outputs are the eager ones bit for bit; its backward
+runs it again under autograd. A custom operator returns one tensor: where stock also returns the final state (a
+forward with a cache), the output and the state come packed in one float32 vector (the state's dtype: the output's
+converts there and back exactly) and are viewed apart after it.
 
-Anything else (packed sequences' ``cu_seqlens``, an eager forward) calls stock's function as it is.
+Anything else (packed sequences' ``cu_seqlens``, an eager forward) calls stock's function as it is. The edit that
+routes a layer's call through here is ``edits.CHUNK_DELTA_RULE``.
 """
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ import functools
 
 import torch
 
-from ...plan import active
-from ...plan.spec import layout_of
-from ...rewrite.recomputed_op import recomputed_op
+from ..plan import active
+from ..plan.spec import layout_of
+from .recomputed_op import recomputed_op
 
 __all__ = ["chunk_delta_rule"]
 
@@ -60,7 +59,7 @@ def _fake(query, key, value, g, beta, initial_state, rule, final, l2norm):
                            dtype=torch.float32)
 
 
-_chunked = recomputed_op("syncfree::minicpm_chunk_delta_rule", _rule, _fake, differentiable=6)
+_chunked = recomputed_op("syncfree::chunk_delta_rule", _rule, _fake, differentiable=6)
 
 
 def _traced(stock, query, key, value, g, beta, initial_state=None, output_final_state=False,
