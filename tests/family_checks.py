@@ -430,6 +430,14 @@ def check_host_index_is_stocks(index, config, batch: dict, names: tuple, masked:
     host = {n: batch.get(n) for n in names}
     mask = batch["attention_mask"] if masked or not bool(batch["attention_mask"].all()) else None
     got = index(spec, host, mask)
+    types = host.get("mm_token_type_ids")
+    if isinstance(types, torch.Tensor) and types.dim() == 2 and not types.dtype.is_floating_point:
+        # (the plan hands the index the placeholder runs it found: the same answer as the index's own runs)
+        from syncfree.plan.token_types import placeholder_runs
+
+        again = index(spec, host, mask, runs=placeholder_runs(types.numpy().astype("int64")))
+        assert (again is None) == (got is None)
+        assert got is None or all(torch.equal(a, g) for a, g in zip(again, got))
     if not edited:
         assert got is not None  # (the processor's layouts: never left to stock's walk)
     if got is None:

@@ -366,7 +366,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
         position_ids, rope_deltas = extra.pop("position_ids"), extra.pop("rope_deltas")
         extra.update(items_per_row(spec, draft.runs, draft.video))
     else:
-        position_ids, rope_deltas, stock_rope = _mrope_index(spec, host, mask, draft.image or draft.video)
+        position_ids, rope_deltas, stock_rope = _mrope_index(spec, host, mask, draft.image or draft.video, draft.runs)
         extra = dict(items_per_row(spec, draft.runs, draft.video) if spec.rope.mrope
                      else items_per_row_by_count(draft.runs, draft.image, draft.video, draft.host),
                      stock_rope=stock_rope)
@@ -382,7 +382,7 @@ def finish_plan(draft: Draft, use_audio_in_video: bool = False, packing: Packing
     )
 
 
-def _mrope_index(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
+def _mrope_index(spec: ModelSpec, host: dict, mask, has_vision, runs: Runs | None = None) -> tuple:
     """The shared 3D rotary index (M-RoPE: ``rope_host.rope_index_host``, or the family's own host index), where
     stock's would compute one: (positions, deltas, False); Nones where none is computed; (None, None, True) where
     only stock's own index gives stock's answer (runs that do not match their grids, a row with no kept token: stock
@@ -398,7 +398,7 @@ def _mrope_index(spec: ModelSpec, host: dict, mask, has_vision) -> tuple:
             and ids.shape == mm_types.shape and has_vision and (given_mask is None or mask is not None)):
         if spec.rope.host_class is not None:  # the family's own index, as stock, on the host
             # (Its NumPy form where the family declares one and it models the layout: stock's walk costs milliseconds.)
-            found = spec.hooks.rope_index(spec, host, mask) if spec.hooks.rope_index is not None else None
+            found = spec.hooks.rope_index(spec, host, mask, runs=runs) if spec.hooks.rope_index is not None else None
             if found is not None:
                 return (*found, False)
             try:

@@ -48,7 +48,9 @@ class PlanHooks:
     # ``rope_index(spec, host, mask) -> (position_ids, rope_deltas) | None``: the family's own rotary index
     # (``RotaryIndex.host_class``) computed on the host copies without stock's token-by-token walk, exactly stock's
     # numbers; None where it does not model the batch's layout (the plan then runs stock's own index on the host).
-    # One that interleaves audio and video (``RotaryIndex.audio_class``) is also given ``use_audio_in_video=``.
+    # One that interleaves audio and video (``RotaryIndex.audio_class``) is also given ``use_audio_in_video=``; the
+    # plan's own call gives ``runs=``, the placeholder runs over every position (``token_types.Runs``) it found already,
+    # which an index may take rather than find them again.
     rope_index: Callable | None = None
     # ``fields(spec, host) -> dict``: Plan fields the family adds (its audio encoder's plan).
     fields: Callable | None = None

@@ -23,6 +23,7 @@ class Runs:
     lengths: np.ndarray
     rows: np.ndarray  # the row each run is in
     n_rows: int
+    starts: np.ndarray | None = None  # where each run starts in the flattened rows
 
     def per_row(self, kind: int) -> tuple[int, ...]:
         return tuple(np.bincount(self.rows[self.kinds == kind], minlength=self.n_rows).tolist())
@@ -35,7 +36,7 @@ def placeholder_runs(types: np.ndarray) -> Runs:
     row_starts = np.zeros(flat.shape[0], dtype=bool)
     row_starts[::width] = True
     starts, lengths = runs_of(flat, row_starts)
-    return Runs(flat[starts], lengths, starts // width, n_rows)
+    return Runs(flat[starts], lengths, starts // width, n_rows, starts)
 
 
 def token_types(spec: ModelSpec, input_ids, mm_token_type_ids) -> np.ndarray | None:

@@ -81,6 +81,10 @@ class TowerShape:
     # adds a frame embedding per patch: the split sizes ignore t, and the plan makes the frame index and the pooling's
     # destination and weight (``ModelSpec.temporal_pooling``: the kernel).
     temporal_pooling: bool = False
+    # The tower reads the plan's per-patch tables (rotary ids, interpolation, windows: ``VisionPlan.tables``, made on
+    # the device from its item table). False for a tower that makes its own position ids and takes only segment sizes:
+    # the plan then makes no item table (host time per item and bytes uploaded that nothing would read).
+    patch_tables: bool = True
 
     def segment_lengths(self, t: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.ndarray:
         """Patches per attention segment of the grid columns ``t, h, w`` (NumPy): one segment per frame, or per

@@ -40,8 +40,8 @@ class VisionPlan(DeviceFields):
     n_patches: int  # sum of t * h * w
     cu_seqlens: torch.Tensor  # (segments + 1,) int32
     device_grid: torch.Tensor  # (N, 3) int64: the grid rows, moved with the plan (a tower that takes its grid there)
-    items: torch.Tensor  # (len(ITEM), N) int64: host integers per image or video, moved with the plan; the tables'
-    # per-patch values are expanded from it
+    items: torch.Tensor | None  # (len(ITEM), N) int64: host integers per image or video, moved with the plan; the
+    # tables' per-patch values are expanded from it (None: the tower reads no tables, TowerShape.patch_tables=False)
     tower_tables: TowerTables  # what the tables read of the spec
     tables_by_device: bool  # built on the device (the installed stock helpers checked), else stock's on the host
     cu_window_seqlens: torch.Tensor | None = None  # window attention (TowerShape.windows)
@@ -92,6 +92,9 @@ class VisionPlan(DeviceFields):
         nothing big uploaded), once."""
         if self.tables_made:
             return self.tables_made
+        if self.items is None:  # (TowerShape.patch_tables=False: the family's tower was declared to read none)
+            raise RuntimeError("syncfree: this vision plan has no item table (its family's TowerShape says the tower "
+                               "reads no per-patch tables), but its per-patch tables were asked for")
         if self.tables_by_device:
             # (``patches``: the patch count as the traced forward's pixels give it, a size Dynamo keeps dynamic)
             tables = device_tables(self.items, self.num_patches if patches is None else patches, self.tower_tables,
@@ -198,7 +201,8 @@ def vision_plan(grid_thw: torch.Tensor, spec: ModelSpec, name: str = "grid_thw",
         grid_thw=grid, rows=rows, seqlens=seqlens, split_sizes=split_sizes, split_array=split_array,
         max_seqlen=longest, n_patches=patches, cu_seqlens=cu_seqlens, device_grid=grid,
         features_follow_patches=per_item is None and tower.features_follow_patches(features, patches, merge),
-        items=item_columns(host, tables, per_item and per_item[1], runs=runs), tower_tables=tables,
+        items=item_columns(host, tables, per_item and per_item[1], runs=runs) if tower.patch_tables else None,
+        tower_tables=tables,
         tables_by_device=device_tables_match_stock(tables), segment_prefix=tower.segment_prefix, **extra,
     )
 

@@ -77,7 +77,7 @@ def _scatter(positions: np.ndarray, B: int, S: int, keep) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def hunyuan_rope_index(spec, host: dict, mask):
+def hunyuan_rope_index(spec, host: dict, mask, runs=None):
     """HunYuan-VL's ``get_rope_index`` (``len(mrope_section)`` axes), as stock gives it; None where not modelled."""
     config = spec.config
     axes = len((config.text_config.rope_parameters or {}).get("mrope_section", []) or [])
@@ -115,7 +115,7 @@ def hunyuan_rope_index(spec, host: dict, mask):
     return _scatter(positions, B, S, keep), torch.from_numpy(deltas.astype(np.int64))[:, None]
 
 
-def hyv4_rope_index(spec, host: dict, mask):
+def hyv4_rope_index(spec, host: dict, mask, runs=None):
     """HY-V4-VL's ``get_rope_index`` (3 axes), as stock gives it; None where not modelled."""
     found = _kept_runs(host, mask)
     grids = {1: _grid(host, "image_grid_thw"), 2: _grid(host, "video_grid_thw")}

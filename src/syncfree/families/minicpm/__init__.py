@@ -126,7 +126,7 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
     # dimension dynamic (``plan.dynamic_dims``), the tower handed its stream kwargs, the merger, the window merger and
     # Qwen3.5's chunked delta rule each one operator (``wrappers``, ``merger``, ``rewrite/chunk_delta_rule.py``).
     layout = Layout(family_module(model_type), vision_markers=False, token_types=host_rope,
-                    tower=TowerShape(holds_projector=False), plan=PLAN,
+                    tower=TowerShape(holds_projector=False, patch_tables=False), plan=PLAN,
                     rope=RotaryIndex(mrope=False, host_class=f"{p}Model" if host_rope else None), one_graph=True,
                     stream=True)
     return Family(model_type, targets, layout, helpers=navit)

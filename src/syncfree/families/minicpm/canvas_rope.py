@@ -55,10 +55,11 @@ def _crop_positions(spec, h: int, w: int, canvas_h: int, canvas_w: int, merge: i
     return table
 
 
-def canvas_rope_index(spec, host: dict, mask):
+def canvas_rope_index(spec, host: dict, mask, runs=None):
     """``(position_ids (3, B, S) int64, rope_deltas (B, 1) int64)`` as stock's ``get_rope_index`` gives them for
     the host copies ``host`` (and the 2D ``mask``, None without one), with the config's ``downsample_mode``; None where
-    the layout is not one this models (the caller runs stock's own index)."""
+    the layout is not one this models (the caller runs stock's own index). ``runs``: the plan's placeholder runs over
+    every position, which are these tokens' where every one is kept (the plan checked the types against the ids)."""
     config = spec.config
     ids, types = host["input_ids"], host["mm_token_type_ids"]
     if not (isinstance(ids, torch.Tensor) and isinstance(types, torch.Tensor) and ids.dim() == 2
@@ -77,7 +78,7 @@ def canvas_rope_index(spec, host: dict, mask):
             return None  # (stock's deltas subtract the mask's sum: only 0/1 makes that the kept count)
         keep = None if low == 1 else m != 0
     if keep is None:
-        xs, ys, row_of = x.reshape(-1), y.reshape(-1), np.repeat(np.arange(B), S)
+        xs, ys, row_of = x.reshape(-1), y.reshape(-1), None  # (rows of S tokens each: a token's row is its index // S)
         counts = np.full(B, S)
     else:
         xs, ys, row_of = x[keep], y[keep], np.nonzero(keep)[0]
@@ -90,7 +91,8 @@ def canvas_rope_index(spec, host: dict, mask):
         grids = _grids(host, config)
         if grids is None:
             return None
-        if not _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config):
+        found = (runs.starts, runs.lengths) if keep is None and runs is not None and runs.starts is not None else None
+        if not _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config, found):
             return None
     if keep is None:  # (every token kept: the positions are the batch's, row after row)
         out = positions.reshape(3, B, S)
@@ -119,25 +121,30 @@ def _grids(host: dict, config):
     return found
 
 
-def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config) -> bool:
-    """Write every kept token's positions into ``positions`` (3, K); False where the layout is not modelled."""
+def _fill(positions, xs, ys, row_of, row_begin, row_end, grids, spec, config, runs=None) -> bool:
+    """Write every kept token's positions into ``positions`` (3, K); False where the layout is not modelled.
+    ``row_of``: each kept token's row, or None where every token is kept (rows of one length); ``runs``: the tokens'
+    runs (starts, lengths), where the caller has them."""
     merge = 2 if config.downsample_mode == "4x" else 4
     slice_start = config.slice_start_id
     markers = np.array([slice_start, config.slice_end_id, config.image_start_id, config.image_end_id,
                         config.newline_id])
     K = xs.shape[0]
-    row_starts = np.zeros(K, dtype=bool)
-    row_starts[row_begin[row_begin < row_end]] = True
-    starts, lengths = runs_of(ys, row_starts)
+    if runs is None:
+        row_starts = np.zeros(K, dtype=bool)
+        row_starts[row_begin[row_begin < row_end]] = True
+        runs = runs_of(ys, row_starts)
+    starts, lengths = runs
     crop = ys[starts] != 0
     crop_runs = np.flatnonzero(crop)
     cs = starts[crop_runs]  # crops: maximal runs of one nonzero type
     length = lengths[crop_runs]
     ce = cs + length
-    crow = row_of[cs]
+    crow = row_of[cs] if row_of is not None else cs // (K // row_begin.shape[0])
     C = cs.shape[0]
     if not C:  # text only: each row counts from 0
-        positions[:] = np.arange(K) - row_begin[row_of]
+        rows = row_of if row_of is not None else np.repeat(np.arange(row_begin.shape[0]), K // row_begin.shape[0])
+        positions[:] = np.arange(K) - row_begin[rows]
         return True
     first = np.ones(C, dtype=bool)
     first[1:] = crow[1:] != crow[:-1]

@@ -32,14 +32,14 @@ __all__ = ["qwen3_omni_rope_index", "qwen2_5_omni_rope_index"]
 _EXACT = 2**24  # float32 holds every integer below this
 
 
-def qwen3_omni_rope_index(spec, host: dict, mask, use_audio_in_video: bool = False):
+def qwen3_omni_rope_index(spec, host: dict, mask, use_audio_in_video: bool = False, runs=None):
     """Qwen3-Omni's index: float32 positions (padding 0) and float32 deltas; None where not modelled."""
     if mask is None:
         return None  # (stock's index indexes the mask it is given)
     return _omni_index(spec, host, mask, use_audio_in_video, qwen3=True)
 
 
-def qwen2_5_omni_rope_index(spec, host: dict, mask, use_audio_in_video: bool = False):
+def qwen2_5_omni_rope_index(spec, host: dict, mask, use_audio_in_video: bool = False, runs=None):
     """Qwen2.5-Omni's index: positions in the ids' dtype (padding 1) and int64 deltas; None where not modelled."""
     return _omni_index(spec, host, mask, use_audio_in_video, qwen3=False)
 
