@@ -144,9 +144,9 @@ def make_vision_forward_target_sizes(stock):
     return forward
 
 
-@wrapper("runs the merger's per-crop loop as one operator over the plan's host crop sizes in a traced forward of a "
-         "stream")
-def make_merger_forward(stock):
+def _per_crop_in_one_op(stock, run):
+    """``stock`` (a module's ``forward(hidden_states, target_sizes)``), whose per-crop work runs as ``run(module,
+    hidden_states, vision plan, host sizes)`` in a traced forward of a stream; stock's own elsewhere."""
     names = positional_names(stock)  # (hidden_states, target_sizes)
 
     @functools.wraps(stock)
@@ -155,26 +155,22 @@ def make_merger_forward(stock):
         stream = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
         if stream is None:
             return stock(self, *args, **kwargs)
-        vp, host = stream
-        return merged_crops(self, given.get(names[0]), host, "image" if vp is active.current().plan.image else "video")
+        return run(self, given.get(names[0]), *stream)
 
     return forward
+
+
+@wrapper("runs the merger's per-crop loop as one operator over the plan's host crop sizes in a traced forward of a "
+         "stream")
+def make_merger_forward(stock):
+    return _per_crop_in_one_op(stock, lambda merger, hidden, vp, host: merged_crops(
+        merger, hidden, host, "image" if vp is active.current().plan.image else "video"))
 
 
 @wrapper("runs the in-tower window merger as one operator over the plan's host crop sizes in a traced forward of a "
          "stream")
 def make_window_merger_forward(stock):
-    names = positional_names(stock)  # (hidden_states, target_sizes)
-
-    @functools.wraps(stock)
-    def forward(self, *args, **kwargs):
-        given = given_args(names, args, kwargs)
-        stream = stream_crops(given.get(names[1])) if torch.compiler.is_compiling() else None
-        if stream is None:
-            return stock(self, *args, **kwargs)
-        return merged_windows(self, given.get(names[0]), stream[1])
-
-    return forward
+    return _per_crop_in_one_op(stock, lambda merger, hidden, vp, host: merged_windows(merger, hidden, host))
 
 
 def _stream_kwargs(tower, vp: VisionPlan, pixels: torch.Tensor) -> dict:
