@@ -23,6 +23,7 @@ from family_checks import (
     traced_copy,
 )
 from syncfree.inputs import Image, Text, Video, build_inputs, processor_batch
+from syncfree.presets import build_model
 
 pytest.importorskip("transformers.models.cosmos3_edge.modeling_cosmos3_edge")
 NAME = "cosmos3-edge-tiny"
@@ -106,7 +107,9 @@ def test_the_rewritten_resampling_stays_a_staticmethod_bound_patched_and_pickled
     """Stock's position resampling is a ``staticmethod`` (its grid read is rewritten for a traced forward): the patched
     instance's attribute takes stock's arguments without an instance, gives stock's values, and survives pickling and
     ``unpatch``."""
-    stock, patched = _pair()
+    # (models of its own: the session's shared pair may carry an earlier test's hooks, e.g. a training test's
+    # ``enable_input_require_grads``, which pickling cannot take)
+    stock, patched = build_model(NAME), syncfree.patch(build_model(NAME))
     cls = type(stock.model.visual.embeddings)
     assert isinstance(cls.__dict__["resize_positional_embeddings"], staticmethod)  # (the class itself is untouched)
     table = torch.randn(4, 4, 8)  # (height, width, hidden), a learned reference grid
