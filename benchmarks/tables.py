@@ -65,9 +65,9 @@ _WHY_LEFT = {
 # The command that writes each recorded file (the files that record their own command are read from it).
 COMMANDS = {
     "census.json": "syncfree census --out results",
-    "compile_stream.json": "python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v qwen2_vl qwen3_5 "
-                           "exaone4_5 cosmos3_edge paddleocr_vl kimi_k25 lfm3_vl --batches 16 "
-                           "--out results/compile_stream.json",
+    "compile_stream.json": "python benchmarks/compile_stream.py --families FAMILY ... --batches 16 --append "
+                           "--out results/compile_stream.json (run by groups of families; each run keeps the other "
+                           "families' rows)",
     "bench-cpu.json": "syncfree bench --device cpu --models qwen3-vl-2b qwen3-vl-8b qwen2.5-vl-7b --budget 8 "
                       "--repeats 3 --out results --name bench-cpu",
     "bench-cpu-compiled.json": "syncfree bench --device cpu --models qwen3-vl-2b --scenarios image-448 "
