@@ -83,11 +83,16 @@ _POSITION_ROWS = (Edit("stmt", """
         position_embeddings_list.append(_syncfree.resampled_positions(self, embeddings, grid_thw))
     else:
         for t, h, w in _syncfree.grid_rows(grid_thw):
-            position_embeddings_list.append(self.interpolate_pos_encoding(embeddings, h, w).squeeze(0).repeat(t, 1))"""),)
+            position_embeddings_list.append(self.interpolate_pos_encoding(embeddings, h, w).squeeze(0).repeat(t, 1))""",
+                        count=None),
+                   # (Transformers 5.17 writes the loop's body otherwise: its rows are the plan's there, as above, and a
+                   # stream's positions are resampled in the loop, a graph per layout. The loop itself is checked below.)
+                   Edit("expr", "grid_thw", "_syncfree.grid_rows(grid_thw)", count=None))
 
 
 def _position_rows(embed: str) -> tuple[Target, ...]:
-    return (Target(embed, "forward", edits=_POSITION_ROWS),)
+    return (Target(embed, "forward", edits=_POSITION_ROWS),
+            Target(embed, "forward", check_only=True, needs=("for t, h, w in grid_thw:",)))
 
 
 def _hunyuan() -> Family:
