@@ -36,10 +36,9 @@ _QUICK = {"qwen2_5_vl"}
 _TRAINING = set(STREAM)
 _MOST_GRAPHS = 4  # (what the docs promise for any stream; a graph per input set: images, with videos, text only)
 # Where stock decides by a text's length against a size of its own, a stream whose texts fall on both sides compiles
-# a graph more per input set (docs/families.md names the lines): LFM3-VL's cache pads a prefill shorter than its short
-# convolution's kernel (``update_conv_state``: ``full_conv_states.shape[-1] < self.conv_kernel_size``); MiniMax-M3-VL's
-# indexer keeps ``min(topk_blocks, key blocks)`` blocks, one for a text of one block, whose ``masked_fill`` guards on it.
-_LENGTH_SPLITS = {"lfm3_vl": 2, "minimax_m3_vl": 2}
+# a graph more per input set (docs/families.md names the line): MiniMax-M3-VL's indexer keeps
+# ``min(topk_blocks, key blocks)`` blocks, one for a text of one block, whose ``masked_fill`` guards on it.
+_LENGTH_SPLITS = {"minimax_m3_vl": 2}
 
 
 def _stream(model, preset: str, count: int, training: bool = False):
@@ -164,4 +163,29 @@ def test_the_cache_windows_tail_is_stocks_slice_and_one_graph_for_texts_shorter_
         want = states[:, :, -window + 1:, :]
         assert torch.equal(window_tail(states, window), want)
         assert torch.equal(compiled(states, new), torch.cat([want, new], dim=2))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("kernel", [3, 4])
+def test_a_prefills_convolution_states_are_stocks_and_one_graph_for_texts_shorter_and_longer_than_the_kernel(kernel):
+    """``conv_prefill`` (a linear-attention cache layer's prefill): stock's left zero padding up to the kernel in eager
+    and in a traced graph, which serves texts shorter and longer than the kernel alike (stock's branch guards on
+    which), with the last ``kernel`` tokens the layer keeps."""
+    from syncfree.rewrite.helpers import conv_prefill
+
+    def stock(states):
+        if states.shape[-1] < kernel:
+            states = torch.nn.functional.pad(states, (kernel - states.shape[-1], 0), value=0)
+        return states
+
+    counter = CompileCounter()
+    compiled = torch.compile(lambda s: (conv_prefill(s, kernel), conv_prefill(s, kernel)[..., -kernel:]),
+                             fullgraph=True, dynamic=True, backend=counter)
+    # (not 1: Dynamo compiles a size of 1 apart, as every stream does; no length another size shares: duck sizing)
+    for length in (2, 7, 4, 12, 5):
+        states = torch.arange(3 * 6 * length, dtype=torch.float32).reshape(3, 6, length) + 1
+        want = stock(states)
+        assert torch.equal(conv_prefill(states, kernel), want)
+        full, kept = compiled(states)
+        assert torch.equal(full, want) and torch.equal(kept, want[..., -kernel:])
     assert counter.frame_count == 1

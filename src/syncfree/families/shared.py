@@ -7,6 +7,7 @@ import importlib.util
 from collections.abc import Callable
 
 from ..rewrite.edits import (
+    CONV_PREFILL,
     FEATURE_SCATTER,
     FEATURE_SPLIT,
     GENERATION_POSITIONS,
@@ -132,6 +133,9 @@ MODULE_TARGETS: dict[tuple[str, str], Target] = {
         "DynamicSlidingWindowLayer", "update", edits=SLIDING_WINDOW_TAIL, optional=True),
     ("transformers.cache_utils", "StaticLayer.lazy_initialization"): Target(
         "StaticLayer", "lazy_initialization", edits=STATIC_LENGTH_TENSOR, optional=True),
+    # (a prefill shorter than the convolution's kernel padded without a guard on the text's length)
+    ("transformers.cache_utils", "LinearAttentionLayer.update_conv_state"): Target(
+        "LinearAttentionLayer", "update_conv_state", edits=CONV_PREFILL, optional=True),
     ("transformers.cache_utils", "LinearAttentionLayer.lazy_initialization"): Target(
         "LinearAttentionLayer", "lazy_initialization", edits=LINEAR_LENGTH_TENSOR, optional=True),
 }

@@ -11,7 +11,7 @@ from .rewriter import Edit
 __all__ = ["CHUNK_DELTA_RULE", "PACKED_CHECK", "PACKED_SEQUENCES",
            "AUDIO_ATTENTION", "AUDIO_SCATTER", "FEATURE_SCATTER", "GENERIC_SPLIT",
            "RECURRENT_MASK", "VISION_ATTENTION", "PLACEHOLDER_MASK", "DEEPSTACK_MERGE", "DEEPSTACK_PROCESS",
-           "GENERATION_POSITIONS", "ROPE_DELTAS_AFTER_CACHE", "SLIDING_WINDOW_TENSOR", "SLIDING_WINDOW_TAIL",
+           "GENERATION_POSITIONS", "ROPE_DELTAS_AFTER_CACHE", "SLIDING_WINDOW_TENSOR", "SLIDING_WINDOW_TAIL", "CONV_PREFILL",
            "LINEAR_LENGTH_TENSOR", "STATIC_LENGTH_TENSOR", "BLOCK_KWARGS", "VISION_ATTENTION_CAT",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split", "GRID_LIST"]
@@ -252,4 +252,17 @@ SLIDING_WINDOW_TAIL = tuple(
 # Transformers' releases name the call's arguments and results differently.)
 CHUNK_DELTA_RULE = (
     Edit("expr", "torch_chunk_gated_delta_rule", "_syncfree.chunk_delta_rule(torch_chunk_gated_delta_rule)"),
+)
+
+# A linear-attention layer pads a prefill shorter than its short convolution's kernel up to the kernel (the
+# convolution's left context), deciding by the text's length: in a traced stream, a graph for texts shorter than the
+# kernel and another for longer ones. Padded by ``conv_prefill`` instead: stock's branch itself in eager; traced, a pad
+# of ``max(kernel - length, 0)`` tokens, a size Dynamo keeps symbolic (no guard on which is longer).
+CONV_PREFILL = (
+    Edit("stmt", """
+        if not self.record_past and full_conv_states.shape[-1] < self.conv_kernel_size[state_idx]:
+            padding_length = self.conv_kernel_size[state_idx] - full_conv_states.shape[-1]
+            full_conv_states = torch.nn.functional.pad(full_conv_states, (padding_length, 0), value=0)""", """
+        if not self.record_past:
+            full_conv_states = _syncfree.conv_prefill(full_conv_states, self.conv_kernel_size[state_idx])"""),
 )

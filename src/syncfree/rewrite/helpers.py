@@ -32,7 +32,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to", "window_tail",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
-           "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule"]
+           "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule", "conv_prefill"]
 
 
 def _compiling() -> bool:
@@ -282,6 +282,18 @@ def window_tail(states: torch.Tensor, window: int) -> torch.Tensor:
     # (A copy, not a view: whether a view of the tail is contiguous depends on the text's length, which Inductor
     # would guard on for the layer's kept keys. The tail is at most ``window - 1`` tokens.)
     return states.index_select(-2, torch.arange(start, length, device=states.device))
+
+
+def conv_prefill(states: torch.Tensor, kernel: int) -> torch.Tensor:
+    """A prefill's convolution states as stock's cache hands them on: left-padded with zeros up to ``kernel`` tokens
+    where the text is shorter. In a traced forward, padded by ``max(kernel - length, 0)`` (no guard on which is
+    longer: one graph for texts shorter and longer than the kernel); the same values."""
+    length = states.shape[-1]
+    if not _compiling() or not isinstance(kernel, int):
+        if length < kernel:  # (stock's own branch)
+            states = torch.nn.functional.pad(states, (kernel - length, 0), value=0)
+        return states
+    return torch.nn.functional.pad(states, (torch.sym_max(kernel - length, 0), 0), value=0)
 
 
 def planned_kwargs(kwargs: dict) -> dict:
