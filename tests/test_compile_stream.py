@@ -35,10 +35,6 @@ _QUICK = {"qwen2_5_vl"}
 # (the training stream: every stream family, in the slow step; about a minute each on two CPU cores)
 _TRAINING = set(STREAM)
 _MOST_GRAPHS = 4  # (what the docs promise for any stream; a graph per input set: images, with videos, text only)
-# Where stock decides by a text's length against a size of its own, a stream whose texts fall on both sides compiles
-# a graph more per input set (docs/families.md names the line): MiniMax-M3-VL's indexer keeps
-# ``min(topk_blocks, key blocks)`` blocks, one for a text of one block, whose ``masked_fill`` guards on it.
-_LENGTH_SPLITS = {"minimax_m3_vl": 2}
 
 
 def _stream(model, preset: str, count: int, training: bool = False):
@@ -89,8 +85,7 @@ def test_one_compiled_model_runs_a_stream_of_16_layouts_with_the_eager_logits(fa
             input_sets.add(frozenset(kwargs))
             got = compiled(**kwargs).logits
             assert torch.equal(got, expected), f"batch {i}"
-    split = _LENGTH_SPLITS.get(family, 1)  # (a graph per input set, none per layout)
-    assert counter.frame_count <= split * min(_MOST_GRAPHS, len(input_sets))
+    assert counter.frame_count <= min(_MOST_GRAPHS, len(input_sets))  # (a graph per input set, none per layout)
 
 
 @pytest.mark.slow
@@ -117,7 +112,7 @@ def test_one_compiled_training_step_runs_a_stream_of_16_layouts_with_the_eager_l
         for name in expected:  # (the graph sums a parameter's contributions in its own order)
             torch.testing.assert_close(grads[name], expected[name], msg=f"batch {i}: {name}")
         model.zero_grad(set_to_none=True)
-    assert counter.frame_count <= _LENGTH_SPLITS.get(family, 1) * _MOST_GRAPHS
+    assert counter.frame_count <= _MOST_GRAPHS
 
 
 def test_the_qwen_vl_core_is_among_the_families_one_graph_serves_a_stream():

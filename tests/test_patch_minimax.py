@@ -176,3 +176,33 @@ def test_compile_visions_padded_buckets_keep_the_towers_output(attention):
         assert torch.equal(got.last_hidden_state, want.last_hidden_state)
     else:
         torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
+
+
+def test_the_indexers_block_mask_is_stocks_with_one_graph_for_texts_of_one_key_block_and_more():
+    """The indexer keeps ``min(topk_blocks, key blocks)`` blocks: one for a text of one block. A traced forward keeps
+    ``topk_blocks`` slots (``top_blocks``), so one graph serves texts of one block and longer (stock's width guards on
+    being 1 in the ``masked_fill`` after it), with the block mask stock's indexer gives, eager and traced."""
+    from torch._dynamo.testing import CompileCounter
+
+    stock, patched = _pair()
+    [theirs] = [m for m in stock.modules() if type(m).__name__ == "MiniMaxM3VLIndexer"]
+    [ours] = [m for m in patched.modules() if type(m).__name__ == "MiniMaxM3VLIndexer"]
+    rotary = patched.model.language_model.rotary_emb
+
+    def block_mask(indexer, hidden, position_ids):
+        kept = indexer(hidden, rotary(hidden, position_ids), None, position_ids)
+        return indexer.build_block_mask(kept, None, hidden.shape[1], hidden.dtype, hidden.device, position_ids)
+
+    counter = CompileCounter()
+    compiled = torch.compile(lambda h, p: block_mask(ours, h, p), fullgraph=True, dynamic=True, backend=counter)
+    generator = torch.Generator().manual_seed(0)
+    block = ours.block_size
+    # (one block, then more blocks than the top k, then fewer; no length a model size shares: duck sizing)
+    for length in (block - 3, 3 * block + 5, block - 5, block + 5, 4 * block - 1):
+        hidden = torch.randn(2, length, patched.config.text_config.hidden_size, generator=generator)
+        position_ids = torch.arange(length).expand(2, -1)
+        with torch.no_grad():
+            want = block_mask(theirs, hidden, position_ids)
+            assert torch.equal(block_mask(ours, hidden, position_ids), want)
+            assert torch.equal(compiled(hidden, position_ids), want), length
+    assert counter.frame_count == 1

@@ -47,7 +47,9 @@ _TARGETS += (Target("MiniMaxM3VLVisionModel", "__init__", check_only=True,
                     needs=("self.merge_temporal = True", "self.include_temporal = True")),)
 # The indexer's block padding and its top-k of blocks, sized by the keys: Python branches on the key count that a traced
 # forward would guard on (a graph for lengths that fill their last block and one for lengths that do not; one for fewer
-# blocks than the top k), asked without a guard there (``key_blocks``).
+# blocks than the top k), asked without a guard there (``pad_keys``, ``blocks_kept``); and the top-k's width, which a
+# traced forward keeps at ``topk_blocks`` (``top_blocks``: a width of ``min(topk, blocks)`` guards on being 1 in every
+# broadcast that follows it, stock's own ``masked_fill`` first).
 _TARGETS += (Target("MiniMaxM3VLIndexer", "forward", edits=(
     Edit("stmt", """
          if pad:
@@ -55,6 +57,10 @@ _TARGETS += (Target("MiniMaxM3VLIndexer", "forward", edits=(
          if _syncfree.pad_keys(pad):
              scores = F.pad(scores, (0, pad), value=float("-inf"))"""),
     Edit("expr", "min(self.topk_blocks, num_key_blocks)", "_syncfree.blocks_kept(self.topk_blocks, num_key_blocks)"),
+    Edit("expr", "block_scores.topk(topk, dim=-1)", "_syncfree.top_blocks(block_scores, topk, self.topk_blocks)"),
+)), Target("MiniMaxM3VLIndexer", "build_block_mask", edits=(
+    Edit("expr", "(bias == 0.0).repeat_interleave(self.block_size, dim=-1)[..., :key_length]",
+         "_syncfree.keys_of_blocks(bias, self.block_size, key_length)"),
 )),)
 
 
@@ -66,6 +72,28 @@ def pad_keys(pad) -> bool:
 def blocks_kept(topk: int, blocks) -> int:
     """``min(topk, blocks)``, in a traced forward without a guard on which is smaller (``torch.sym_min``)."""
     return torch.sym_min(topk, blocks) if torch.compiler.is_compiling() else min(topk, blocks)
+
+
+def top_blocks(block_scores: torch.Tensor, topk, topk_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_scores.topk(topk, dim=-1)``; in a traced forward, the top ``topk_blocks`` of the scores padded with
+    ``-inf`` blocks up to that many, so the width is the config's constant and no broadcast after it guards on its
+    being 1 (a text of one block). Where there are fewer blocks than that, the extra slots score ``-inf``, which stock
+    tags ``-1`` like its own empty slots, and ``build_block_mask`` drops ``-1`` slots: the same mask. (Slots are in the
+    order top-k gives them in either case; only equal scores may come in another order, and the mask is a set.)"""
+    if not torch.compiler.is_compiling():
+        return block_scores.topk(topk, dim=-1)
+    missing = torch.sym_max(topk_blocks - block_scores.shape[-1], 0)
+    return torch.nn.functional.pad(block_scores, (0, missing), value=float("-inf")).topk(topk_blocks, dim=-1)
+
+
+def keys_of_blocks(bias: torch.Tensor, block_size: int, keys) -> torch.Tensor:
+    """``(bias == 0.0).repeat_interleave(block_size, dim=-1)[..., :keys]``: each block's verdict on each of its keys.
+    In a traced forward, each key's block's bias compared (the same values): stock compares a tensor one column per
+    block wide, which guards on a text's being one block long (Dynamo's check of a broadcast against a size of 1), and
+    its slice makes a view whose strides guard on it again in the ``repeat_interleave`` after it."""
+    if not torch.compiler.is_compiling():
+        return (bias == 0.0).repeat_interleave(block_size, dim=-1)[..., :keys]
+    return bias.index_select(-1, torch.arange(keys, device=bias.device) // block_size) == 0.0
 
 
 def _written_for() -> bool:
@@ -80,7 +108,8 @@ FAMILIES: tuple[Family, ...] = () if not _written_for() else (
            Layout(_MODELING, rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
                   tower=TowerShape(holds_projector=False, clip_segments=True, temporal_position_ids=True),
                   one_graph=True, stream=True),
-           helpers={"pad_keys": pad_keys, "blocks_kept": blocks_kept}),
+           helpers={"pad_keys": pad_keys, "blocks_kept": blocks_kept, "top_blocks": top_blocks,
+                    "keys_of_blocks": keys_of_blocks}),
 )
 
 # A tiny model with the real layout rules: patch 14, temporal patch 2, merge 2 (in the projector), a vision head of 12
