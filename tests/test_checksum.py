@@ -220,3 +220,31 @@ def test_each_sum_in_the_table_is_the_keyed_checksum_of_its_halves(tensors):
     weights = device_weights(table, max(2 * t.numel() for t in host.values())).numpy()
     for i, t in enumerate(host.values()):
         assert int(table[i]) == _host_checksum(t, weights)
+
+
+@pytest.mark.parametrize("edited", [None, "input_ids", "image_grid_thw", "second_per_grid_ts"])
+def test_a_traced_check_sums_tensors_of_every_length_in_one_group_and_finds_the_edited_one(edited):
+    """In a traced forward the tensors of a device are checked as one group (each padded to the longest: one
+    reduction, one compiled kernel): each tensor's own checksum, whatever its length and dtype, so only the edited
+    one, shorter or longest, fails its check."""
+    from syncfree.plan.checksum import _checksums_equal, host_checksums, weights_length
+
+    gen = torch.Generator().manual_seed(1)
+    host = {"input_ids": torch.randint(0, 150_000, (2, 37), generator=gen),
+            "image_grid_thw": torch.tensor([[1, 4, 6], [2, 8, 8]]),
+            "second_per_grid_ts": torch.rand(3, generator=gen)}
+    table = host_checksums(host)
+    given = {name: value.clone() for name, value in host.items()}
+    if edited is not None:
+        given[edited].view(-1)[-1] += 1
+    group = [(i, name, given[name]) for i, name in enumerate(host)]
+    n = weights_length(host)
+
+    def checks(*values):
+        weights = device_weights(table, n)
+        return torch.stack(_checksums_equal([(i, name, v) for (i, name, _), v in zip(group, values)], table, weights))
+
+    torch._dynamo.reset()
+    traced = torch.compile(checks, fullgraph=True, backend="aot_eager")(*given.values())
+    torch._dynamo.reset()
+    assert traced.tolist() == [name != edited for name in host]

@@ -212,9 +212,10 @@ def assert_given_match(plan, given: dict, host_too: bool = False) -> None:
                              "syncfree plan was built for; call syncfree.prepare() on the batch you pass")
         if value.dtype.is_floating_point != kept.dtype.is_floating_point:
             raise StalePlan(stale(name, f"became {value.dtype} (the plan was built from {kept.dtype})"))
-        # (a traced forward sums each tensor alone: grouping by length would make the graph depend on the lengths)
-        alone = torch.compiler.is_compiling()
-        groups.setdefault((value.device, i if alone else _length(value)), []).append((i, name, value))
+        # (a traced forward sums every tensor of a device in one group, each padded to the longest: grouping by
+        # length would make the graph depend on the lengths)
+        traced = torch.compiler.is_compiling()
+        groups.setdefault((value.device, None if traced else _length(value)), []).append((i, name, value))
     if not groups:
         return
     weights = _weights_of(plan, max(_length(value) for group in groups.values() for _, _, value in group))
@@ -243,6 +244,8 @@ def _checksums_equal(group: list, table: torch.Tensor, weights: torch.Tensor) ->
     if len(group) == 1:
         (i, _, value), = group
         return [_checksum(value, weights) == table[i]]
+    if torch.compiler.is_compiling():
+        return _padded_checksums_equal(group, table, weights)
     stacked = torch.stack([_halves(value) for _, _, value in group])
     sums = (stacked * weights[:stacked.shape[1]]).sum(1)
     first, step = group[0][0], group[1][0] - group[0][0]
@@ -250,3 +253,15 @@ def _checksums_equal(group: list, table: torch.Tensor, weights: torch.Tensor) ->
         same = sums == table[first:first + step * (len(group) - 1) + 1:step]
         return list(same.unbind())
     return [sums[k] == table[i] for k, (i, _, _) in enumerate(group)]
+
+
+def _padded_checksums_equal(group: list, table: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
+    """``_checksums_equal`` of tensors of any lengths in a traced forward: each one's halves padded with zeros to the
+    weights' length (a zero half adds nothing: each row's sum is that tensor's checksum), stacked, and summed in one
+    reduction; the graph compiles one kernel for them all where a sum per tensor would compile one each (each kernel
+    compiled by Inductor costs its own C++ build: the bulk of a whole-forward compile on a CPU)."""
+    longest = weights.shape[0]
+    stacked = torch.stack([torch.nn.functional.pad(halves, (0, longest - halves.shape[0]))
+                           for halves in (_halves(value) for _, _, value in group)])
+    same = (stacked * weights).sum(1) == torch.stack([table[i] for i, _, _ in group])
+    return list(same.unbind())
