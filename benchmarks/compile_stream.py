@@ -5,7 +5,8 @@ several counts and sizes, videos, text-only rows, padding) twice: stock under ``
 allowed, as it must be: stock's data-dependent reads break its graph), and patched under
 ``torch.compile(model, fullgraph=True)`` with each batch from ``syncfree.prepare``. For each: the graphs Dynamo made
 (its ``unique_graphs``), the seconds spent compiling (Dynamo's ``_compile.compile_inner``, the backend's compile
-inside it; Inductor's on-disk caches off, so both sides compile cold) and the wall time of the whole stream.
+inside it; Inductor's on-disk caches off, so both sides compile cold), the wall time of the whole stream, and how many
+C++ builds Inductor made and the seconds they took (one per kernel on a CPU: most of a whole-graph compile there).
 
     python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v --batches 16 --out results/compile_stream.json
 
@@ -75,8 +76,9 @@ def _run(model, batches: list[dict], patched: bool, backend: str, device: str = 
             _sync(device)
             wall = time.perf_counter() - start
             if done == 0:
+                builds = compilation_time_metrics.get("compile_file", [])  # (Inductor's C++ builds, one per kernel)
                 found = {"graphs": int(counters["stats"]["unique_graphs"]), "compile_s": round(_compile_seconds(), 2),
-                         "wall_s": round(wall, 2)}
+                         "wall_s": round(wall, 2), "cpp_builds": len(builds), "cpp_build_s": round(sum(builds), 2)}
             else:
                 found["tokens_per_s"] = round(tokens / wall, 1)
     return found

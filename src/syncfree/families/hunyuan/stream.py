@@ -9,6 +9,12 @@ runs inside one operator over the plan's host grid (reading it waits for no devi
 holds the very tensors the operator was handed, so the outputs are the eager ones bit for bit. The modules'
 parameters are tensor arguments of the operators (the merger's a list), so the backward, which runs the loop again
 under autograd (``recomputed_op``), gives them their gradients as eager autograd does.
+
+Why a stand-in, where MiniCPM's merger operators run the module itself on the operator's weights
+(``torch.func.functional_call``): HunYuan-VL's merger holds a parameter its forward never reads (``image_sep``).
+Eager autograd leaves its gradient ``None``, so an optimizer skips it; an operator taking every parameter would have
+to return a gradient for it, zeros, which an optimizer does not skip (weight decay, moments). The stand-in takes the
+parts the forward reads and nothing else, and fails by name on a part it does not model.
 """
 
 from __future__ import annotations

@@ -63,12 +63,18 @@ def navit_cu_seqlens(kwargs: dict, stock):
     return planned
 
 
+def _merged_tokens(h, w):
+    """A crop's tokens after the window merger's 2x2 merge, from its patch rows and columns (ints or tensors of
+    them): stock's ``target_sizes // 2`` multiplied out."""
+    return (h // 2) * (w // 2)
+
+
 def merger_tables(merger, host_sizes: torch.Tensor, device) -> MergerTables:
     """The window merger's tables from the host sizes: stock's own ``get_window_index`` run on them (host tensors:
     no device involved), moved through pinned memory without a wait; the post-merger segments (``h*w // 4``)."""
     window_index, cu_window_seqlens, _ = merger.get_window_index(host_sizes)
     windows = torch.diff(cu_window_seqlens).tolist()  # (host tensors)
-    merged = (host_sizes[:, 0] // 2 * (host_sizes[:, 1] // 2)).tolist()
+    merged = _merged_tokens(host_sizes[:, 0], host_sizes[:, 1]).tolist()
     merged_cu = torch.nn.functional.pad(torch.cumsum(torch.tensor(merged, dtype=torch.int32), 0, dtype=torch.int32),
                                         (1, 0))
     return MergerTables(host_index_to(window_index, device), host_index_to(cu_window_seqlens, device),
@@ -219,11 +225,11 @@ def navit_merged_cu_seqlens(kwargs: dict, stock, target_sizes=None, device=None)
         # (a stream: the merged crops' segments made on the device from the plan's grid there, the lengths the
         # attention's operator takes from the host sizes; no row read)
         vp, host = stream
-        grid = vp.device_grid[:, 1:] // 2
-        cu_seqlens = torch.nn.functional.pad(torch.cumsum(grid[:, 0] * grid[:, 1], dim=0, dtype=torch.int32), (1, 0))
+        cu_seqlens = torch.nn.functional.pad(torch.cumsum(_merged_tokens(vp.device_grid[:, 1], vp.device_grid[:, 2]),
+                                                          dim=0, dtype=torch.int32), (1, 0))
         kwargs["syncfree_seqlens"] = TracedSegments(
             [(cu_seqlens, host[:, 0] * host[:, 1],
-              lambda: tuple((h // 2) * (w // 2) for _, h, w in vp.rows))], lambda: {})
+              lambda: tuple(_merged_tokens(h, w) for _, h, w in vp.rows))], lambda: {})
         return cu_seqlens
     found = traced_crops(target_sizes) if target_sizes is not None else None
     if found is None:
