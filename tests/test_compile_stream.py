@@ -184,3 +184,29 @@ def test_a_prefills_convolution_states_are_stocks_and_one_graph_for_texts_shorte
         full, kept = compiled(states)
         assert torch.equal(full, want) and torch.equal(kept, want[..., -kernel:])
     assert counter.frame_count == 1
+
+
+def test_the_kept_convolution_tail_is_stocks_and_one_inductor_graph_for_texts_shorter_and_longer_than_the_kernel():
+    """``conv_tail`` (the last ``kernel`` tokens a linear-attention cache copies into its state): stock's slice in
+    eager; traced, gathered, so that Inductor's copy does not ask whether the slice is contiguous (whether the text was
+    at most the kernel, which compiled a graph for each answer: Qwen3.5-MoE's stream with Inductor, 4 graphs for 3
+    input sets, before)."""
+    from syncfree.rewrite.helpers import conv_prefill, conv_tail
+
+    kernel = 4
+    kept = torch.zeros(2, 6, kernel)
+
+    def update(states):
+        full = conv_prefill(states, kernel)
+        kept.copy_(conv_tail(full, kernel))
+        return full
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(update, fullgraph=True, dynamic=True, backend=counter)
+    for length in (7, 9, 3, 2, 12):
+        states = torch.arange(2 * 6 * length, dtype=torch.float32).reshape(2, 6, length) + 1
+        want = torch.nn.functional.pad(states, (max(kernel - length, 0), 0))[..., -kernel:]
+        assert torch.equal(conv_tail(conv_prefill(states, kernel), kernel), want)
+        compiled(states)
+        assert torch.equal(kept, want), length
+    assert counter.frame_count == 1

@@ -257,7 +257,9 @@ CHUNK_DELTA_RULE = (
 # A linear-attention layer pads a prefill shorter than its short convolution's kernel up to the kernel (the
 # convolution's left context), deciding by the text's length: in a traced stream, a graph for texts shorter than the
 # kernel and another for longer ones. Padded by ``conv_prefill`` instead: stock's branch itself in eager; traced, a pad
-# of ``max(kernel - length, 0)`` tokens, a size Dynamo keeps symbolic (no guard on which is longer).
+# of ``max(kernel - length, 0)`` tokens, a size Dynamo keeps symbolic (no guard on which is longer). The kept tail
+# (the last ``kernel`` tokens, copied into the cache) goes through ``conv_tail``: traced, gathered rather than sliced,
+# since Inductor's copy of a slice asks whether it is contiguous, which is whether the text was at most the kernel.
 CONV_PREFILL = (
     Edit("stmt", """
         if not self.record_past and full_conv_states.shape[-1] < self.conv_kernel_size[state_idx]:
@@ -265,4 +267,6 @@ CONV_PREFILL = (
             full_conv_states = torch.nn.functional.pad(full_conv_states, (padding_length, 0), value=0)""", """
         if not self.record_past:
             full_conv_states = _syncfree.conv_prefill(full_conv_states, self.conv_kernel_size[state_idx])"""),
+    Edit("expr", "full_conv_states[..., -self.conv_kernel_size[state_idx]:]",
+         "_syncfree.conv_tail(full_conv_states, self.conv_kernel_size[state_idx])"),
 )

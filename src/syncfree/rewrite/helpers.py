@@ -32,7 +32,8 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "scatter_features", "mask_at", "true_count", "put_rows", "rows_at", "put_rows_at",
            "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to", "window_tail",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
-           "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule", "conv_prefill"]
+           "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule", "conv_prefill",
+           "conv_tail"]
 
 
 def _compiling() -> bool:
@@ -294,6 +295,17 @@ def conv_prefill(states: torch.Tensor, kernel: int) -> torch.Tensor:
             states = torch.nn.functional.pad(states, (kernel - length, 0), value=0)
         return states
     return torch.nn.functional.pad(states, (torch.sym_max(kernel - length, 0), 0), value=0)
+
+
+def conv_tail(states: torch.Tensor, kernel: int) -> torch.Tensor:
+    """``states[..., -kernel:]``, the convolution states a linear-attention cache keeps. In a traced forward, the
+    same values gathered into a tensor of their own: Inductor's copy of stock's slice asks whether the slice is
+    contiguous, that is, whether the prefill was at most ``kernel`` tokens (``conv_prefill`` pads it to that), and
+    compiles a graph for each answer."""
+    if not _compiling() or not isinstance(kernel, int):
+        return states[..., -kernel:]
+    length = states.shape[-1]
+    return states.index_select(-1, torch.arange(length - kernel, length, device=states.device))
 
 
 def planned_kwargs(kwargs: dict) -> dict:
