@@ -178,13 +178,16 @@ def test_compile_visions_padded_buckets_keep_the_towers_output(attention):
         torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_the_indexers_block_mask_is_stocks_with_one_graph_for_texts_of_one_key_block_and_more():
     """The indexer keeps ``min(topk_blocks, key blocks)`` blocks: one for a text of one block. A traced forward keeps
     ``topk_blocks`` slots (``top_blocks``), so one graph serves texts of one block and longer (stock's width guards on
     being 1 in the ``masked_fill`` after it), with the block mask stock's indexer gives, eager and traced."""
     from torch._dynamo.testing import CompileCounter
 
-    stock, patched = _pair()
+    # (models of its own: a compiled graph keeps references to the parameters it traced, which the session's shared
+    # pair must not have when later tests move it to another device)
+    stock, patched = build_model(NAME), syncfree.patch(build_model(NAME))
     [theirs] = [m for m in stock.modules() if type(m).__name__ == "MiniMaxM3VLIndexer"]
     [ours] = [m for m in patched.modules() if type(m).__name__ == "MiniMaxM3VLIndexer"]
     rotary = patched.model.language_model.rotary_emb
