@@ -115,6 +115,24 @@ def test_one_compiled_training_step_runs_a_stream_of_16_layouts_with_the_eager_l
     assert counter.frame_count <= _MOST_GRAPHS
 
 
+@pytest.mark.parametrize("family,dynamic", _params(_QUICK | {"minicpmv4_7"}, STREAM))
+def test_a_compiled_model_called_alone_compiles_no_graph_for_what_its_first_call_leaves_on_the_model(family, dynamic):
+    """Only the compiled model is called (the stream test above runs the eager forward first on every batch): a
+    model's first call leaves state on it (stock keeps ``rope_deltas``), which the next batch of the same inputs must
+    not compile a graph for (MiniCPM-V 4.7 did: its ``compute_3d_position_ids`` read the rope deltas before the
+    cache's length)."""
+    model, preset = _model(family)
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    batches = [syncfree.prepare(batch, "cpu", model) for batch in _stream(model, preset, 16)]
+    first = next(b for b in batches if len(b) == max(len(b) for b in batches))  # (images, and videos if it takes them)
+    same = [b for b in batches if b.keys() == first.keys()][:3]
+    with torch.no_grad():
+        for batch in same:
+            compiled(**batch)
+    assert len(same) == 3 and counter.frame_count == 1
+
+
 def test_the_qwen_vl_core_is_among_the_families_one_graph_serves_a_stream():
     assert {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"} <= set(STREAM)
 

@@ -47,7 +47,7 @@ import torch
 
 from ...items import Draft, Image, Row, Video, batch_builder
 from ...plan.spec import Layout, RotaryIndex, TowerShape
-from ...rewrite.edits import CHUNK_DELTA_RULE, VISION_ATTENTION
+from ...rewrite.edits import CHUNK_DELTA_RULE, ROPE_DELTAS_AFTER_CACHE, VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_host_rope_index, make_model_forward
 from ..group import FamilyGroup
@@ -120,7 +120,10 @@ def _minicpm(model_type: str, prefix: str, host_rope: bool = False) -> Family:
     )
     if host_rope:  # (its own index, from the plan; generate()'s position setup calls it too)
         targets += (Target(f"{p}Model", "get_rope_index", wrap=make_host_rope_index, params=_ROPE_PARAMS,
-                           needs=_ROPE_NEEDS),)
+                           needs=_ROPE_NEEDS),
+                    # (the cache's length asked before the model's rope deltas, as in the Qwen-VL line: a traced
+                    # forward without a cache then never guards on whether an earlier call left rope deltas)
+                    Target(f"{p}Model", "compute_3d_position_ids", edits=ROPE_DELTAS_AFTER_CACHE, optional=True))
     # (mrope=False: the plan's Qwen-VL index and run checks do not apply; the host index is stock's own.)
     # One graph serves a stream of layouts (``Layout.stream``; tests/test_compile_stream.py): the NaViT strip's patch
     # dimension dynamic (``plan.dynamic_dims``), the tower handed its stream kwargs, the merger, the window merger and
