@@ -278,11 +278,15 @@ def window_tail(states: torch.Tensor, window: int) -> torch.Tensor:
     keep = window - 1
     if not _compiling() or not isinstance(keep, int) or keep <= 0:
         return states[:, :, -window + 1:, :]  # (stock's own slice; ``-0:`` keeps every token, as stock's does)
-    length = states.shape[-2]
-    start = torch.sym_max(length - keep, 0)
-    # (A copy, not a view: whether a view of the tail is contiguous depends on the text's length, which Inductor
-    # would guard on for the layer's kept keys. The tail is at most ``window - 1`` tokens.)
-    return states.index_select(-2, torch.arange(start, length, device=states.device))
+    return _tail_copy(states, -2, torch.sym_max(states.shape[-2] - keep, 0))
+
+
+def _tail_copy(states: torch.Tensor, dim: int, start) -> torch.Tensor:
+    """``states`` from ``start`` on along ``dim``, as a copy of its own: a view's contiguity depends on the text's
+    length, which Inductor guards on where the tail is copied into a cache (a graph per answer). Tails are a cache
+    window or a convolution kernel long."""
+    length = states.shape[dim]
+    return states.index_select(dim, torch.arange(start, length, device=states.device))
 
 
 def conv_prefill(states: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -299,13 +303,11 @@ def conv_prefill(states: torch.Tensor, kernel: int) -> torch.Tensor:
 
 def conv_tail(states: torch.Tensor, kernel: int) -> torch.Tensor:
     """``states[..., -kernel:]``, the convolution states a linear-attention cache keeps. In a traced forward, the
-    same values gathered into a tensor of their own: Inductor's copy of stock's slice asks whether the slice is
-    contiguous, that is, whether the prefill was at most ``kernel`` tokens (``conv_prefill`` pads it to that), and
-    compiles a graph for each answer."""
+    same values as a copy of their own (``_tail_copy``): Inductor's copy of stock's slice asks whether the slice is
+    contiguous, that is, whether the prefill was at most ``kernel`` tokens (``conv_prefill`` pads it to that)."""
     if not _compiling() or not isinstance(kernel, int):
         return states[..., -kernel:]
-    length = states.shape[-1]
-    return states.index_select(-1, torch.arange(length - kernel, length, device=states.device))
+    return _tail_copy(states, -1, states.shape[-1] - kernel)
 
 
 def planned_kwargs(kwargs: dict) -> dict:
