@@ -21,7 +21,7 @@ import syncfree
 from family_checks import TINY, unit_of
 from syncfree.census.run import discover
 from syncfree.families import FAMILIES, PRESETS
-from syncfree.inputs import Video, processor_batch, stream_layouts
+from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, processor_batch, stream_layouts
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
@@ -41,8 +41,10 @@ def _stream(model, preset: str, count: int, training: bool = False):
     vocab = model.config.get_text_config().vocab_size
     videos = getattr(model.config, "video_token_id", None) is not None
     # (every fourth batch opens with 64-400 tokens of text: sizes a text model cuts in chunks or windows, which a
-    # stream of short texts never crosses)
-    for samples in stream_layouts(count, unit_of(model.config), videos=videos, long_every=4):
+    # stream of short texts never crosses; an audio-only family's batches vary their clips instead of images)
+    layouts = audio_stream_layouts(count, long_every=4) if is_audio_only(model.config) else \
+        stream_layouts(count, unit_of(model.config), videos=videos, long_every=4)
+    for samples in layouts:
         try:
             batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
         except InputsNotTaken:  # (a family whose stock refuses images and videos in one batch: its images only)

@@ -28,7 +28,8 @@ from .items import Audio, Image, Item, Text, Video, Waveform, check_items, pixel
 __all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "Waveform", "VideoWithAudio",
            "check_items", "build_inputs", "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs",
            "audio_tokens", "is_omni", "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES",
-           "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only", "stream_layouts"]
+           "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only", "stream_layouts",
+           "audio_stream_layouts"]
 
 
 def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, seed: int = 0,
@@ -54,4 +55,23 @@ def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, se
         return items
 
     return [[sample(long=row == 0 and long_every > 0 and batch % long_every == 0) for row in range(rows)]
+            for batch in range(count)]
+
+
+def audio_stream_layouts(count: int, rows: int = 2, seed: int = 0, long_every: int = 0, text_only_every: int = 5) -> list:
+    """``stream_layouts`` for an audio-only family (one clip per sample, as Qwen3-ASR's processor takes them): each of
+    ``rows`` samples has text of 2-6 tokens, a clip of 30-800 mel frames (a partial chunk to several attention
+    windows; the processor pads a clip shorter than 50) and text of 2-5 tokens; so the batches differ in their clips'
+    lengths, the longest (the padded frames), text length and padding. Every ``text_only_every``-th batch (from the
+    fourth) has no clip; ``long_every`` as in ``stream_layouts``. The same ``seed``, the same stream."""
+    rng = random.Random(seed)
+    long_rng = random.Random(seed + 1)
+
+    def sample(long: bool, clip: bool) -> list:
+        short = rng.randint(2, 6)
+        items = [Text(long_rng.randint(64, 400) if long else short)]
+        return items + ([Audio(rng.randint(30, 800)), Text(rng.randint(2, 5))] if clip else [])
+
+    return [[sample(long=row == 0 and long_every > 0 and batch % long_every == 0,
+                    clip=not (text_only_every and batch % text_only_every == 3)) for row in range(rows)]
             for batch in range(count)]

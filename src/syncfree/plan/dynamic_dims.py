@@ -122,6 +122,11 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         plan.carriers = size_carriers({n: getattr(plan, n, None) for n in _PLAN_COUNTS})
     for name, carrier in plan.carriers.items():
         _mark(carrier, per_item={0: f"syncfree.{name}"})
+    audio = getattr(plan, "audio", None)
+    if stream and hasattr(audio, "layout_dims"):
+        # (an audio plan that names its own layout dimensions: the clips' frames, its windows, its output frames)
+        for tensor, dims in audio.layout_dims(inputs, plan.host):
+            _mark(tensor, dynamic=dims.get("dynamic", ()), per_item=dims.get("per_item"))
     for kind in ("image", "video", "video_frames"):
         vp = getattr(plan, kind, None)
         if vp is None:

@@ -200,8 +200,10 @@ class ModelSpec:
         family = dict(hooks=layout.plan, values=tuple(sorted(layout.plan.values(config).items()))
                       if layout.plan.values is not None else ())
         if getattr(config, "vision_config", None) is None:  # audio only: no vision values, no image or video tokens
-            return cls(model_type, 1, None, -1, -1, layout.modeling, rope=_NO_INDEX,
-                       audio_token_id=config.audio_token_id, **family)
+            # (every field of the layout's own, not a class default: a spec made while Dynamo traces, a compiled
+            # model's first call, can only build objects that come from somewhere)
+            return cls(model_type, 1, None, -1, -1, layout.modeling, rope=_NO_INDEX, tower=layout.tower,
+                       video=layout.video, audio_token_id=config.audio_token_id, **family)
         vc = config.vision_config
         module = layout.tower.modeling or layout.modeling
         audio_and_index = {"audio_token_id": config.audio_token_id} if layout.audio.tokens else {}

@@ -203,11 +203,28 @@ AUDIO_SCATTER = (
          '_syncfree.scatter_features(inputs_embeds, audio_mask, audio_features, input_ids, "audio")'),
 )
 
-# The audio encoder's attention: the same split as the vision attention's, by the window sizes the planned
-# max_seqlen carries (a plain int or None without a plan: then read once per cu_seqlens tensor).
+# The audio encoder's attention: the same split and per-window calls as the vision attention's, by the window sizes
+# the planned max_seqlen carries (a plain int or None without a plan: then read once per cu_seqlens tensor). In a
+# traced encoder the planned max_seqlen carries the windows as a host tensor (``segments.TracedWindows``), and the
+# windows run as one operator, as the towers' segments do: a graph that does not follow the windows.
 AUDIO_ATTENTION = (
     Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
-    Edit("expr", "lengths.tolist()", "_syncfree.segment_lengths(lengths, cu_seqlens, _syncfree.planned_sizes(max_seqlen))"),
+    Edit("stmt", """
+         splits = [torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)]
+         """, """
+         splits = _syncfree.split_segments(lengths, cu_seqlens, _syncfree.planned_sizes(max_seqlen), None,
+                                           (query_states, key_states, value_states), self.training)"""),
+    Edit("stmt", """
+         attn_outputs = [attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
+                                             dropout=0.0 if not self.training else self.attention_dropout,
+                                             is_causal=False, **kwargs)[0] for q, k, v in zip(*splits)]""", """
+         attn_outputs = _syncfree.segment_attention(
+             lambda q, k, v, attention_mask=None: attention_interface(
+                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
+                 dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
+             splits, (query_states, key_states, value_states), cu_seqlens, None, scaling=self.scaling,
+             training=self.training, eager=self.config._attn_implementation == "eager", max_seqlen=max_seqlen,
+             module=self)"""),
 )
 
 # Transformers' mask code asks, for a batch without a padding mask (training), whether its position ids

@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-__all__ = ["segment_lengths", "TracedSegments", "HostLengths"]
+__all__ = ["segment_lengths", "TracedSegments", "HostLengths", "TracedWindows"]
 
 
 class TracedSegments:
@@ -72,3 +72,13 @@ def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) ->
     _read_lengths[key] = (weakref.ref(cu_seqlens, lambda _r, k=key, d=_read_lengths: d.pop(k, None)),
                           cu_seqlens._version, tuple(sizes))
     return sizes
+
+
+class TracedWindows:
+    """The ``max_seqlen`` a traced audio encoder hands its layers instead of the plan's ``SegmentedMax``: its windows
+    as ``TracedSegments`` (``.seqlens``, where the attention's split looks for them), no int. Only the split reads it:
+    the encoder's stock attention reads ``max_seqlen`` on its flash path alone, which a traced forward is not given
+    this for. An int would make a graph per longest window."""
+
+    def __init__(self, cu_seqlens: torch.Tensor, host: torch.Tensor, sizes: tuple) -> None:
+        self.seqlens = TracedSegments([(cu_seqlens, host, lambda: sizes)], lambda: {len(sizes) + 1: sizes})

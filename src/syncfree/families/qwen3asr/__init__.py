@@ -53,7 +53,8 @@ _TARGETS = (
 # input_features_mask and pops its windows from its kwargs).
 FAMILIES: tuple[Family, ...] = (
     Family("qwen3_asr", _TARGETS, Layout(_MODULE, rope=RotaryIndex(mrope=False), vision_markers=False,
-                                         token_types=False, audio=AudioLayout(tokens=True), plan=PLAN),
+                                         token_types=False, audio=AudioLayout(tokens=True), plan=PLAN,
+                                         one_graph=True, stream=True),
            helpers=valid_frames),
 ) if installed_source_has(_MODULE, "def get_audio_cu_seqlens(", "input_features_mask: torch.Tensor,",
                           "valid_indices = valid_mask.flatten().nonzero().squeeze(-1)") else ()

@@ -11,13 +11,14 @@ numbers are stock's), and moved with the rest of the plan.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ...plan.audio import SegmentedMax
 from ...plan.hooks import PlanHooks
 from ...plan.tensors import DeviceFields
+from ...rewrite.segments import TracedWindows
 
 __all__ = ["MaskedAudioPlan", "masked_audio_plan", "PLAN"]
 
@@ -35,6 +36,9 @@ class MaskedAudioPlan(DeviceFields):
     valid_indices: torch.Tensor  # flat positions of the valid output frames (stock: valid_mask's nonzero)
     n_outputs: int  # encoder output frames: what the audio placeholders must number
     device: str = "cpu"
+    # (the window sizes as a host tensor: what a traced encoder's attention operator splits by, a size Dynamo keeps
+    # dynamic; it stays on the host)
+    host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     _TENSORS = ("cu_seqlens", "valid_indices")
 
@@ -43,6 +47,24 @@ class MaskedAudioPlan(DeviceFields):
         the device mask, and the valid frames' positions for the rewritten select (``syncfree_valid_indices``)."""
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_valid_indices": (self.valid_shape, self.valid_indices)}
+
+    def layout_dims(self, inputs: dict, host: dict) -> list:
+        """The dimensions of this plan's and its inputs' tensors that follow the layout, for a stream's graph
+        (``plan.dynamic_dims``): the clips and their mel frames (``input_features``, ``input_features_mask``: a
+        multiple of the chunk, which stock checks), the windows, and the output frames, which are the audio
+        placeholders' count (one symbol for both). The mel bins stay static."""
+        found = [(t, {"dynamic": (0, t.dim() - 1)}) for t in (inputs.get("input_features"),
+                                                               inputs.get("input_features_mask"),
+                                                               host.get("input_features_mask"))
+                 if isinstance(t, torch.Tensor) and t.dim() >= 2]
+        return found + [(self.cu_seqlens, {"per_item": {0: "syncfree.audio.windows+1"}}),
+                        (self.host_seqlens, {"per_item": {0: "syncfree.audio.windows"}}),
+                        (self.valid_indices, {"per_item": {0: "syncfree.n_audio_tokens"}})]
+
+    def traced_encoder_kwargs(self) -> dict:
+        """``encoder_kwargs`` for a traced encoder whose attention splits by windows (not flash): the windows carried
+        as a host tensor (``TracedWindows``), so that the graph takes their number and sizes as sizes, not values."""
+        return {**self.encoder_kwargs(), "max_seqlen": TracedWindows(self.cu_seqlens, self.host_seqlens, self.seqlens)}
 
 
 def masked_audio_plan(mask: torch.Tensor, module_name: str, encoder: str, n_window: int,
@@ -71,7 +93,7 @@ def masked_audio_plan(mask: torch.Tensor, module_name: str, encoder: str, n_wind
     return MaskedAudioPlan(feature_lens=feature_lens, mask_shape=(clips, frames), seqlens=seqlens,
                            max_seqlen=SegmentedMax(max(seqlens, default=0), seqlens), cu_seqlens=cu_seqlens,
                            valid_shape=tuple(valid_mask.shape), valid_indices=valid_indices,
-                           n_outputs=int(valid_indices.numel()))
+                           n_outputs=int(valid_indices.numel()), host_seqlens=torch.tensor(seqlens, dtype=torch.int64))
 
 
 def encoder_windows(config) -> dict:

@@ -16,6 +16,7 @@ from ...plan.tensors import same_host_values
 from ...rewrite.call_args import same_device
 from ...rewrite.host_read import read_to_host_syncs_once
 from ...rewrite.roles import wrapper
+from ...rewrite.segment_op import op_applies
 from .plan import MaskedAudioPlan, masked_audio_plan
 
 __all__ = ["make_masked_audio_forward"]
@@ -40,10 +41,17 @@ def make_masked_audio_forward(stock):
     @functools.wraps(stock)
     def forward(self, input_features=None, input_features_mask=None, **kwargs):
         audio = kwargs.pop("syncfree_audio_plan", None)  # a plan handed in (a compiled encoder's callers, tests)
-        if ((audio is None and torch.compiler.is_compiling()) or input_features is None
-                or not isinstance(input_features_mask, torch.Tensor) or "cu_seqlens" in kwargs or "max_seqlen" in kwargs):
+        if (input_features is None or not isinstance(input_features_mask, torch.Tensor) or "cu_seqlens" in kwargs
+                or "max_seqlen" in kwargs):
             return stock(self, input_features, input_features_mask, **kwargs)
         audio = audio or _masked_audio_plan_for(input_features_mask)
+        if torch.compiler.is_compiling():
+            # Traced: the plan of the traced forward (found by the very mask it was given), else stock's code. Its
+            # windows as a host tensor where the attention splits by them (not flash: that reads max_seqlen as an int).
+            if audio is None:
+                return stock(self, input_features, input_features_mask, **kwargs)
+            windows = audio.traced_encoder_kwargs() if op_applies(self.layers[0].self_attn) else audio.encoder_kwargs()
+            return stock(self, input_features, input_features_mask, **windows, **kwargs)
         if audio is None:  # no plan: one read of the mask (none if it is on the host already)
             host = read_to_host_syncs_once({"mask": input_features_mask})["mask"]
             audio = masked_audio_plan(host, type(self).__module__, type(self).__name__, self.n_window,
