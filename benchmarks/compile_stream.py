@@ -1,7 +1,8 @@
 """Compiling for a stream of layouts, stock against syncfree, side by side in one run.
 
 Each family's tiny model is fed the same stream of varied batches (``syncfree.inputs.stream_layouts``: images of
-several counts and sizes, videos, text-only rows, padding) twice: stock under ``torch.compile(model)`` (graph breaks
+several counts and sizes, videos, text-only rows, padding; ``audio_stream_layouts``' clips of varied lengths for an
+audio-only family) twice: stock under ``torch.compile(model)`` (graph breaks
 allowed, as it must be: stock's data-dependent reads break its graph), and patched under
 ``torch.compile(model, fullgraph=True)`` with each batch from ``syncfree.prepare``. For each: the graphs Dynamo made
 (its ``unique_graphs``), the seconds spent compiling (Dynamo's ``_compile.compile_inner``, the backend's compile
@@ -31,7 +32,7 @@ import syncfree
 from syncfree.census.inputs import image_unit
 from syncfree.census.run import discover
 from syncfree.families import FAMILIES, PRESETS
-from syncfree.inputs import Video, processor_batch, stream_layouts
+from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, processor_batch, stream_layouts
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
@@ -102,8 +103,10 @@ def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu
     model = build_model(preset, dtype=getattr(torch, dtype), device=device).eval()
     videos = getattr(model.config, "video_token_id", None) is not None and not buckets
     side = "right" if buckets else "left"  # (buckets take right-padded batches; images only)
-    batches = [_batch(model.config, samples, PRESETS[preset].pad_token_id, side)
-               for samples in stream_layouts(count, image_unit(model.config), videos=videos, seed=seed)]
+    # (an audio-only family's stream varies its clips instead of images)
+    layouts = audio_stream_layouts(count, seed=seed) if is_audio_only(model.config) else \
+        stream_layouts(count, image_unit(model.config), videos=videos, seed=seed)
+    batches = [_batch(model.config, samples, PRESETS[preset].pad_token_id, side) for samples in layouts]
     run = dict(backend=backend, device=device, mode=mode, passes=passes)
     row = {"family": family, "preset": preset, "batches": count}
     variants = {"stock": None, "patched": None}
