@@ -12,7 +12,7 @@ on the host. Here it is computed once, on the host, with the installed Transform
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,6 +53,8 @@ class AudioPlan(DeviceFields):
     n_outputs: int  # encoder output frames: what the audio placeholders must number
     pool_indices: torch.Tensor | None = None  # a pooling encoder's stride-2 average pooling after the layers
     device: str = "cpu"
+    # (the window sizes as a host tensor: what a traced encoder's attention operator splits by; it stays on the host)
+    host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
 
@@ -94,7 +96,8 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
     return AudioPlan(feature_lens=lens, chunk_sizes=tuple(chunk_lengths.tolist()), chunk_lengths=chunk_lengths,
                      seqlens=seqlens, max_seqlen=SegmentedMax(max(seqlens), seqlens),
                      cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()),
-                     n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool)
+                     n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool,
+                     host_seqlens=torch.tensor(seqlens, dtype=torch.int64))
 
 
 def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int) -> AudioPlan:

@@ -20,6 +20,7 @@ from ...rewrite.edits import (
     FEATURE_SCATTER,
     PLACEHOLDER_MASK,
     VISION_ATTENTION,
+    feature_split,
 )
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward
@@ -47,6 +48,9 @@ _ROPE_PARAMS = ("input_ids", "image_grid_thw", "video_grid_thw", "attention_mask
 PLAN = PlanHooks(inputs=("feature_attention_mask", "video_second_per_grid"))
 
 
+_SPLIT = {kind: feature_split("self.visual.spatial_merge_size", kinds=(kind,)) for kind in ("image", "video")}
+
+
 def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: bool, rope_index) -> Family:
     """An Omni thinker: a Qwen-VL vision tower, an audio encoder, and a text model (``*Thinker*`` classes).
     Qwen3-Omni's tower is Qwen3-VL's (learned positions, deepstack); Qwen2.5-Omni's is Qwen2.5-VL's (windows)."""
@@ -63,6 +67,9 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
                needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
         Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES, **thinker),
         Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK, **thinker),
+        # (for a traced forward: the features' split by the plan's per-item counts, a graph cannot read the grid)
+        *(Target(f"{prefix}ThinkerModel", f"get_{kind}_features", edits=_SPLIT[kind], **thinker)
+          for kind in ("image", "video")),
         Target(f"{prefix}ThinkerModel", "forward",
                edits=FEATURE_SCATTER + AUDIO_SCATTER + (DEEPSTACK_MERGE if deepstack else ()),
                wrap=make_model_forward, params=_MODEL_PARAMS,
@@ -77,7 +84,7 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     layout = Layout(family_module(folder), table=PositionTable() if deepstack else None,
                     tower=TowerShape(windows=not deepstack), audio=AudioLayout(encoder=True),
                     rope=RotaryIndex(audio_class=f"{prefix}PreTrainedModelForConditionalGeneration"),
-                    plan=dataclasses.replace(PLAN, rope_index=rope_index), **PACKS)
+                    plan=dataclasses.replace(PLAN, rope_index=rope_index), one_graph=True, **PACKS)
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 

@@ -9,7 +9,7 @@ import torch
 from ...plan import active
 from ...rewrite.rewriter import Edit
 
-__all__ = ["AUDIO_FEATURES", "audio_lengths", "masked_frames"]
+__all__ = ["AUDIO_FEATURES", "audio_lengths", "masked_frames", "audio_output_total"]
 
 # Omni thinkers' get_audio_features: the mel frames kept by feature_attention_mask (boolean indexing:
 # a read of the count) and the per-clip lengths, from the plan's host copy of that mask.
@@ -18,12 +18,17 @@ AUDIO_FEATURES = (
          "audio_feature_lengths = _syncfree.audio_lengths(feature_attention_mask)"),
     Edit("expr", "input_features.permute(0, 2, 1)[feature_attention_mask.bool()]",
          "_syncfree.masked_frames(input_features.permute(0, 2, 1), feature_attention_mask)"),
+    # (Qwen2.5-Omni's check of the encoder's output length against the lengths it computed from the plan's host
+    # lengths: host values in eager, which a traced forward cannot read)
+    Edit("expr", "sum(audio_output_lengths.tolist())",
+         "_syncfree.audio_output_total(audio_output_lengths, feature_attention_mask)", count=None),
 )
 
 
 def _audio_entry(feature_attention_mask):
-    """The active plan's audio plan when ``feature_attention_mask`` is the very mask it was made from."""
-    entry = None if torch.compiler.is_compiling() else active.current()
+    """The active plan's audio plan when ``feature_attention_mask`` is the very mask it was made from (in a traced
+    forward too: the traced forward's own mask)."""
+    entry = active.current()
     if entry is None or entry.plan.audio is None or feature_attention_mask is None:
         return None
     return entry.plan.audio if entry.given.get("feature_attention_mask") is feature_attention_mask else None
@@ -44,3 +49,11 @@ def masked_frames(features: torch.Tensor, feature_attention_mask: torch.Tensor) 
             or features.shape[:2] != feature_attention_mask.shape):
         return features[feature_attention_mask.bool()]
     return features.reshape(-1, features.shape[-1]).index_select(0, audio.frame_positions)
+
+
+def audio_output_total(audio_output_lengths: torch.Tensor, feature_attention_mask) -> int:
+    """``sum(audio_output_lengths.tolist())``: in a traced forward with a plan, the plan's count of encoder outputs
+    (the sum of those lengths, which it computed from the same host lengths; a graph cannot read the values);
+    stock's expression otherwise (host values: no sync)."""
+    audio = _audio_entry(feature_attention_mask) if torch.compiler.is_compiling() else None
+    return sum(audio_output_lengths.tolist()) if audio is None else audio.n_outputs

@@ -20,17 +20,22 @@ from ...plan.tensors import same_host_values
 from ...rewrite.call_args import fits, same_device
 from ...rewrite.host_read import read_to_host_syncs_once
 from ...rewrite.roles import wrapper
-from ...rewrite.wrappers import rope_index_wrapper, stock_index_on_host
+from ...rewrite.segment_op import op_applies
+from ...rewrite.segments import TracedWindows
+from ...rewrite.wrappers import planned_positions, rope_index_wrapper, stock_index_on_host
 
 __all__ = ["make_audio_forward", "make_omni_rope_index"]
 
 
 def _audio_plan_for(feature_lens):
-    """The active plan's audio plan when ``feature_lens`` is its host lengths tensor (or equal host values)."""
+    """The active plan's audio plan when ``feature_lens`` is its host lengths tensor (or equal host values; in a
+    traced forward that very tensor, which ``audio_features.audio_lengths`` handed on)."""
     entry = active.current()
     audio = entry.plan.audio if entry is not None else None
     if audio is None or not isinstance(feature_lens, torch.Tensor):
         return None
+    if torch.compiler.is_compiling():
+        return audio if feature_lens is audio.feature_lens else None
     return audio if same_host_values(feature_lens, audio.feature_lens) else None
 
 
@@ -39,10 +44,18 @@ def make_audio_forward(stock):
     @functools.wraps(stock)
     def forward(self, input_features=None, feature_lens=None, **kwargs):
         audio = kwargs.pop("syncfree_audio_plan", None)  # a plan handed in (compile_audio-style callers, tests)
-        if (audio is None and torch.compiler.is_compiling()) or input_features is None or feature_lens is None \
-                or "padded_feature" in kwargs or "cu_seqlens" in kwargs:
+        if input_features is None or feature_lens is None or "padded_feature" in kwargs or "cu_seqlens" in kwargs:
             return stock(self, input_features, feature_lens, **kwargs)
         audio = audio or _audio_plan_for(feature_lens)
+        if torch.compiler.is_compiling():
+            # Traced: the traced forward's plan, else stock's code. Its windows as a host tensor where the attention
+            # splits by them (not flash: that reads max_seqlen as an int).
+            if audio is None:
+                return stock(self, input_features, feature_lens, **kwargs)
+            extra = audio.encoder_kwargs(input_features)
+            if op_applies(self.layers[0].self_attn):
+                extra["max_seqlen"] = TracedWindows(audio.cu_seqlens, audio.host_seqlens, audio.seqlens)
+            return stock(self, input_features, feature_lens, **extra, **kwargs)
         if audio is None:  # no plan: one read of the lengths (none if they are on the host already)
             host = read_to_host_syncs_once({"feature_lens": feature_lens})["feature_lens"]
             audio = audio_plan_from_lengths(host, type(self).__module__, self.n_window,
@@ -85,11 +98,16 @@ def _registered_plan(given: dict):
 @wrapper("the plan's 3D positions (stock's index, run on the host copies)")
 def make_omni_rope_index(stock):
     def answer(self, given, call_stock):
-        if torch.compiler.is_compiling():
-            return call_stock()
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         flag = given.get("use_audio_in_video", False)
         entry = active.current()
+        if torch.compiler.is_compiling():
+            # Traced: the traced forward's positions, as graph inputs (the index in the graph would be sized by the
+            # grids' values), where the plan holds them for this flag; stock's index otherwise.
+            planned = planned_positions(entry, input_ids, mask)
+            if planned is not None and bool(flag) == entry.plan.use_audio_in_video:
+                return planned
+            return call_stock()
         if entry is not None and entry.plan.spec.rope.audio_class is not None:
             plan = None
             if entry.owns(input_ids) and mask is entry.attention_mask:
