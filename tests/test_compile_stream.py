@@ -18,18 +18,18 @@ import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 import syncfree
-from family_checks import TINY, unit_of
+from family_checks import TINY, patched_type, unit_of
 from syncfree.census.run import discover
 from syncfree.families import FAMILIES, PRESETS
-from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, processor_batch, stream_layouts
+from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, is_omni, processor_batch, stream_layouts
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
 
-ONE_GRAPH = [f for f in discover() if f in FAMILIES and f in TINY and layout_of(f) is not None
-             and layout_of(f).one_graph]
+ONE_GRAPH = [patched_type(f) for f in discover() if patched_type(f) in FAMILIES and patched_type(f) in TINY
+             and layout_of(patched_type(f)) is not None and layout_of(patched_type(f)).one_graph]
 STREAM = [f for f in ONE_GRAPH if layout_of(f).stream]  # (one graph for any layout: Layout.stream)
 _QUICK = {"qwen2_5_vl"}
 # (the training stream: every stream family, in the slow step; about a minute each on two CPU cores)
@@ -42,8 +42,9 @@ def _stream(model, preset: str, count: int, training: bool = False):
     videos = getattr(model.config, "video_token_id", None) is not None
     # (every fourth batch opens with 64-400 tokens of text: sizes a text model cuts in chunks or windows, which a
     # stream of short texts never crosses; an audio-only family's batches vary their clips instead of images)
+    # (an Omni thinker's: clips too, in every batch)
     layouts = audio_stream_layouts(count, long_every=4) if is_audio_only(model.config) else \
-        stream_layouts(count, unit_of(model.config), videos=videos, long_every=4)
+        stream_layouts(count, unit_of(model.config), videos=videos, long_every=4, audio=is_omni(model.config))
     for samples in layouts:
         try:
             batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)

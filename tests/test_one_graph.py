@@ -17,7 +17,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import syncfree
-from family_checks import TINY, standard_layouts
+from family_checks import TINY, patched_type, standard_layouts
 from syncfree.census.run import discover, tiny_model_and_batch
 from syncfree.families import FAMILIES, PRESETS
 from syncfree.inputs import (ASR_LAYOUT_NAMES, OMNI_LAYOUT_NAMES, asr_layout, is_audio_only, is_omni, omni_layout,
@@ -28,14 +28,7 @@ from syncfree.presets import build_model
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
 
-
-
-def _patched_type(family: str) -> str:
-    """The model type syncfree patches for a census family: its own, or an Omni model's thinker's."""
-    return family if family in FAMILIES else f"{family}_thinker"
-
-
-ONE_GRAPH = [f for f in discover() if layout_of(_patched_type(f)) is not None and layout_of(_patched_type(f)).one_graph]
+ONE_GRAPH = [f for f in discover() if layout_of(patched_type(f)) is not None and layout_of(patched_type(f)).one_graph]
 # The training step's equality is checked for these in the default run, for the rest in the slow step.
 # The default run checks these; every other family of ONE_GRAPH is checked the same way in the slow step.
 _QUICK = {"qwen2_5_vl", "qwen3_vl", "glm4v"}

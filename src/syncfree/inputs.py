@@ -33,15 +33,19 @@ __all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Aud
 
 
 def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, seed: int = 0,
-                   long_every: int = 0) -> list:
+                   long_every: int = 0, audio: bool = False) -> list:
     """``count`` batches' samples as a training stream varies them: each of ``rows`` samples has text of 2-6 tokens
     and 0-3 images (sides of 1-3 ``unit`` by 2-3: at least two tokens each) or, where ``videos``, short videos (2 or
     4 frames), with text between; so the batches differ in image count and sizes, text length, padding, and in
     text-only rows. ``long_every``: every that many batches (from the first), its first sample opens with 64-400
-    tokens of text instead (a size a text model may cut in chunks or windows: 64 and its multiples crossed). The same
-    ``seed``, the same stream."""
+    tokens of text instead (a size a text model may cut in chunks or windows: 64 and its multiples crossed).
+    ``audio`` (a family that takes images and audio, the Omni thinkers): the first sample of every batch, and every
+    other sample by a coin toss, ends with a clip of 30-800 mel frames and text (every batch has audio: a batch without
+    is another set of inputs, which Dynamo compiles a graph of its own for). The same ``seed``, the same stream (with or
+    without ``audio``: its draws are its own)."""
     rng = random.Random(seed)
     long_rng = random.Random(seed + 1)  # (its own draws, apart from the stream's)
+    audio_rng = random.Random(seed + 2)
 
     def sample(long: bool = False) -> list:
         short = rng.randint(2, 6)  # (drawn either way: the rest of the stream is the same with or without long texts)
@@ -54,8 +58,13 @@ def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, se
             items.append(Text(rng.randint(2, 4)))
         return items
 
-    return [[sample(long=row == 0 and long_every > 0 and batch % long_every == 0) for row in range(rows)]
-            for batch in range(count)]
+    def with_audio(items: list, first: bool) -> list:
+        if audio and (first or audio_rng.random() < 0.5):
+            items += [Audio(audio_rng.randint(30, 800)), Text(audio_rng.randint(2, 4))]
+        return items
+
+    return [[with_audio(sample(long=row == 0 and long_every > 0 and batch % long_every == 0), row == 0)
+             for row in range(rows)] for batch in range(count)]
 
 
 def audio_stream_layouts(count: int, rows: int = 2, seed: int = 0, long_every: int = 0, text_only_every: int = 5) -> list:

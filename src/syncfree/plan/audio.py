@@ -55,6 +55,11 @@ class AudioPlan(DeviceFields):
     device: str = "cpu"
     # (the window sizes as a host tensor: what a traced encoder's attention operator splits by; it stays on the host)
     host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # (an empty host tensor (longest chunk, 0): the padded chunks' width as a size a traced encoder takes, not a value)
+    chunk_width: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # (how many groups of chunks the encoder convolves apart, where it groups them: a traced encoder takes the chunks'
+    # count as a size where they are one group, so the graph does not follow it)
+    conv_groups: int = 1
 
     _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
 
@@ -62,7 +67,20 @@ class AudioPlan(DeviceFields):
         """What the stock audio encoder pops from its kwargs instead of deriving it from the device lengths."""
         # Stock's chunking (the end of chunk_and_pad_features) with the planned sizes: host ints, nothing waits.
         chunks = input_features.T.split(list(self.chunk_sizes), dim=0)
-        padded = torch.nn.utils.rnn.pad_sequence(chunks, batch_first=True).transpose(1, 2)
+        return self._planned(torch.nn.utils.rnn.pad_sequence(chunks, batch_first=True).transpose(1, 2))
+
+    def traced_encoder_kwargs(self, input_features: torch.Tensor) -> dict:
+        """``encoder_kwargs`` for a traced encoder: the padded chunks gathered by index from the chunks' lengths and
+        the longest chunk's width (a size), not split by host ints, so that one graph takes chunks of any sizes. The
+        same values in the same layout as stock's ``pad_sequence`` (a chunk's frames, then zeros)."""
+        steps = torch.arange(self.chunk_width.shape[0], device=input_features.device)
+        lengths = self.chunk_lengths
+        index = ((lengths.cumsum(0) - lengths)[:, None] + steps).clamp(max=input_features.shape[1] - 1)
+        frames = input_features.T[index]  # (chunks, width, bins), as pad_sequence stacks them
+        padded = torch.where((steps < lengths[:, None])[..., None], frames, frames.new_zeros(()))
+        return self._planned(padded.transpose(1, 2))
+
+    def _planned(self, padded: torch.Tensor) -> dict:
         # max_seqlen: stock computes it for flash attention only (None otherwise, unused by the split path).
         kwargs = {"padded_feature": padded, "chunk_lengths": self.chunk_lengths, "valid_indices": self.valid_indices,
                   "cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen}
@@ -70,9 +88,35 @@ class AudioPlan(DeviceFields):
             kwargs["pool_indices"] = self.pool_indices
         return kwargs
 
+    def layout_dims(self, inputs: dict, host: dict) -> list:
+        """The dimensions of this plan's and its inputs' tensors that follow the layout, for a stream's graph
+        (``dynamic_dims``): the clips (unbacked, so one clip makes no graph of its own) and their mel frames
+        (``input_features``, ``feature_attention_mask``), the chunks (unbacked where they are one group of the
+        encoder's grouped convolution, ``conv_groups``; else static) and the longest chunk, the windows, the kept and
+        valid frames, and the output frames, which are the audio placeholders' count (one symbol for both). The mel
+        bins stay static."""
+        clips = {0: "syncfree.audio.clips"}
+        found = [(t, {"dynamic": (t.dim() - 1,), "per_item": clips})
+                 for t in (inputs.get("input_features"), inputs.get("feature_attention_mask"),
+                           host.get("feature_attention_mask")) if isinstance(t, torch.Tensor) and t.dim() >= 2]
+        outputs = "syncfree.n_audio_tokens"
+        found += [(self.feature_lens, {"per_item": clips}),
+                  # (more chunks than the encoder convolves at a time: split by the plan's sizes, static)
+                  (self.chunk_lengths, {"per_item": {0: "syncfree.audio.chunks"}} if self.conv_groups == 1 else {}),
+                  (self.chunk_width, {"dynamic": (0,)}),
+                  (self.cu_seqlens, {"per_item": {0: "syncfree.audio.windows+1"}}),
+                  (self.host_seqlens, {"per_item": {0: "syncfree.audio.windows"}}),
+                  (self.valid_indices, {"per_item": {0: "syncfree.audio.valid" if self.pool_indices is not None
+                                                     else outputs}})]
+        if self.frame_positions is not None:
+            found.append((self.frame_positions, {"per_item": {0: "syncfree.audio.frames"}}))
+        if self.pool_indices is not None:
+            found.append((self.pool_indices, {"per_item": {0: outputs}}))
+        return found
+
 
 def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_window: int, n_window_infer: int,
-                            mask: torch.Tensor | None = None) -> AudioPlan:
+                            mask: torch.Tensor | None = None, conv_chunks: int | None = None) -> AudioPlan:
     """Plan the audio encoder from host per-clip frame counts (and the host mask they came from, if any)."""
     module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
     lens = feature_lens.to("cpu", torch.long)
@@ -97,11 +141,15 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
                      seqlens=seqlens, max_seqlen=SegmentedMax(max(seqlens), seqlens),
                      cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()),
                      n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool,
-                     host_seqlens=torch.tensor(seqlens, dtype=torch.int64))
+                     host_seqlens=torch.tensor(seqlens, dtype=torch.int64),
+                     chunk_width=torch.empty((int(chunk_lengths.max()), 0)),
+                     conv_groups=-(-len(chunk_lengths) // conv_chunks) if conv_chunks else 1)
 
 
-def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int) -> AudioPlan:
-    """Plan the audio encoder from the processor's host ``feature_attention_mask`` (clips, frames)."""
+def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int,
+               conv_chunks: int | None = None) -> AudioPlan:
+    """Plan the audio encoder from the processor's host ``feature_attention_mask`` (clips, frames); ``conv_chunks``:
+    how many chunks the encoder convolves at a time, where it groups them (``AudioPlan.conv_groups``)."""
     mask = feature_attention_mask
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         raise ValueError("feature_attention_mask must be a tensor of shape (clips, frames), got "
@@ -109,4 +157,5 @@ def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window:
     mask = mask.to("cpu")
     if bool(((mask != 0) & (mask != 1)).any()):
         raise ValueError("feature_attention_mask must hold only 0 and 1")
-    return audio_plan_from_lengths(mask.sum(1), module_name, n_window, n_window_infer, mask=mask)
+    return audio_plan_from_lengths(mask.sum(1), module_name, n_window, n_window_infer, mask=mask,
+                                   conv_chunks=conv_chunks)

@@ -104,12 +104,19 @@ def mark_layout_dims(inputs: dict, plan) -> None:
     strip = bool(plan.spec.hooks.grid_inputs)
     ids = inputs.get("input_ids")
     tokens = tuple(ids.shape) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else tuple(plan.batch_shape)
+    # (an audio plan that names its own layout dimensions, and its inputs': the clips' frames, its chunks and windows,
+    # its output frames; marked by it alone)
+    audio = getattr(plan, "audio", None)
+    audio_dims = audio.layout_dims(inputs, plan.host) if stream and hasattr(audio, "layout_dims") else []
+    own = {id(tensor) for tensor, _ in audio_dims}
     for name, value in inputs.items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and id(value) not in own:
             _by_role(name, value, tokens, stream, strip)
     for name, value in plan.host.items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and id(value) not in own:
             _by_role(name, value, tokens, stream)
+    for tensor, dims in audio_dims:
+        _mark(tensor, dynamic=dims.get("dynamic", ()), per_item=dims.get("per_item"))
     for name in ("position_ids", "rope_deltas"):
         value = getattr(plan, name, None)
         if isinstance(value, torch.Tensor):
@@ -122,11 +129,6 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         plan.carriers = size_carriers({n: getattr(plan, n, None) for n in _PLAN_COUNTS})
     for name, carrier in plan.carriers.items():
         _mark(carrier, per_item={0: f"syncfree.{name}"})
-    audio = getattr(plan, "audio", None)
-    if stream and hasattr(audio, "layout_dims"):
-        # (an audio plan that names its own layout dimensions: the clips' frames, its windows, its output frames)
-        for tensor, dims in audio.layout_dims(inputs, plan.host):
-            _mark(tensor, dynamic=dims.get("dynamic", ()), per_item=dims.get("per_item"))
     for kind in ("image", "video", "video_frames"):
         vp = getattr(plan, kind, None)
         if vp is None:

@@ -168,6 +168,7 @@ class ModelSpec:
     # on the host; audio placeholders alone (AudioLayout.tokens): their id.
     audio_token_id: int | None = None
     audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
+    audio_conv_chunks: int | None = None  # how many chunks the encoder convolves at a time (conv_chunksize), if set
     rope_key: tuple = ()  # the config values a rotary index run as stock on the host reads (RotaryIndex)
     align_corners: bool = True  # how stock resamples the table (read where PositionTable.align_corners_from says)
     video_temporal_merge: int = 1  # frames per video token (VideoLayout.temporal_merge); 1 elsewhere
@@ -211,6 +212,7 @@ class ModelSpec:
             ac = config.audio_config
             audio_and_index = dict(audio_token_id=config.audio_token_id,
                                    audio_window=(ac.n_window, getattr(ac, "n_window_infer", 0)),
+                                   audio_conv_chunks=getattr(ac, "conv_chunksize", None),
                                    rope_key=rope_config_key(config), config=config)
         if layout.rope.host_class is not None:
             audio_and_index = dict(rope_key=host_rope_key(config, layout.plan.rope_config), config=config)

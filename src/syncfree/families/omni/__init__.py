@@ -19,6 +19,7 @@ from ...rewrite.edits import (
     DEEPSTACK_PROCESS,
     FEATURE_SCATTER,
     PLACEHOLDER_MASK,
+    ROPE_DELTAS_AFTER_CACHE,
     VISION_ATTENTION,
     feature_split,
 )
@@ -67,6 +68,10 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
                needs=("chunk_and_pad_features(", "get_valid_indices(", "get_audio_cu_seqlens(", "kwargs=kwargs")),
         Target(f"{prefix}ThinkerModel", "get_audio_features", edits=AUDIO_FEATURES, **thinker),
         Target(f"{prefix}ThinkerModel", "get_placeholder_mask", edits=PLACEHOLDER_MASK, **thinker),
+        # (the cache's length before the rope deltas a first call leaves on the model: a compiled model's next batch
+        # of the same inputs compiles no graph for them)
+        Target(f"{prefix}ThinkerModel", "compute_3d_position_ids", edits=ROPE_DELTAS_AFTER_CACHE, optional=True,
+               **thinker),
         # (for a traced forward: the features' split by the plan's per-item counts, a graph cannot read the grid)
         *(Target(f"{prefix}ThinkerModel", f"get_{kind}_features", edits=_SPLIT[kind], **thinker)
           for kind in ("image", "video")),
@@ -84,7 +89,8 @@ def _omni_thinker(prefix: str, folder: str, vision: str, audio: str, deepstack: 
     layout = Layout(family_module(folder), table=PositionTable() if deepstack else None,
                     tower=TowerShape(windows=not deepstack), audio=AudioLayout(encoder=True),
                     rope=RotaryIndex(audio_class=f"{prefix}PreTrainedModelForConditionalGeneration"),
-                    plan=dataclasses.replace(PLAN, rope_index=rope_index), one_graph=True, **PACKS)
+                    plan=dataclasses.replace(PLAN, rope_index=rope_index), one_graph=True, stream=True,
+                    **PACKS)
     return Family(f"{folder}_thinker", targets, layout, helpers=audio_features)
 
 

@@ -56,4 +56,7 @@ def audio_output_total(audio_output_lengths: torch.Tensor, feature_attention_mas
     (the sum of those lengths, which it computed from the same host lengths; a graph cannot read the values);
     stock's expression otherwise (host values: no sync)."""
     audio = _audio_entry(feature_attention_mask) if torch.compiler.is_compiling() else None
-    return sum(audio_output_lengths.tolist()) if audio is None else audio.n_outputs
+    if audio is None:
+        return sum(audio_output_lengths.tolist())
+    carrier = active.current().plan.carriers.get("n_audio_tokens")  # (a stream's graph: the count as a size)
+    return audio.n_outputs if carrier is None else carrier.shape[0]
