@@ -2,7 +2,7 @@
 
 Each family's tiny model is fed the same stream of varied batches (``syncfree.inputs.stream_layouts``: images of
 several counts and sizes, videos, text-only rows, padding; ``audio_stream_layouts``' clips of varied lengths for an
-audio-only family) twice: stock under ``torch.compile(model)`` (graph breaks
+audio-only family; with clips too for an Omni thinker) twice: stock under ``torch.compile(model)`` (graph breaks
 allowed, as it must be: stock's data-dependent reads break its graph), and patched under
 ``torch.compile(model, fullgraph=True)`` with each batch from ``syncfree.prepare``. For each: the graphs Dynamo made
 (its ``unique_graphs``), the seconds spent compiling (Dynamo's ``_compile.compile_inner``, the backend's compile
@@ -32,7 +32,7 @@ import syncfree
 from syncfree.census.inputs import image_unit
 from syncfree.census.run import discover
 from syncfree.families import FAMILIES, PRESETS
-from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, processor_batch, stream_layouts
+from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, is_omni, processor_batch, stream_layouts
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
@@ -103,9 +103,10 @@ def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu
     model = build_model(preset, dtype=getattr(torch, dtype), device=device).eval()
     videos = getattr(model.config, "video_token_id", None) is not None and not buckets
     side = "right" if buckets else "left"  # (buckets take right-padded batches; images only)
-    # (an audio-only family's stream varies its clips instead of images)
+    # (an audio-only family's stream varies its clips instead of images; an Omni thinker's has clips too)
     layouts = audio_stream_layouts(count, seed=seed) if is_audio_only(model.config) else \
-        stream_layouts(count, image_unit(model.config), videos=videos, seed=seed)
+        stream_layouts(count, image_unit(model.config), videos=videos, seed=seed,
+                       audio=is_omni(model.config) and not buckets)
     batches = [_batch(model.config, samples, PRESETS[preset].pad_token_id, side) for samples in layouts]
     run = dict(backend=backend, device=device, mode=mode, passes=passes)
     row = {"family": family, "preset": preset, "batches": count}
@@ -145,8 +146,9 @@ def main(argv=None) -> int:
     parser.add_argument("--append", action="store_true",
                         help="keep --out's rows of other families (recorded with the same versions and settings)")
     args = parser.parse_args(argv)
-    families = args.families or [f for f in discover() if f in FAMILIES and layout_of(f) is not None
-                                 and layout_of(f).one_graph]
+    # (an Omni model's census name is its folder's; syncfree patches its thinker)
+    types = [f if f in FAMILIES else f"{f}_thinker" for f in discover()]
+    families = args.families or [f for f in types if layout_of(f) is not None and layout_of(f).one_graph]
     torch.set_num_threads(1)
     # (cold compiles on both sides: Inductor's on-disk caches would serve one side what an earlier run compiled)
     inductor_config.force_disable_caches = True

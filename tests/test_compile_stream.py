@@ -21,7 +21,16 @@ import syncfree
 from family_checks import TINY, patched_type, unit_of
 from syncfree.census.run import discover
 from syncfree.families import FAMILIES, PRESETS
-from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, is_omni, processor_batch, stream_layouts
+from syncfree.inputs import (
+    Audio,
+    Text,
+    Video,
+    audio_stream_layouts,
+    is_audio_only,
+    is_omni,
+    processor_batch,
+    stream_layouts,
+)
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
@@ -152,9 +161,11 @@ def test_prepare_marks_its_own_tensors_for_dynamo_never_the_callers(in_worker):
 
 
 @pytest.mark.slow
-def test_with_inductor_a_stream_is_within_float32_rounding_of_the_eager_logits():
-    # (Inductor fuses and reorders the arithmetic: not bitwise, within assert_close's float32 bound; 2.7e-7 seen)
-    model, preset = _model("qwen2_5_vl")
+@pytest.mark.parametrize("family", [f for f in ("qwen2_5_vl", "qwen3_omni_moe_thinker") if f in STREAM])
+def test_with_inductor_a_stream_is_within_float32_rounding_of_the_eager_logits(family):
+    # (Inductor fuses and reorders the arithmetic: not bitwise, within assert_close's float32 bound; 2.7e-7 seen.
+    # Qwen3-Omni: clips in every batch, whose chunks its encoder convolves in groups, which Inductor lowers apart)
+    model, preset = _model(family)
     compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
         for i, batch in enumerate(_stream(model, preset, 4)):
@@ -231,3 +242,24 @@ def test_the_kept_convolution_tail_is_stocks_and_one_inductor_graph_for_texts_sh
         compiled(states)
         assert torch.equal(kept, want), length
     assert counter.frame_count == 1
+
+
+def test_qwen3_omnis_grouped_convolution_is_one_graph_for_one_group_and_the_plans_sizes_past_it():
+    """Qwen3-Omni's audio encoder convolves its chunks in groups of ``conv_chunksize``: a traced forward takes the
+    chunks' count as a size the graph compares with the group (one graph for any count in one group, one more per
+    further group); the logits are the eager forward's either way."""
+    if "qwen3_omni_moe_thinker" not in STREAM:
+        pytest.skip("this Transformers release has no Qwen3-Omni thinker syncfree traces")
+    model, preset = _model("qwen3_omni_moe_thinker")
+    model.config.audio_config.conv_chunksize = model.model.audio_tower.conv_chunksize = 3  # (chunks of 100 frames)
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    graphs = []
+    with torch.no_grad():
+        for frames in (120, 290, 450, 610):  # 2, 3, 5 and 7 chunks: one group twice, then two and three groups
+            batch = processor_batch(model.config, [[Text(4), Audio(frames), Text(3)]],
+                                    pad_token_id=PRESETS[preset].pad_token_id)
+            expected = model(**syncfree.prepare(batch, "cpu", model)).logits
+            assert torch.equal(compiled(**syncfree.prepare(batch, "cpu", model)).logits, expected), frames
+            graphs.append(counter.frame_count)
+    assert graphs == [1, 1, 2, 3]

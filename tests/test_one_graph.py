@@ -20,8 +20,15 @@ import syncfree
 from family_checks import TINY, patched_type, standard_layouts
 from syncfree.census.run import discover, tiny_model_and_batch
 from syncfree.families import FAMILIES, PRESETS
-from syncfree.inputs import (ASR_LAYOUT_NAMES, OMNI_LAYOUT_NAMES, asr_layout, is_audio_only, is_omni, omni_layout,
-                             processor_batch)
+from syncfree.inputs import (
+    ASR_LAYOUT_NAMES,
+    OMNI_LAYOUT_NAMES,
+    asr_layout,
+    is_audio_only,
+    is_omni,
+    omni_layout,
+    processor_batch,
+)
 from syncfree.plan.errors import InputsNotTaken, StalePlan
 from syncfree.plan.spec import ModelSpec, layout_of
 from syncfree.presets import build_model

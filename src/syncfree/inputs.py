@@ -39,10 +39,11 @@ def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, se
     4 frames), with text between; so the batches differ in image count and sizes, text length, padding, and in
     text-only rows. ``long_every``: every that many batches (from the first), its first sample opens with 64-400
     tokens of text instead (a size a text model may cut in chunks or windows: 64 and its multiples crossed).
-    ``audio`` (a family that takes images and audio, the Omni thinkers): the first sample of every batch, and every
-    other sample by a coin toss, ends with a clip of 30-800 mel frames and text (every batch has audio: a batch without
-    is another set of inputs, which Dynamo compiles a graph of its own for). The same ``seed``, the same stream (with or
-    without ``audio``: its draws are its own)."""
+    ``audio`` (a family that takes images and audio, the Omni thinkers): the first sample of every batch ends with a
+    clip of 201-800 mel frames and text, every other sample by a coin toss with a clip of 30-800 (every batch has
+    audio, more than one encoder chunk of it: a batch without is another set of inputs, and one chunk alone a size of
+    1, which Dynamo compiles graphs of their own for). The same ``seed``, the same stream (with or without ``audio``:
+    its draws are its own)."""
     rng = random.Random(seed)
     long_rng = random.Random(seed + 1)  # (its own draws, apart from the stream's)
     audio_rng = random.Random(seed + 2)
@@ -60,14 +61,15 @@ def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, se
 
     def with_audio(items: list, first: bool) -> list:
         if audio and (first or audio_rng.random() < 0.5):
-            items += [Audio(audio_rng.randint(30, 800)), Text(audio_rng.randint(2, 4))]
+            items += [Audio(audio_rng.randint(201 if first else 30, 800)), Text(audio_rng.randint(2, 4))]
         return items
 
     return [[with_audio(sample(long=row == 0 and long_every > 0 and batch % long_every == 0), row == 0)
              for row in range(rows)] for batch in range(count)]
 
 
-def audio_stream_layouts(count: int, rows: int = 2, seed: int = 0, long_every: int = 0, text_only_every: int = 5) -> list:
+def audio_stream_layouts(count: int, rows: int = 2, seed: int = 0, long_every: int = 0,
+                         text_only_every: int = 5) -> list:
     """``stream_layouts`` for an audio-only family (one clip per sample, as Qwen3-ASR's processor takes them): each of
     ``rows`` samples has text of 2-6 tokens, a clip of 30-800 mel frames (a partial chunk to several attention
     windows; the processor pads a clip shorter than 50) and text of 2-5 tokens; so the batches differ in their clips'

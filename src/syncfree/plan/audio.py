@@ -57,9 +57,9 @@ class AudioPlan(DeviceFields):
     host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
     # (an empty host tensor (longest chunk, 0): the padded chunks' width as a size a traced encoder takes, not a value)
     chunk_width: torch.Tensor | None = field(default=None, compare=False, repr=False)
-    # (how many groups of chunks the encoder convolves apart, where it groups them: a traced encoder takes the chunks'
-    # count as a size where they are one group, so the graph does not follow it)
-    conv_groups: int = 1
+    # (how many chunks the encoder convolves at a time, where it groups them: a traced encoder's graph compares the
+    # chunks' count with it, which it can only do with a count Dynamo knows a hint of)
+    conv_chunks: int | None = None
 
     _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
 
@@ -91,18 +91,18 @@ class AudioPlan(DeviceFields):
     def layout_dims(self, inputs: dict, host: dict) -> list:
         """The dimensions of this plan's and its inputs' tensors that follow the layout, for a stream's graph
         (``dynamic_dims``): the clips (unbacked, so one clip makes no graph of its own) and their mel frames
-        (``input_features``, ``feature_attention_mask``), the chunks (unbacked where they are one group of the
-        encoder's grouped convolution, ``conv_groups``; else static) and the longest chunk, the windows, the kept and
-        valid frames, and the output frames, which are the audio placeholders' count (one symbol for both). The mel
-        bins stay static."""
+        (``input_features``, ``feature_attention_mask``), the chunks (unbacked; dynamic where the encoder convolves
+        them in groups, ``conv_chunks``, whose count the graph compares with the group: one chunk then compiles
+        apart) and the longest chunk, the windows, the kept and valid frames, and the output frames, which are the
+        audio placeholders' count (one symbol for both). The mel bins stay static."""
         clips = {0: "syncfree.audio.clips"}
         found = [(t, {"dynamic": (t.dim() - 1,), "per_item": clips})
                  for t in (inputs.get("input_features"), inputs.get("feature_attention_mask"),
                            host.get("feature_attention_mask")) if isinstance(t, torch.Tensor) and t.dim() >= 2]
         outputs = "syncfree.n_audio_tokens"
         found += [(self.feature_lens, {"per_item": clips}),
-                  # (more chunks than the encoder convolves at a time: split by the plan's sizes, static)
-                  (self.chunk_lengths, {"per_item": {0: "syncfree.audio.chunks"}} if self.conv_groups == 1 else {}),
+                  (self.chunk_lengths, {"dynamic": (0,)} if self.conv_chunks else
+                   {"per_item": {0: "syncfree.audio.chunks"}}),
                   (self.chunk_width, {"dynamic": (0,)}),
                   (self.cu_seqlens, {"per_item": {0: "syncfree.audio.windows+1"}}),
                   (self.host_seqlens, {"per_item": {0: "syncfree.audio.windows"}}),
@@ -143,13 +143,13 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
                      n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool,
                      host_seqlens=torch.tensor(seqlens, dtype=torch.int64),
                      chunk_width=torch.empty((int(chunk_lengths.max()), 0)),
-                     conv_groups=-(-len(chunk_lengths) // conv_chunks) if conv_chunks else 1)
+                     conv_chunks=conv_chunks)
 
 
 def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int,
                conv_chunks: int | None = None) -> AudioPlan:
     """Plan the audio encoder from the processor's host ``feature_attention_mask`` (clips, frames); ``conv_chunks``:
-    how many chunks the encoder convolves at a time, where it groups them (``AudioPlan.conv_groups``)."""
+    how many chunks the encoder convolves at a time, where it groups them (``AudioPlan.conv_chunks``)."""
     mask = feature_attention_mask
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         raise ValueError("feature_attention_mask must be a tensor of shape (clips, frames), got "

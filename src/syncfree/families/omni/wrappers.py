@@ -52,15 +52,7 @@ def make_audio_forward(stock):
             # splits by them (not flash: that reads max_seqlen as an int).
             if audio is None:
                 return stock(self, input_features, feature_lens, **kwargs)
-            if audio.conv_groups == 1:
-                # (the chunks' count a size, one group of them: what stock's grouped convolution then finds itself)
-                extra = audio.traced_encoder_kwargs(input_features)
-                chunks = audio.chunk_lengths.shape[0]
-                torch._check(chunks >= 1)
-                if getattr(self, "conv_chunksize", None):
-                    torch._check(chunks <= self.conv_chunksize)
-            else:  # (more chunks than one group: split by the plan's sizes, a graph for this layout)
-                extra = audio.encoder_kwargs(input_features)
+            extra = audio.traced_encoder_kwargs(input_features)  # (the padded chunks gathered: no split by ints)
             if op_applies(self.layers[0].self_attn):
                 extra["max_seqlen"] = TracedWindows(audio.cu_seqlens, audio.host_seqlens, audio.seqlens)
             return stock(self, input_features, feature_lens, **extra, **kwargs)
