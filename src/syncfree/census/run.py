@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 __all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level", "output_of",
-           "whole_forward_graph_breaks", "host_ms"]
+           "whole_forward_graph_breaks", "host_ms", "family_batch"]
 
 PATTERN = "lengths.tolist()"
 
@@ -123,7 +123,7 @@ def _audited(model, batch: dict, prepared: bool = False):
 OMNI_TINY = {"qwen3_omni_moe": "qwen3-omni-tiny", "qwen2_5_omni": "qwen2.5-omni-tiny"}
 
 
-def _family_batch(model) -> dict | None:
+def family_batch(model) -> dict | None:
     """A fully supported family's own processor layout (its pixels, markers, token types) with the census's two
     images of different sizes; None for the others (they get ``census_batch``'s)."""
     from ..families import FAMILIES
@@ -166,7 +166,7 @@ def tiny_model_and_batch(family: str) -> tuple[torch.nn.Module, dict]:
     from .tiny import build_tiny
 
     model, batch = _omni_thinker(family) if family in OMNI_TINY else (build_tiny(family), None)
-    return model, batch or _family_batch(model) or census_batch(model)
+    return model, batch or family_batch(model) or census_batch(model)
 
 
 def whole_forward_graph_breaks(model, batch: dict, prepared: bool = False) -> tuple[int, list[str]]:

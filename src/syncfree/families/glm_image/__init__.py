@@ -38,9 +38,9 @@ from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import family_module, installed_source_has
 from . import image_ids
-from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK
+from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK, SOURCE_FEATURES
 from .plan import PLAN
-from .wrappers import make_decode_cache_rope_index
+from .wrappers import make_decode_cache_rope_index, make_traced_source_grids
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "GROUP",
            "build_glm_image_inputs", "target_grids",
@@ -68,9 +68,11 @@ _TARGETS = (
            needs=("images_per_sample.tolist()", "self._cached_decode_position_ids =", "self._prefill_len = seq_len")),
     # What the wrappers rely on beyond the functions they wrap: these read the grids and images_per_sample into Python,
     # which are the plan's host copies there; the decode steps slice the decode positions the index left.
-    Target(_MODEL, "get_image_features", check_only=True,
+    Target(_MODEL, "get_image_features", edits=SOURCE_FEATURES,
            needs=("sum(images_per_sample) == len(image_grid_thw)", "image_grid_thw[i].tolist()")),
-    Target(_MODEL, "get_image_grids_for_generation", check_only=True, needs=("images_per_sample.tolist()",)),
+    # (a traced forward: the plan's source grids, which the tower and get_image_features then find the plan's rows of)
+    Target(_MODEL, "get_image_grids_for_generation", wrap=make_traced_source_grids,
+           params=("images_per_sample", "image_grid_thw"), needs=("images_per_sample.tolist()",)),
     Target(_MODEL, "compute_3d_position_ids", check_only=True,
            needs=("self._cached_decode_position_ids[:, :, step : step + seq_length]",)),
     Target("GlmImageForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
@@ -85,8 +87,8 @@ def installed_code_supported() -> bool:
 
 
 FAMILIES: tuple[Family, ...] = () if not installed_code_supported() else (
-    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, rope=RotaryIndex(host_class=_MODEL), plan=PLAN),
-           helpers=image_ids),
+    Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, rope=RotaryIndex(host_class=_MODEL), plan=PLAN,
+                                         one_graph=True), helpers=image_ids),
 )
 
 # A tiny model with the real layout rules: patch 16, no merge, a learned 8x8 position table (image_size 128) resampled

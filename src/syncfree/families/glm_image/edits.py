@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...rewrite.rewriter import Edit
 
-__all__ = ["BLOCK_KWARGS_NO_POSITIONS", "PLACEHOLDER_IDS_CHECK", "IMAGE_IDS_SCATTER"]
+__all__ = ["BLOCK_KWARGS_NO_POSITIONS", "PLACEHOLDER_IDS_CHECK", "IMAGE_IDS_SCATTER", "SOURCE_FEATURES"]
 
 # The tower calls its blocks with neither its own **kwargs nor position embeddings (its learned positions are added
 # before the blocks): the plan's segment sizes and the chosen attention backend, which the wrapper hands the tower in
@@ -33,4 +33,13 @@ PLACEHOLDER_IDS_CHECK = (
 IMAGE_IDS_SCATTER = (
     Edit("stmt", "input_ids = input_ids.masked_scatter(special_image_mask, image_ids)",
          "input_ids = _syncfree.scatter_image_ids(input_ids, special_image_mask, image_ids)"),
+)
+
+# get_image_features splits the tower's features per source image and reshapes each to its grid, by sizes read from the
+# grid: host values in eager (the patched forward's own), which a traced forward cannot read; there the plan's rows of
+# the source grids (``image_ids.source_feature_sizes`` / ``source_grid_row``).
+SOURCE_FEATURES = (
+    Edit("expr", "(image_grid_thw.prod(-1) // self.visual.spatial_merge_size**2).tolist()",
+         "_syncfree.source_feature_sizes(image_grid_thw, self.visual.spatial_merge_size)"),
+    Edit("expr", "image_grid_thw[i].tolist()", "_syncfree.source_grid_row(image_grid_thw, i)"),
 )

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from ...plan import active
+from ...rewrite.helpers import traced_grid_rows
 
-__all__ = ["scatter_image_ids"]
+__all__ = ["scatter_image_ids", "source_feature_sizes", "source_grid_row"]
 
 
 def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
@@ -17,7 +18,7 @@ def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: to
     (the codebook is smaller than both: the only ids its rotary index reads), the new ids have the plan's positions:
     the active entry says so (``Entry.rope_ids``), so the index answers from the plan."""
     scattered = input_ids.masked_scatter(mask, image_ids)
-    entry = None if torch.compiler.is_compiling() else active.current()
+    entry = active.current()
     config = entry.plan.spec.config if entry is not None else None
     if entry is not None and entry.owns(input_ids) and config is not None:
         codes = getattr(getattr(config, "vq_config", None), "num_embeddings", None)
@@ -25,3 +26,19 @@ def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: to
         if isinstance(codes, int) and all(isinstance(m, int) and m >= codes for m in markers):
             entry.rope_ids = scattered
     return scattered
+
+
+def source_feature_sizes(grid_thw: torch.Tensor, merge_size: int):
+    """``(image_grid_thw.prod(-1) // merge_size**2).tolist()``, the features of each source image: in a traced forward
+    from the plan's rows of that grid (the source grids ``get_image_grids_for_generation`` made known), stock's
+    expression otherwise (a host grid: no sync). Each image's features are then reshaped to its own grid, so they are
+    split per image even where they follow the patches."""
+    rows = traced_grid_rows(grid_thw)
+    return (grid_thw.prod(-1) // merge_size**2).tolist() if rows is None else [t * h * w // merge_size**2
+                                                                                for t, h, w in rows]
+
+
+def source_grid_row(grid_thw: torch.Tensor, index: int) -> list:
+    """``image_grid_thw[index].tolist()``: from the plan's rows in a traced forward, stock's expression otherwise."""
+    rows = traced_grid_rows(grid_thw)
+    return grid_thw[index].tolist() if rows is None else list(rows[index])

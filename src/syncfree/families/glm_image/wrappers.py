@@ -10,15 +10,17 @@ only stock's own index answers as stock does (``plan.stock_rope``): stock, on th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...plan import active
 from ...plan.tensors import move
-from ...rewrite.call_args import positional_names
+from ...rewrite.call_args import given_args, positional_names
 from ...rewrite.roles import wrapper
 from ...rewrite.wrappers import prepared_plan, rope_index_wrapper, stock_index_on_host
 
-__all__ = ["make_decode_cache_rope_index"]
+__all__ = ["make_decode_cache_rope_index", "make_traced_source_grids"]
 
 
 @wrapper("the plan's positions and the decode steps' positions it leaves on the model (the family's own stock "
@@ -27,8 +29,6 @@ def make_decode_cache_rope_index(stock):
     names = positional_names(stock)
 
     def answer(self, given, call_stock):
-        if torch.compiler.is_compiling():
-            return call_stock()
         input_ids, mask = given.get("input_ids"), given.get("attention_mask")
         entry = active.current()
         # (The forward's ids after its VQ codes were written in, where those keep the plan's positions: Entry.rope_ids.)
@@ -37,7 +37,9 @@ def make_decode_cache_rope_index(stock):
             return call_stock()  # inputs stock's index refuses: its own error, from the device
         plan = None
         if mine and mask is entry.attention_mask and entry.plan.position_ids is not None:
-            plan = entry.plan
+            plan = entry.plan  # (in a traced forward too: its positions graph inputs, where the index would be a loop)
+        elif torch.compiler.is_compiling():
+            return call_stock()
         elif entry is None:
             plan = prepared_plan(given, names)  # called on a prepared batch outside a forward
         if plan is not None:
@@ -49,3 +51,25 @@ def make_decode_cache_rope_index(stock):
         return found
 
     return rope_index_wrapper(stock, answer)
+
+
+@wrapper("in a traced forward, the plan's grids of the source images, made known as the tower's grid")
+def make_traced_source_grids(stock):
+    """``get_image_grids_for_generation(images_per_sample, image_grid_thw)``, which splits the grids by
+    ``images_per_sample.tolist()``: in a traced forward, given the call's own inputs, the plan's source grids (stock's
+    method run on the host copies, ``plan.source_grids``) on the device, noted as its image plan's grid (``Entry.note``),
+    so the tower and ``get_image_features`` find the plan's rows for it; stock's otherwise (eager: the host copies)."""
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def get_image_grids_for_generation(self, *args, **kwargs):
+        entry = active.current() if torch.compiler.is_compiling() else None
+        vp = entry.plan.image if entry is not None else None
+        if vp is not None:
+            given = given_args(names, args, kwargs)
+            if all(given.get(n) is entry.given.get(n) for n in ("images_per_sample", "image_grid_thw")):
+                entry.note(vp.device_grid, vp, vp.rows)
+                return vp.device_grid
+        return stock(self, *args, **kwargs)
+
+    return get_image_grids_for_generation
