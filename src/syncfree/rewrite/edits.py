@@ -16,6 +16,32 @@ __all__ = ["CHUNK_DELTA_RULE", "PACKED_CHECK", "PACKED_SEQUENCES",
            "VISION_ATTENTION_WEIGHTS", "VISION_ATTENTION_WEIGHTS_MASKED",
            "FEATURE_SCATTER_FEATURES", "FEATURE_SPLIT", "feature_split", "GRID_LIST"]
 
+
+def _segment_split(sizes: str, choice: str) -> Edit:
+    """Stock's split of q, k and v by segment, by ``split_segments`` with the sizes and the backend the attention
+    finds as ``sizes`` and ``choice`` (expressions in its scope)."""
+    return Edit("stmt", """
+         splits = [torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)]
+         """, f"""
+         splits = _syncfree.split_segments(lengths, cu_seqlens, {sizes}, {choice},
+                                           (query_states, key_states, value_states), self.training)""")
+
+
+def _segment_calls(choice: str) -> Edit:
+    """Stock's attention call per segment, by ``segment_attention`` with the backend ``choice`` (an expression)."""
+    return Edit("stmt", """
+         attn_outputs = [attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
+                                             dropout=0.0 if not self.training else self.attention_dropout,
+                                             is_causal=False, **kwargs)[0] for q, k, v in zip(*splits)]""", f"""
+         attn_outputs = _syncfree.segment_attention(
+             lambda q, k, v, attention_mask=None: attention_interface(
+                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
+                 dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
+             splits, (query_states, key_states, value_states), cu_seqlens, {choice},
+             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
+             max_seqlen=max_seqlen, module=self)""")
+
+
 # Vision attention, non-flash path: split the packed sequence by the plan's host segment lengths
 # (passed down from the vision tower in kwargs) instead of reading cu_seqlens in every block.
 # The per-segment attention calls go through the chosen backend (rewrite/attention.py; "split" is
@@ -24,22 +50,8 @@ __all__ = ["CHUNK_DELTA_RULE", "PACKED_CHECK", "PACKED_SEQUENCES",
 VISION_ATTENTION = (
     Edit("prepend", "", 'syncfree_seqlens = kwargs.pop("syncfree_seqlens", None)\n'
                         'syncfree_attention = kwargs.pop("syncfree_attention", None)'),
-    Edit("stmt", """
-         splits = [torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)]
-         """, """
-         splits = _syncfree.split_segments(lengths, cu_seqlens, syncfree_seqlens, syncfree_attention,
-                                           (query_states, key_states, value_states), self.training)"""),
-    Edit("stmt", """
-         attn_outputs = [attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
-                                             dropout=0.0 if not self.training else self.attention_dropout,
-                                             is_causal=False, **kwargs)[0] for q, k, v in zip(*splits)]""", """
-         attn_outputs = _syncfree.segment_attention(
-             lambda q, k, v, attention_mask=None: attention_interface(
-                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
-                 dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
-             splits, (query_states, key_states, value_states), cu_seqlens, syncfree_attention,
-             scaling=self.scaling, training=self.training, eager=self.config._attn_implementation == "eager",
-             max_seqlen=max_seqlen, module=self)"""),
+    _segment_split("syncfree_seqlens", "syncfree_attention"),
+    _segment_calls("syncfree_attention"),
 )
 
 # The same split where the per-segment calls are concatenated in one statement (a SigLIP-style
@@ -209,22 +221,8 @@ AUDIO_SCATTER = (
 # windows run as one operator, as the towers' segments do: a graph that does not follow the windows.
 AUDIO_ATTENTION = (
     Edit("stmt", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]", "lengths = cu_seqlens[1:] - cu_seqlens[:-1]"),
-    Edit("stmt", """
-         splits = [torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)]
-         """, """
-         splits = _syncfree.split_segments(lengths, cu_seqlens, _syncfree.planned_sizes(max_seqlen), None,
-                                           (query_states, key_states, value_states), self.training)"""),
-    Edit("stmt", """
-         attn_outputs = [attention_interface(self, q, k, v, attention_mask=None, scaling=self.scaling,
-                                             dropout=0.0 if not self.training else self.attention_dropout,
-                                             is_causal=False, **kwargs)[0] for q, k, v in zip(*splits)]""", """
-         attn_outputs = _syncfree.segment_attention(
-             lambda q, k, v, attention_mask=None: attention_interface(
-                 self, q, k, v, attention_mask=attention_mask, scaling=self.scaling,
-                 dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)[0],
-             splits, (query_states, key_states, value_states), cu_seqlens, None, scaling=self.scaling,
-             training=self.training, eager=self.config._attn_implementation == "eager", max_seqlen=max_seqlen,
-             module=self)"""),
+    _segment_split("_syncfree.planned_sizes(max_seqlen)", "None"),
+    _segment_calls("None"),
 )
 
 # Transformers' mask code asks, for a batch without a padding mask (training), whether its position ids

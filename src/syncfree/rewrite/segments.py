@@ -76,9 +76,9 @@ def segment_lengths(lengths: torch.Tensor, cu_seqlens: torch.Tensor, seqlens) ->
 
 class TracedWindows:
     """The ``max_seqlen`` a traced audio encoder hands its layers instead of the plan's ``SegmentedMax``: its windows
-    as ``TracedSegments`` (``.seqlens``, where the attention's split looks for them), no int. Only the split reads it:
-    the encoder's stock attention reads ``max_seqlen`` on its flash path alone, which a traced forward is not given
-    this for. An int would make a graph per longest window."""
+    as ``TracedSegments`` (``.seqlens``, where the attention's split looks for them), and no int, which would make a
+    graph per longest window. Only the split reads it: the stock attention reads ``max_seqlen`` on its flash path
+    alone, for which the encoder's wrapper hands over the plan's int instead."""
 
     def __init__(self, cu_seqlens: torch.Tensor, host: torch.Tensor, sizes: tuple) -> None:
         self.seqlens = TracedSegments([(cu_seqlens, host, lambda: sizes)], lambda: {len(sizes) + 1: sizes})

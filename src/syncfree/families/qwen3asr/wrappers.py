@@ -29,10 +29,11 @@ def _masked_audio_plan_for(input_features_mask):
     audio = entry.plan.audio if entry is not None else None
     if not isinstance(audio, MaskedAudioPlan) or not isinstance(input_features_mask, torch.Tensor):
         return None
-    kept = entry.plan.host.get("input_features_mask")
-    if entry.given.get("input_features_mask") is input_features_mask or same_host_values(input_features_mask, kept):
+    if entry.given.get("input_features_mask") is input_features_mask:
         return audio
-    return None
+    if torch.compiler.is_compiling():  # (traced: the forward's own mask only; a graph cannot compare values)
+        return None
+    return audio if same_host_values(input_features_mask, entry.plan.host.get("input_features_mask")) else None
 
 
 @wrapper("hands the stock audio encoder the plan's windows and valid frames (from the host copy of "
