@@ -251,7 +251,8 @@ def test_qwen3_omnis_grouped_convolution_is_one_graph_for_one_group_and_the_plan
     if "qwen3_omni_moe_thinker" not in STREAM:
         pytest.skip("this Transformers release has no Qwen3-Omni thinker syncfree traces")
     model, preset = _model("qwen3_omni_moe_thinker")
-    model.config.audio_config.conv_chunksize = model.model.audio_tower.conv_chunksize = 3  # (chunks of 100 frames)
+    encoder = next(m for m in model.modules() if hasattr(m, "conv_chunksize"))  # (5.17's thinker holds it itself)
+    model.config.audio_config.conv_chunksize = encoder.conv_chunksize = 3  # (chunks of 100 frames)
     counter = CompileCounter()
     compiled = torch.compile(model, fullgraph=True, backend=counter)
     graphs = []
