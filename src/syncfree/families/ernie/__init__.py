@@ -27,8 +27,9 @@ from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import family_module, vlm_targets
-from . import modality_moe
-from .edits import MODALITY_MOE, TEMPORAL_SLICES
+from . import frame_pairs, modality_moe
+from .edits import FEATURE_SPLITS, MODALITY_MOE, TEMPORAL_SLICES
+from .modality_moe import modality_counts
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_ernie_inputs"]
@@ -38,26 +39,25 @@ _P = "Ernie4_5_VLMoe"
 
 # Its MoE routes each token to text or vision experts by ``moe_mm_token_type_ids``: a host copy, so the MoE blocks know
 # how many tokens each kind has without asking the device.
-PLAN = PlanHooks(inputs=("moe_mm_token_type_ids",), per_row=("moe_mm_token_type_ids",))
+# (and counts its vision tokens, which a traced forward's MoE blocks take as an int: ``modality_moe.modality_counts``)
+PLAN = PlanHooks(inputs=("moe_mm_token_type_ids",), per_row=("moe_mm_token_type_ids",), fields=modality_counts)
 
 
 def _ernie() -> Family:
     targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionTransformerPretrainedModel", f"{_P}Model",
                           f"{_P}ForConditionalGeneration",
                           rope_needs=("t_merge_size = 1 if modality_type == 1 else temporal_merge_size",),
-                          model_params=("moe_mm_token_type_ids",))
+                          model_params=("moe_mm_token_type_ids",), feature_split=FEATURE_SPLITS)
     targets += (
         Target(f"{_P}MoeBlock", "forward", edits=MODALITY_MOE),
         Target(f"{_P}VariableResolutionResamplerModel", "_temporal_slicing", edits=TEMPORAL_SLICES),
-        # The split sizes of get_*_features: stock's own arithmetic, on the host grid the patched forward hands it.
-        Target(f"{_P}Model", "get_video_features", check_only=True,
-               needs=("// self.resampler_model.temporal_merge_size", "self.vision_tower(pixel_values_videos")),
     )
     layout = Layout(family_module("ernie4_5_vl_moe"), video=VideoLayout(temporal_merge=True),
-                    tower=TowerShape(holds_projector=False), plan=PLAN,
+                    tower=TowerShape(holds_projector=False), plan=PLAN, one_graph=True,
                     packing_refused="its batch carries per-token inputs of its own (moe_mm_token_type_ids) that the "
                                     "packing collator does not lay out")
-    return Family("ernie4_5_vl_moe", targets, layout, helpers=modality_moe)
+    helpers = {name: getattr(module, name) for module in (modality_moe, frame_pairs) for name in module.__all__}
+    return Family("ernie4_5_vl_moe", targets, layout, helpers=helpers)
 
 
 FAMILIES: tuple[Family, ...] = (_ernie(),)

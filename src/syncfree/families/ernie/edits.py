@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+from ...rewrite.edits import feature_split
 from ...rewrite.rewriter import Edit
 
-__all__ = ["MODALITY_MOE", "TEMPORAL_SLICES"]
+__all__ = ["MODALITY_MOE", "TEMPORAL_SLICES", "FEATURE_SPLITS"]
 
 # ERNIE-4.5-VL's MoE block runs text and vision tokens through separate experts: it asks whether the batch has
 # vision tokens, then moves each kind's rows with boolean masks over the hidden width (each one a read of the
@@ -35,9 +36,22 @@ MODALITY_MOE = (
 # patched forward hands it) and moves them with a blocking copy from pageable memory: pinned and non-blocking
 # instead (the same values; ``rewrite/host_index.py``).
 TEMPORAL_SLICES = (
+    # (the rows it walks: the plan's in a traced forward, ``frame_pairs``)
+    Edit("expr", "zip(grid_t, grid_hw_after_conv, batch_offsets)",
+         "_syncfree.frame_pair_rows(grid_thw, self.spatial_merge_size, grid_t, grid_hw_after_conv, batch_offsets)"),
     Edit("stmt", "first_slice_offsets = torch.cat(first_slice_offsets, dim=-1).to(hidden_states.device)",
          "first_slice_offsets = _syncfree.host_index_to(torch.cat(first_slice_offsets, dim=-1), hidden_states.device)"),
     Edit("stmt", "second_slice_offsets = torch.cat(second_slice_offsets, dim=-1).to(hidden_states.device)",
          "second_slice_offsets = _syncfree.host_index_to(torch.cat(second_slice_offsets, dim=-1), "
          "hidden_states.device)"),
+)
+
+# get_image_features and get_video_features split the resampled features per item by sizes read from the grid (host
+# values in eager): from the plan's rows in a traced forward (the image's the shared ``feature_split``; the video's
+# divided by the temporal merge too, ``frame_pairs.video_feature_sizes``).
+FEATURE_SPLITS = feature_split("self.vision_tower.spatial_merge_size", kinds=("image",)) + (
+    Edit("expr", "(video_grid_thw.prod(-1) // self.vision_tower.spatial_merge_size**2 "
+                 "// self.resampler_model.temporal_merge_size).tolist()",
+         "_syncfree.video_feature_sizes(video_grid_thw, self.vision_tower.spatial_merge_size, "
+         "self.resampler_model.temporal_merge_size)"),
 )

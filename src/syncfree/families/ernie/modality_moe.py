@@ -21,7 +21,8 @@ import torch
 from ...plan import active
 from ...plan.tensors import host_array
 
-__all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality"]
+__all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality", "modality_counts",
+           "vision_tokens"]
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,11 @@ def _forget(key: int):
 
 def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     """The positions of the text tokens (type 0) and of the vision tokens (any other type) of ``moe_mm_token_type_ids``,
-    made on the device once for the tensor, or None where no plan describes it."""
-    if torch.compiler.is_compiling() or not isinstance(moe_mm_token_type_ids, torch.Tensor) \
-            or moe_mm_token_type_ids.is_inference():
+    made on the device once for the tensor (in a traced forward, once per block: the graph holds them), or None where
+    no plan describes it."""
+    if torch.compiler.is_compiling():
+        return _traced_rows(moe_mm_token_type_ids)
+    if not isinstance(moe_mm_token_type_ids, torch.Tensor) or moe_mm_token_type_ids.is_inference():
         return None
     key, version = id(moe_mm_token_type_ids), moe_mm_token_type_ids._version
     kept = _found.get(key)
@@ -63,12 +66,36 @@ def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     if not isinstance(host, torch.Tensor) or host.shape != moe_mm_token_type_ids.shape:
         return None
     # The counts from the plan's host copy (the plan checked it is this tensor's values), the positions on the device.
-    n_vision = int(np.count_nonzero(host_array(host)))
-    flat = moe_mm_token_type_ids.reshape(-1) != 0
-    rows = ModalityRows(torch.nonzero_static(~flat, size=flat.shape[0] - n_vision).reshape(-1),
-                        torch.nonzero_static(flat, size=n_vision).reshape(-1), n_vision > 0)
+    rows = _rows(moe_mm_token_type_ids, vision_tokens(host))
     _found[key] = (weakref.ref(moe_mm_token_type_ids, _forget(key)), version, rows)
     return rows
+
+
+def _rows(moe_mm_token_type_ids: torch.Tensor, n_vision: int) -> ModalityRows:
+    flat = moe_mm_token_type_ids.reshape(-1) != 0
+    return ModalityRows(torch.nonzero_static(~flat, size=flat.shape[0] - n_vision).reshape(-1),
+                        torch.nonzero_static(flat, size=n_vision).reshape(-1), n_vision > 0)
+
+
+def _traced_rows(moe_mm_token_type_ids) -> ModalityRows | None:
+    """``modality_rows`` in a traced forward: for the forward's own tensor, by the plan's count (``modality_counts``),
+    which the graph cannot take from the tensor."""
+    entry = active.current()
+    if entry is None or entry.given.get("moe_mm_token_type_ids") is not moe_mm_token_type_ids:
+        return None
+    n_vision = entry.plan.family_counts.get("moe_vision_tokens")
+    return None if n_vision is None else _rows(moe_mm_token_type_ids, n_vision)
+
+
+def vision_tokens(host: torch.Tensor) -> int:
+    """The vision tokens (nonzero types) of a host ``moe_mm_token_type_ids``."""
+    return int(np.count_nonzero(host_array(host)))
+
+
+def modality_counts(spec, host: dict) -> dict:
+    """The plan's count of vision tokens, for a traced forward (``PlanHooks.fields``: ``Plan.family_counts``)."""
+    types = host.get("moe_mm_token_type_ids")
+    return {"family_counts": {"moe_vision_tokens": vision_tokens(types)}} if isinstance(types, torch.Tensor) else {}
 
 
 def any_vision_token(moe_mm_token_type_ids):
