@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 import syncfree
 from syncfree.census.inputs import image_unit
-from syncfree.census.run import discover
-from syncfree.families import FAMILIES, PRESETS
+from syncfree.census.run import discover, patched_type
+from syncfree.families import PRESETS
 from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, is_omni, processor_batch, stream_layouts
 from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
@@ -146,8 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--append", action="store_true",
                         help="keep --out's rows of other families (recorded with the same versions and settings)")
     args = parser.parse_args(argv)
-    # (an Omni model's census name is its folder's; syncfree patches its thinker)
-    types = [f if f in FAMILIES else f"{f}_thinker" for f in discover()]
+    types = [patched_type(f) for f in discover()]  # (an Omni model's census name is its folder's)
     families = args.families or [f for f in types if layout_of(f) is not None and layout_of(f).one_graph]
     torch.set_num_threads(1)
     # (cold compiles on both sides: Inductor's on-disk caches would serve one side what an earlier run compiled)

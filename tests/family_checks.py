@@ -333,14 +333,6 @@ TINY = _tiny_presets()  # model type -> its first tiny preset
 SLOW_TINY = {"glm5_next", "qwen4_exp", "dots3_note"}
 
 
-def patched_type(family: str) -> str:
-    """The model type syncfree patches for a census family (``census.run.discover``): its own, or an Omni model's
-    thinker's."""
-    from syncfree.families import FAMILIES
-
-    return family if family in FAMILIES else f"{family}_thinker"
-
-
 def installed(model_type: str) -> bool:
     """Whether this Transformers release has the family's modeling module (a family is registered either way)."""
     import importlib.util

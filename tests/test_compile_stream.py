@@ -18,8 +18,8 @@ import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 import syncfree
-from family_checks import TINY, patched_type, unit_of
-from syncfree.census.run import discover
+from family_checks import TINY, unit_of
+from syncfree.census.run import discover, patched_type
 from syncfree.families import FAMILIES, PRESETS
 from syncfree.inputs import (
     Audio,

@@ -17,8 +17,8 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import syncfree
-from family_checks import TINY, patched_type, standard_layouts
-from syncfree.census.run import discover, family_batch, tiny_model_and_batch
+from family_checks import TINY, standard_layouts
+from syncfree.census.run import discover, family_batch, patched_type, tiny_model_and_batch
 from syncfree.families import FAMILIES
 from syncfree.inputs import (
     ASR_LAYOUT_NAMES,

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 __all__ = ["CensusRow", "discover", "census_family", "run_census", "tiny_model_and_batch", "support_level", "output_of",
-           "whole_forward_graph_breaks", "host_ms", "family_batch"]
+           "whole_forward_graph_breaks", "host_ms", "family_batch", "patched_type"]
 
 PATTERN = "lengths.tolist()"
 
@@ -70,6 +70,14 @@ def discover() -> list[str]:
     return found
 
 
+def patched_type(family: str) -> str:
+    """The model type syncfree patches for a census family (a Transformers model folder): its own, or an Omni model's
+    thinker's."""
+    from ..families import FAMILIES
+
+    return family if family in FAMILIES else f"{family}_thinker"
+
+
 def support_level(family: str) -> str:
     """"full" (in syncfree's family table), "generic" (a class of the family's modeling code holds the packed
     split as syncfree fixes it) or "none" -- read from the installed source, whether or not a model builds."""
@@ -78,7 +86,7 @@ def support_level(family: str) -> str:
     from ..families import FAMILIES
     from ..rewrite.generic import has_split
 
-    if family in FAMILIES or f"{family}_thinker" in FAMILIES:  # (an Omni model: syncfree patches its thinker)
+    if patched_type(family) in FAMILIES:  # (an Omni model: syncfree patches its thinker)
         return "full"
     try:
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")

@@ -57,9 +57,6 @@ class AudioPlan(DeviceFields):
     host_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
     # (an empty host tensor (longest chunk, 0): the padded chunks' width as a size a traced encoder takes, not a value)
     chunk_width: torch.Tensor | None = field(default=None, compare=False, repr=False)
-    # (how many chunks the encoder convolves at a time, where it groups them: a traced encoder's graph compares the
-    # chunks' count with it, which it can only do with a count Dynamo knows a hint of)
-    conv_chunks: int | None = None
 
     _TENSORS = ("chunk_lengths", "cu_seqlens", "valid_indices", "frame_positions", "pool_indices")
 
@@ -88,20 +85,21 @@ class AudioPlan(DeviceFields):
             kwargs["pool_indices"] = self.pool_indices
         return kwargs
 
-    def layout_dims(self, inputs: dict, host: dict) -> list:
+    def layout_dims(self, inputs: dict, host: dict, spec) -> list:
         """The dimensions of this plan's and its inputs' tensors that follow the layout, for a stream's graph
         (``dynamic_dims``): the clips (unbacked, so one clip makes no graph of its own) and their mel frames
         (``input_features``, ``feature_attention_mask``), the chunks (unbacked; dynamic where the encoder convolves
-        them in groups, ``conv_chunks``, whose count the graph compares with the group: one chunk then compiles
-        apart) and the longest chunk, the windows, the kept and valid frames, and the output frames, which are the
-        audio placeholders' count (one symbol for both). The mel bins stay static."""
+        them in groups, ``spec.audio_conv_chunks``, whose count the graph compares with the group, which it can only
+        do with a count Dynamo knows a hint of: one chunk then compiles apart) and the longest chunk, the windows, the
+        kept and valid frames, and the output frames, which are the audio placeholders' count (one symbol for both).
+        The mel bins stay static."""
         clips = {0: "syncfree.audio.clips"}
         found = [(t, {"dynamic": (t.dim() - 1,), "per_item": clips})
                  for t in (inputs.get("input_features"), inputs.get("feature_attention_mask"),
                            host.get("feature_attention_mask")) if isinstance(t, torch.Tensor) and t.dim() >= 2]
         outputs = "syncfree.n_audio_tokens"
         found += [(self.feature_lens, {"per_item": clips}),
-                  (self.chunk_lengths, {"dynamic": (0,)} if self.conv_chunks else
+                  (self.chunk_lengths, {"dynamic": (0,)} if spec.audio_conv_chunks else
                    {"per_item": {0: "syncfree.audio.chunks"}}),
                   (self.chunk_width, {"dynamic": (0,)}),
                   (self.cu_seqlens, {"per_item": {0: "syncfree.audio.windows+1"}}),
@@ -116,7 +114,7 @@ class AudioPlan(DeviceFields):
 
 
 def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_window: int, n_window_infer: int,
-                            mask: torch.Tensor | None = None, conv_chunks: int | None = None) -> AudioPlan:
+                            mask: torch.Tensor | None = None) -> AudioPlan:
     """Plan the audio encoder from host per-clip frame counts (and the host mask they came from, if any)."""
     module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
     lens = feature_lens.to("cpu", torch.long)
@@ -142,14 +140,11 @@ def audio_plan_from_lengths(feature_lens: torch.Tensor, module_name: str, n_wind
                      cu_seqlens=cu, valid_indices=valid, frame_positions=positions, n_frames=int(lens.sum()),
                      n_outputs=int(pool.numel() if pool is not None else valid.numel()), pool_indices=pool,
                      host_seqlens=torch.tensor(seqlens, dtype=torch.int64),
-                     chunk_width=torch.empty((int(chunk_lengths.max()), 0)),
-                     conv_chunks=conv_chunks)
+                     chunk_width=torch.empty((int(chunk_lengths.max()), 0)))
 
 
-def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int,
-               conv_chunks: int | None = None) -> AudioPlan:
-    """Plan the audio encoder from the processor's host ``feature_attention_mask`` (clips, frames); ``conv_chunks``:
-    how many chunks the encoder convolves at a time, where it groups them (``AudioPlan.conv_chunks``)."""
+def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window: int, n_window_infer: int) -> AudioPlan:
+    """Plan the audio encoder from the processor's host ``feature_attention_mask`` (clips, frames)."""
     mask = feature_attention_mask
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         raise ValueError("feature_attention_mask must be a tensor of shape (clips, frames), got "
@@ -157,5 +152,4 @@ def audio_plan(feature_attention_mask: torch.Tensor, module_name: str, n_window:
     mask = mask.to("cpu")
     if bool(((mask != 0) & (mask != 1)).any()):
         raise ValueError("feature_attention_mask must hold only 0 and 1")
-    return audio_plan_from_lengths(mask.sum(1), module_name, n_window, n_window_infer, mask=mask,
-                                   conv_chunks=conv_chunks)
+    return audio_plan_from_lengths(mask.sum(1), module_name, n_window, n_window_infer, mask=mask)

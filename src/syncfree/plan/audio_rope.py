@@ -38,8 +38,7 @@ def audio_fields(spec, host: dict, use_audio_in_video: bool) -> dict:
     """The Plan fields such a batch adds: the audio encoder's plan, audio placeholders, counts per row."""
     ids, features = host["input_ids"], host["feature_attention_mask"]
     n_window, n_window_infer = spec.audio_window
-    audio = audio_plan(features, spec.vision_module, n_window, n_window_infer,
-                       conv_chunks=spec.audio_conv_chunks) if features is not None else None
+    audio = audio_plan(features, spec.vision_module, n_window, n_window_infer) if features is not None else None
     images, videos, _ = mm_counts_per_row(ids, dict(spec.rope_key)) if ids is not None else ((), (), ())
     audio_tokens = int(np.count_nonzero(host_array(ids) == spec.audio_token_id)) if ids is not None else 0
     return dict(audio=audio, n_audio_tokens=audio_tokens,

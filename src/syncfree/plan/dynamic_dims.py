@@ -107,7 +107,7 @@ def mark_layout_dims(inputs: dict, plan) -> None:
     # (an audio plan that names its own layout dimensions, and its inputs': the clips' frames, its chunks and windows,
     # its output frames; marked by it alone)
     audio = getattr(plan, "audio", None)
-    audio_dims = audio.layout_dims(inputs, plan.host) if stream and hasattr(audio, "layout_dims") else []
+    audio_dims = audio.layout_dims(inputs, plan.host, plan.spec) if stream and hasattr(audio, "layout_dims") else []
     own = {id(tensor) for tensor, _ in audio_dims}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor) and id(value) not in own:

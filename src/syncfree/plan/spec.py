@@ -168,7 +168,8 @@ class ModelSpec:
     # on the host; audio placeholders alone (AudioLayout.tokens): their id.
     audio_token_id: int | None = None
     audio_window: tuple[int, int] | None = None  # (n_window, n_window_infer) of the audio encoder
-    audio_conv_chunks: int | None = None  # how many chunks the encoder convolves at a time (conv_chunksize), if set
+    # how many chunks the encoder convolves at a time (conv_chunksize), where it groups them (AudioPlan.layout_dims)
+    audio_conv_chunks: int | None = None
     rope_key: tuple = ()  # the config values a rotary index run as stock on the host reads (RotaryIndex)
     align_corners: bool = True  # how stock resamples the table (read where PositionTable.align_corners_from says)
     video_temporal_merge: int = 1  # frames per video token (VideoLayout.temporal_merge); 1 elsewhere

@@ -21,8 +21,9 @@ import types
 import torch
 
 from .recomputed_op import autograd_inside, laid_out_like, recomputed_op
+from .segments import TracedWindows
 
-__all__ = ["segment_attention_op", "op_applies", "segment_linear_op"]
+__all__ = ["segment_attention_op", "op_applies", "segment_linear_op", "with_traced_windows"]
 
 
 def _interface(implementation: str, modeling: str):
@@ -127,3 +128,10 @@ def segment_linear_op(linear: torch.nn.Linear, x: torch.Tensor, lengths: torch.T
     """``torch.cat([linear(part) for part in x.split(lengths)])`` (the rows per segment: a host tensor) as one
     operator."""
     return _segment_linear(x, linear.weight, linear.bias, lengths)
+
+
+def with_traced_windows(kwargs: dict, attention, cu_seqlens: torch.Tensor, host: torch.Tensor, sizes: tuple) -> dict:
+    """An audio encoder's planned ``kwargs`` for a traced forward: ``max_seqlen`` as ``TracedWindows`` (its windows
+    as a host tensor, which the segment operator splits by) where ``attention``, one of its layers' attention, runs
+    through the operator; as they are otherwise (flash attention reads ``max_seqlen`` as an int)."""
+    return {**kwargs, "max_seqlen": TracedWindows(cu_seqlens, host, sizes)} if op_applies(attention) else kwargs

@@ -21,8 +21,7 @@ import torch
 from ...plan import active
 from ...plan.tensors import host_array
 
-__all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality", "modality_counts",
-           "vision_tokens"]
+__all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality", "modality_counts"]
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,11 @@ def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     if entry is None or entry.given.get("moe_mm_token_type_ids") is not moe_mm_token_type_ids:
         return None
     host = entry.plan.host.get("moe_mm_token_type_ids")
-    if not isinstance(host, torch.Tensor) or host.shape != moe_mm_token_type_ids.shape:
+    n_vision = entry.plan.family_counts.get("moe_vision_tokens")
+    if not isinstance(host, torch.Tensor) or host.shape != moe_mm_token_type_ids.shape or n_vision is None:
         return None
-    # The counts from the plan's host copy (the plan checked it is this tensor's values), the positions on the device.
-    rows = _rows(moe_mm_token_type_ids, vision_tokens(host))
+    # The count from the plan's host copy (the plan checked it is this tensor's values), the positions on the device.
+    rows = _rows(moe_mm_token_type_ids, n_vision)
     _found[key] = (weakref.ref(moe_mm_token_type_ids, _forget(key)), version, rows)
     return rows
 
@@ -87,15 +87,13 @@ def _traced_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     return None if n_vision is None else _rows(moe_mm_token_type_ids, n_vision)
 
 
-def vision_tokens(host: torch.Tensor) -> int:
-    """The vision tokens (nonzero types) of a host ``moe_mm_token_type_ids``."""
-    return int(np.count_nonzero(host_array(host)))
-
-
 def modality_counts(spec, host: dict) -> dict:
-    """The plan's count of vision tokens, for a traced forward (``PlanHooks.fields``: ``Plan.family_counts``)."""
+    """The plan's count of vision tokens (nonzero types) of the host ``moe_mm_token_type_ids``, which the MoE blocks'
+    positions are sized by (``PlanHooks.fields``: ``Plan.family_counts``), counted once per plan."""
     types = host.get("moe_mm_token_type_ids")
-    return {"family_counts": {"moe_vision_tokens": vision_tokens(types)}} if isinstance(types, torch.Tensor) else {}
+    if not isinstance(types, torch.Tensor):
+        return {}
+    return {"family_counts": {"moe_vision_tokens": int(np.count_nonzero(host_array(types)))}}
 
 
 def any_vision_token(moe_mm_token_type_ids):

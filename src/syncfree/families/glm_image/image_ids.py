@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...plan import active
-from ...rewrite.helpers import traced_grid_rows
+from ...rewrite.helpers import grid_products, traced_grid_rows
 
 __all__ = ["scatter_image_ids", "source_feature_sizes", "source_grid_row"]
 
@@ -33,9 +33,7 @@ def source_feature_sizes(grid_thw: torch.Tensor, merge_size: int):
     from the plan's rows of that grid (the source grids ``get_image_grids_for_generation`` made known), stock's
     expression otherwise (a host grid: no sync). Each image's features are then reshaped to its own grid, so they are
     split per image even where they follow the patches."""
-    rows = traced_grid_rows(grid_thw)
-    return (grid_thw.prod(-1) // merge_size**2).tolist() if rows is None else [t * h * w // merge_size**2
-                                                                                for t, h, w in rows]
+    return [patches // merge_size**2 for patches in grid_products(grid_thw)]
 
 
 def source_grid_row(grid_thw: torch.Tensor, index: int) -> list:

@@ -20,8 +20,7 @@ from ...plan.tensors import same_host_values
 from ...rewrite.call_args import fits, same_device
 from ...rewrite.host_read import read_to_host_syncs_once
 from ...rewrite.roles import wrapper
-from ...rewrite.segment_op import op_applies
-from ...rewrite.segments import TracedWindows
+from ...rewrite.segment_op import with_traced_windows
 from ...rewrite.wrappers import planned_positions, rope_index_wrapper, stock_index_on_host
 
 __all__ = ["make_audio_forward", "make_omni_rope_index"]
@@ -52,9 +51,9 @@ def make_audio_forward(stock):
             # splits by them (not flash: that reads max_seqlen as an int).
             if audio is None:
                 return stock(self, input_features, feature_lens, **kwargs)
-            extra = audio.traced_encoder_kwargs(input_features)  # (the padded chunks gathered: no split by ints)
-            if op_applies(self.layers[0].self_attn):
-                extra["max_seqlen"] = TracedWindows(audio.cu_seqlens, audio.host_seqlens, audio.seqlens)
+            # (the padded chunks gathered, no split by ints)
+            extra = with_traced_windows(audio.traced_encoder_kwargs(input_features), self.layers[0].self_attn,
+                                        audio.cu_seqlens, audio.host_seqlens, audio.seqlens)
             return stock(self, input_features, feature_lens, **extra, **kwargs)
         if audio is None:  # no plan: one read of the lengths (none if they are on the host already)
             host = read_to_host_syncs_once({"feature_lens": feature_lens})["feature_lens"]

@@ -18,7 +18,6 @@ import torch
 from ...plan.audio import SegmentedMax
 from ...plan.hooks import PlanHooks
 from ...plan.tensors import DeviceFields
-from ...rewrite.segments import TracedWindows
 
 __all__ = ["MaskedAudioPlan", "masked_audio_plan", "PLAN"]
 
@@ -48,11 +47,12 @@ class MaskedAudioPlan(DeviceFields):
         return {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen,
                 "syncfree_valid_indices": (self.valid_shape, self.valid_indices)}
 
-    def layout_dims(self, inputs: dict, host: dict) -> list:
+    def layout_dims(self, inputs: dict, host: dict, spec) -> list:
         """The dimensions of this plan's and its inputs' tensors that follow the layout, for a stream's graph
         (``plan.dynamic_dims``): the clips and their mel frames (``input_features``, ``input_features_mask``: a
         multiple of the chunk, which stock checks), the windows, and the output frames, which are the audio
-        placeholders' count (one symbol for both). The mel bins stay static."""
+        placeholders' count (one symbol for both). The mel bins stay static. (``spec``: the model's; nothing of it
+        decides these.)"""
         found = [(t, {"dynamic": (0, t.dim() - 1)}) for t in (inputs.get("input_features"),
                                                                inputs.get("input_features_mask"),
                                                                host.get("input_features_mask"))
@@ -60,11 +60,6 @@ class MaskedAudioPlan(DeviceFields):
         return found + [(self.cu_seqlens, {"per_item": {0: "syncfree.audio.windows+1"}}),
                         (self.host_seqlens, {"per_item": {0: "syncfree.audio.windows"}}),
                         (self.valid_indices, {"per_item": {0: "syncfree.n_audio_tokens"}})]
-
-    def traced_encoder_kwargs(self) -> dict:
-        """``encoder_kwargs`` for a traced encoder whose attention splits by windows (not flash): the windows carried
-        as a host tensor (``TracedWindows``), so that the graph takes their number and sizes as sizes, not values."""
-        return {**self.encoder_kwargs(), "max_seqlen": TracedWindows(self.cu_seqlens, self.host_seqlens, self.seqlens)}
 
 
 def masked_audio_plan(mask: torch.Tensor, module_name: str, encoder: str, n_window: int,

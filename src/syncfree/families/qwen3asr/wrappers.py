@@ -16,7 +16,7 @@ from ...plan.tensors import same_host_values
 from ...rewrite.call_args import same_device
 from ...rewrite.host_read import read_to_host_syncs_once
 from ...rewrite.roles import wrapper
-from ...rewrite.segment_op import op_applies
+from ...rewrite.segment_op import with_traced_windows
 from .plan import MaskedAudioPlan, masked_audio_plan
 
 __all__ = ["make_masked_audio_forward"]
@@ -51,7 +51,8 @@ def make_masked_audio_forward(stock):
             # windows as a host tensor where the attention splits by them (not flash: that reads max_seqlen as an int).
             if audio is None:
                 return stock(self, input_features, input_features_mask, **kwargs)
-            windows = audio.traced_encoder_kwargs() if op_applies(self.layers[0].self_attn) else audio.encoder_kwargs()
+            windows = with_traced_windows(audio.encoder_kwargs(), self.layers[0].self_attn, audio.cu_seqlens,
+                                          audio.host_seqlens, audio.seqlens)
             return stock(self, input_features, input_features_mask, **windows, **kwargs)
         if audio is None:  # no plan: one read of the mask (none if it is on the host already)
             host = read_to_host_syncs_once({"mask": input_features_mask})["mask"]
