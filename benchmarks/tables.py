@@ -97,7 +97,8 @@ _SCENARIOS = {
 
 
 def display_name(model_type: str) -> str:
-    return DISPLAY.get(model_type, model_type)
+    # (an Omni family's thinker, the model type a benchmark compiles, shows as its family: "... (thinker)")
+    return DISPLAY.get(model_type, DISPLAY.get(model_type.removesuffix("_thinker"), model_type))
 
 
 def _load(name: str):
@@ -258,8 +259,10 @@ def _device_work_headlines(census: list[dict]) -> list[tuple]:
     breaks = [r for r in counted if r.get("stock_breaks") is not None and r.get("patched_breaks") is not None]
     if breaks:
         whole = [r for r in breaks if r["patched_breaks"] == 0]
+        where = (", the others in [Families](docs/families.md)" if len(whole) < len(breaks)
+                 else ", streams in [Families](docs/families.md#a-stream-under-torchcompile)")
         rows.append((f"graph breaks of the whole forward with `prepare` (tiny models): one graph in {len(whole)} of "
-                     f"{len(breaks)} families, the others in [Families](docs/families.md)",
+                     f"{len(breaks)} families{where}",
                      f"{_span(r['stock_breaks'] for r in breaks)} → {_some_zero([r['patched_breaks'] for r in breaks])}",
                      f"`{COMMANDS['census.json']}`"))
     return rows

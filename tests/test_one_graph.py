@@ -61,7 +61,7 @@ def _labelled(model, batch: dict) -> dict:
 def test_the_families_that_trace_whole_include_the_qwen_and_glm_lines():
     named = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "paddleocr_vl", "video_llama_3", "kimi_k25",
              "hunyuan_vl", "hy_v4_vl", "qwen3_asr", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "glm_image",
-             "ernie4_5_vl_moe"}
+             "ernie4_5_vl_moe", "ovis2_5", "glm5_next", "qwen4_exp"}
     # (those this Transformers release has and syncfree registers; the census, which the tests run, may not build each)
     assert all(layout_of(f).one_graph for f in named & set(FAMILIES))
     assert {"qwen2_5_vl", "qwen3_vl", "glm4v"} <= set(ONE_GRAPH)

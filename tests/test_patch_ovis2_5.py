@@ -343,3 +343,36 @@ def test_a_placeholder_count_mismatch_raises_stocks_error():
     with pytest.raises(ValueError, match=r"^Image features and image tokens do not match, tokens: 5, features: 6 "):
         syncfree.prepare({**batch, "input_ids": ids}, None, patched)
 
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_prepare_refuses_a_missing_boundary_token_with_stocks_error(kind):
+    """prepare() checks the boundary counts against the grids as stock's forward does (its type, its words), so a
+    compiled forward never traces a batch whose check would fail inside Dynamo, under Dynamo's own words."""
+    from syncfree.families.ovis2_5 import boundary_ids
+
+    _, patched = _pair()
+    item = Image(64, 64) if kind == "image" else Video(2, 64, 64)
+    batch = _build(patched.config, [[Text(2), item, Text(1)], [Text(1), item, Text(1)]])
+    token = boundary_ids(patched.config)[f"{kind}_end"]
+    ids = batch["input_ids"].clone()
+    ids[1, int((ids[1] == token).nonzero()[0])] = 7
+    batch["input_ids"] = ids
+    with pytest.raises(ValueError) as raised:
+        syncfree.prepare(batch, None, patched)
+    assert str(raised.value) == f"Expected 2 visual boundary tokens with id {token}, but found 1."
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------------------------
+def test_a_patched_instance_records_its_towers_hidden_states_before_its_first_call():
+    """get_image_features asks the tower for its hidden states on every call; Transformers installs the recording hooks
+    at the first such call, under a lock a traced forward cannot take: a patched instance has them already (a stock
+    model gets them at its first call, as before), so its first call may be compiled whole."""
+    from syncfree.presets import build_model
+
+    stock, patched = build_model(NAME), syncfree.patch(build_model(NAME))
+    assert getattr(patched.model.vision_tower, "_output_capturing_hooks_installed", False)
+    assert not getattr(stock.model.vision_tower, "_output_capturing_hooks_installed", False)
+    batch = _build(stock.config, [[Text(2), Image(64, 96), Text(1)]])
+    with torch.no_grad():
+        assert torch.equal(patched(**syncfree.prepare(batch, None, patched)).logits, stock(**batch).logits)

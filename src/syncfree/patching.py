@@ -35,7 +35,7 @@ from .plan.registry import REGISTRY
 from .plan.spec import layout_of, multimodal_config
 from .rewrite import helpers
 from .rewrite.attention import check_backend
-from .rewrite.before_trace import add_presence_check, remove_presence_check
+from .rewrite.before_trace import add_presence_check, install_output_recording, remove_presence_check
 from .rewrite.edits import GENERIC_SPLIT
 from .rewrite.generic import has_split, host_seqlens_towers, split_attention_targets
 from .rewrite.nearest import nearest_fragment
@@ -328,6 +328,8 @@ def _patch_model(model, family, vision_attention: str, vision_every_step: bool, 
     for module in model.modules():
         if towers and isinstance(module, towers):
             module.__dict__["_syncfree_attention"] = vision_attention
+            if family.layout.tower.records_hidden_states:
+                install_output_recording(module)
         if vision_every_step and _takes_vision_every_step(module):
             module.__dict__[VISION_EVERY_STEP] = True
     if family is not None:

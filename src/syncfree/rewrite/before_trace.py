@@ -1,4 +1,5 @@
-"""The prepared batch's presence check, run before ``torch.compile`` traces the model's forward.
+"""What a patched model sets up before ``torch.compile`` traces its forward: the prepared batch's presence check, and
+the output-recording hooks of a tower that is asked for its hidden states on every call.
 
 Inside a traced forward a ``StalePlan`` is an exception Dynamo observes: with ``fullgraph=True`` the user gets
 Dynamo's "Unsupported: Observed exception", with syncfree's one line buried in its debug context. A compiled
@@ -20,7 +21,7 @@ from ..plan import active
 from ..plan.batch import plan_inputs
 from .call_args import given_args, positional_names, taken_inputs
 
-__all__ = ["add_presence_check", "remove_presence_check"]
+__all__ = ["add_presence_check", "remove_presence_check", "install_output_recording"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,3 +59,15 @@ def remove_presence_check(model: torch.nn.Module) -> None:
         if hook is check_before_trace:
             del model._forward_pre_hooks[key]
             model._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
+def install_output_recording(tower: torch.nn.Module) -> None:
+    """Install Transformers' output-recording hooks on ``tower`` now, as stock's first call asking for hidden states
+    would (``maybe_install_capturing_hooks``: once per module, inactive unless a call asks). That first call, traced,
+    would break the graph twice: at the installation's lock and at the hooks' registration. A release without the
+    helper records outputs otherwise: nothing to install."""
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:
+        return
+    maybe_install_capturing_hooks(tower)

@@ -35,14 +35,14 @@ from ..preset import Preset
 from ..shared import PACKS, family_module, vlm_targets
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP", "build_glm_inputs",
-           "glm_stamp_tokens"]
+           "glm_stamp_tokens", "FRAME_GRID", "FRAME_GRID_HELPERS"]
 
 # The tower's code the wrapper relies on: it passes its grid to the embeddings, which index it on the device.
 _TOWER_NEEDS = ("self.embeddings(", "grid_thw,")
 _ROPE_NEEDS = ("video_grid_thw[:, 0] = 1",)
 
 # get_video_features: stock's per-frame grid, made by a repeat_interleave whose size a traced forward cannot read.
-_FRAME_GRID = (
+FRAME_GRID = (
     Edit("stmt", "flattened_hw = torch.repeat_interleave(hw, t, dim=0)",
          "flattened_hw = _syncfree.video_frame_rows(video_grid_thw, hw, t)"),
     Edit("stmt", "flattened_video_grid_thw = torch.cat([prefix_ones, flattened_hw], dim=1)",
@@ -71,6 +71,10 @@ def video_frame_grid(video_grid_thw, frame_grid):
     return frame_grid
 
 
+# The helpers FRAME_GRID calls (a family whose get_video_features is GLM-4.6V's takes both).
+FRAME_GRID_HELPERS = {"video_frame_rows": video_frame_rows, "video_frame_grid": video_frame_grid}
+
+
 def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_module: str | None = None,
          ocr: bool = False, packs: bool = False) -> Family:
     tower = tower_prefix or prefix
@@ -80,12 +84,12 @@ def _glm(model_type: str, prefix: str, tower_prefix: str | None = None, tower_mo
                      else dict(vision_needs=_TOWER_NEEDS, vision_wrap=make_vision_forward_device_grid))
     targets = vlm_targets(f"{tower}VisionAttention", f"{tower}VisionModel", f"{prefix}Model",
                           f"{prefix}ForConditionalGeneration", rope_needs=_ROPE_NEEDS, vision_module=tower_module,
-                          feature_split=FEATURE_SPLIT + _FRAME_GRID, **tower_options)
+                          feature_split=FEATURE_SPLIT + FRAME_GRID, **tower_options)
     return Family(model_type, targets, Layout(family_module(model_type),
                                               video=VideoLayout(frames_as_runs=True, frames_as_images=True),
                                               tower=TowerShape(modeling=tower_module),
                                               one_graph=True, stream=True, **PACKS if packs else {}),
-                  helpers={"video_frame_rows": video_frame_rows, "video_frame_grid": video_frame_grid})
+                  helpers=FRAME_GRID_HELPERS)
 
 
 FAMILIES: tuple[Family, ...] = (

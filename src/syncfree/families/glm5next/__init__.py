@@ -13,6 +13,9 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * the pooled DSA indexer keeps its usable pools with a boolean select: by the plan's host mask where that shows
   they are a prefix (``POOLED_WRITTEN`` / ``POOLED_KEEP`` in ``edits.py``, with the family's own helpers in
   ``pooled_keep.py``); its KDA layers' all-ones mask check is the shared ``create_recurrent_attention_mask`` target;
+* in a traced forward (``Layout.one_graph``: one graph per layout), the indexer keeps the prefix the plan measured on
+  its host mask when it was built (``pooled_keep.kept_counts``), and ``get_video_features``' per-frame grid is sized
+  and made known as GLM-4.6V's (``glm.FRAME_GRID``);
 * a video frame is ``<|begin_of_image|>``, its placeholders, ``<|end_of_image|>`` and ``{seconds:.1f} seconds``,
   inside ``<|begin_of_video|>``..``<|end_of_video|>``; an image is its placeholders between the image markers.
 """
@@ -22,10 +25,11 @@ from __future__ import annotations
 import torch
 
 from ...items import Video
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, RotaryIndex, VideoLayout
-from ...rewrite.edits import BLOCK_KWARGS
+from ...rewrite.edits import BLOCK_KWARGS, FEATURE_SPLIT
 from ...rewrite.targets import Family, Target
-from ..glm import build_glm_inputs
+from ..glm import FRAME_GRID, FRAME_GRID_HELPERS, build_glm_inputs
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import (
@@ -44,14 +48,16 @@ _P = "Glm5Next"
 
 def _glm5_next() -> Family:
     targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionModel", f"{_P}Model", f"{_P}ForConditionalGeneration",
-                          rope_needs=None, vision_edits=BLOCK_KWARGS)
+                          rope_needs=None, vision_edits=BLOCK_KWARGS, feature_split=FEATURE_SPLIT + FRAME_GRID)
     targets += (
         Target(f"{_P}TextIndexer", "forward", edits=POOLED_WRITTEN),
         Target(f"{_P}TextIndexer", "get_pooled_states", edits=POOLED_KEEP),
     )
-    layout = Layout(family_module("glm5_next"), rope=RotaryIndex(mrope=False),
-                    video=VideoLayout(frames_as_runs=True, frames_as_images=True, spans=True))
-    return Family("glm5_next", targets, layout, helpers=pooled_keep)
+    layout = Layout(family_module("glm5_next"), rope=RotaryIndex(mrope=False), one_graph=True,
+                    video=VideoLayout(frames_as_runs=True, frames_as_images=True, spans=True),
+                    plan=PlanHooks(fields=pooled_keep.kept_counts, values=pooled_keep.kpool_value))
+    helpers = {**{name: getattr(pooled_keep, name) for name in pooled_keep.__all__}, **FRAME_GRID_HELPERS}
+    return Family("glm5_next", targets, layout, helpers=helpers)
 
 
 # Registered where the installed GLM-5-Next has the indexed-attention layers its pooled-indexer edits stand for

@@ -10,9 +10,14 @@ then the prefix of length ``max_b(n_b) // kpool``. The valid keys are the 2D pad
 mask: the kept pools are then taken with an index of that length (``index_select``-like: the same rows, in the
 same order, as contiguous as stock's result; no read).
 
+A traced forward cannot walk a host mask, so the plan finds that length once when it is built (``kept_counts``,
+its ``PlanHooks.fields``: ``Plan.family_counts``); the traced indexer takes it where the states it pools are the
+forward's own tokens, no more (the batch's width: no cache, or an empty one as wide as the batch). The graph is then
+specialised on that length, as on the batch's width.
+
 Where the host cannot tell, stock runs: masks with holes (right padding extended by generate(), custom masks), a
 static cache whose slots are not all written yet (their valid channel is zero, the host mask does not say how many
-are written: its ``get_seq_length`` is a device tensor), a cache holding tokens of an earlier call, compile.
+are written: its ``get_seq_length`` is a device tensor), a cache holding tokens of an earlier call.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import torch
 from ...plan import active
 from ...rewrite.host_mask import host_padding_mask
 
-__all__ = ["pools_written", "kept_pools", "kept_prefix"]
+__all__ = ["pools_written", "kept_pools", "kept_prefix", "kept_counts", "kpool_value"]
+
+_KEPT = "kept_pools"
 
 _local = threading.local()
 
@@ -59,6 +66,33 @@ def kept_prefix(valid: np.ndarray, kpool: int) -> int | None:
     return int(valid.sum(1).max(initial=0)) // kpool
 
 
+def kpool_value(config) -> dict:
+    """The indexer's pool size (``PlanHooks.values``: kept in the spec, checked against the model)."""
+    return {"index_kpool": getattr(config.get_text_config(), "index_kpool", None)}
+
+
+def kept_counts(spec, host: dict) -> dict:
+    """The kept pools' prefix length of a forward without earlier tokens (``PlanHooks.fields``), found once per plan
+    from the host mask (all keys valid without one); none where the pools kept need not be a prefix."""
+    kpool = spec.value("index_kpool")
+    ids, mask = host.get("input_ids"), host.get("attention_mask")
+    if not isinstance(kpool, int) or kpool <= 0 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return {}
+    valid = np.ones(tuple(ids.shape), dtype=bool) if mask is None else np.asarray(mask.numpy(), dtype=bool)
+    length = kept_prefix(valid, kpool) if valid.shape == tuple(ids.shape) else None
+    return {} if length is None else {"family_counts": {_KEPT: length}}
+
+
+def _traced_kept(pool_valid: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
+    """``kept_pools`` in a traced forward: the plan's prefix where the pooled states are exactly the batch's tokens."""
+    entry = active.current()
+    length = None if entry is None else entry.plan.family_counts.get(_KEPT)
+    if length is None or kpool != entry.plan.spec.value("index_kpool") or valid_keys.dim() != 2 \
+            or tuple(valid_keys.shape) != tuple(entry.plan.batch_shape) or length > pool_valid.shape[1]:
+        return pool_valid.any(0)
+    return torch.arange(length, device=pool_valid.device)
+
+
 def _host_valid_keys(entry: active.Entry, valid_keys: torch.Tensor, own: int) -> np.ndarray | None:
     rows, width = valid_keys.shape
     if width == own:  # no earlier tokens: the valid keys are this forward's padding mask (ones without one)
@@ -77,7 +111,9 @@ def _host_valid_keys(entry: active.Entry, valid_keys: torch.Tensor, own: int) ->
 def kept_pools(pool_valid: torch.Tensor, packed_states: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
     """``pool_valid.any(0)`` (the pools to keep), or, where the host knows they are a prefix, the index of that
     prefix on the device: ``x[:, index]`` then holds what ``x[:, pool_valid.any(0)]`` holds."""
-    entry = None if torch.compiler.is_compiling() else active.current()
+    if torch.compiler.is_compiling():
+        return _traced_kept(pool_valid, valid_keys, kpool)
+    entry = active.current()
     own = None if entry is None else _own_tokens(packed_states)
     host = None if own is None or valid_keys.dim() != 2 else _host_valid_keys(entry, valid_keys, own)
     length = None if host is None or host.shape != tuple(valid_keys.shape) else kept_prefix(host, kpool)

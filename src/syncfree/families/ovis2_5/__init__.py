@@ -21,6 +21,7 @@ What is its own, beside the Qwen-VL pieces it shares:
 
 from __future__ import annotations
 
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout, PositionTable, RotaryIndex, TowerShape
 from ...rewrite.edits import PLACEHOLDER_MASK, VISION_ATTENTION_WEIGHTS, feature_split
 from ...rewrite.rewriter import Edit
@@ -79,7 +80,11 @@ FAMILIES: tuple[Family, ...] = () if not installed_source_has(_MODELING, "def _m
     Family("ovis2_5", _TARGETS,
            Layout(_MODELING, rope=RotaryIndex(mrope=False), token_types=False,
                   table=PositionTable(side="image_size", align_corners_from=f"{_P}VisionEmbeddings", mode="bicubic"),
-                  tower=TowerShape(windows=True, holds_projector=False)), helpers=boundaries),
+                  one_graph=True,
+                  tower=TowerShape(windows=True, holds_projector=False, records_hidden_states=True,
+                                   pieces_counted=True),
+                  plan=PlanHooks(fields=boundaries.boundary_counts, values=boundaries.boundary_values)),
+           helpers=boundaries),
 )
 
 # A tiny model with the real layout rules: patch 16, merge 2, temporal patch 1, 112-pixel windows (3x3 merged patches:

@@ -1,23 +1,62 @@
 """Ovis2.5's boundary-token count: stock checks ``(input_ids == boundary_token_id).sum()`` against the images it
 embeds; the plan's host copy of ``input_ids`` gives that count without reading the device.
+
+Eager, the count is taken from the plan's host copy when the forward's ``input_ids`` are the plan's. A traced forward
+cannot read a host tensor as an int without a graph break, so the plan counts every boundary id once when it is built
+(``PlanHooks.fields``: ``Plan.family_counts``) and the traced check takes that int: the graph is specialised on it,
+as it is on the number of images the features were split into.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...plan import active
+from ...plan.tensors import host_array
 
-__all__ = ["token_count"]
+__all__ = ["token_count", "boundary_counts", "boundary_values"]
+
+_COUNTS = "boundary_tokens"
+
+
+def boundary_values(config) -> dict:
+    """The config's four boundary token ids, in the order stock checks them (``PlanHooks.values``: kept in the spec,
+    checked against the model)."""
+    from .inputs import boundary_ids
+    return {"boundary_ids": tuple(boundary_ids(config).items())}
+
+
+def boundary_counts(spec, host: dict) -> dict:
+    """How many of each boundary id the host ``input_ids`` hold (``PlanHooks.fields``), counted once per plan.
+
+    A kind whose boundaries do not pair with its grid rows fails here with stock's error (its type, its words), in
+    the order stock checks them: a traced forward could only fail inside Dynamo, whose own error hides the words."""
+    ids = host.get("input_ids")
+    if not isinstance(ids, torch.Tensor):
+        return {}
+    values = host_array(ids)
+    counts = {t: int(np.count_nonzero(values == t)) for _, t in spec.value("boundary_ids")}
+    for name, token in spec.value("boundary_ids"):
+        grid = host.get(f"{name.split('_')[0]}_grid_thw")
+        if isinstance(grid, torch.Tensor) and counts[token] != grid.shape[0]:
+            raise ValueError(f"Expected {grid.shape[0]} visual boundary tokens with id {token}, but found "
+                             f"{counts[token]}.")
+    return {"family_counts": {_COUNTS: counts}}
 
 
 def token_count(input_ids, mask: torch.Tensor, token_id):
     """``mask.sum()`` for ``mask = input_ids == token_id`` (a count stock checks, Ovis2.5's boundary tokens): the
     count of ``token_id`` in the plan's host copy of these input_ids, a host int, when the active plan was built from
     them (the device's own sum otherwise)."""
-    entry = None if torch.compiler.is_compiling() else active.current()
-    host = entry.plan.host.get("input_ids") if entry is not None and entry.owns(input_ids) else None
-    if not isinstance(host, torch.Tensor) or tuple(host.shape) != tuple(input_ids.shape) \
-            or not isinstance(token_id, int) or mask.shape != input_ids.shape:
+    entry = active.current()
+    if entry is None or not isinstance(token_id, int) or not isinstance(input_ids, torch.Tensor) \
+            or mask.shape != input_ids.shape:
+        return mask.sum()
+    if torch.compiler.is_compiling():  # (the forward's own input_ids: the plan's count, taken when it was built)
+        counts = entry.plan.family_counts.get(_COUNTS, {})
+        return counts[token_id] if entry.given.get("input_ids") is input_ids and token_id in counts else mask.sum()
+    host = entry.plan.host.get("input_ids") if entry.owns(input_ids) else None
+    if not isinstance(host, torch.Tensor) or tuple(host.shape) != tuple(input_ids.shape):
         return mask.sum()
     return int((host == token_id).sum())  # (a host tensor: no device involved)

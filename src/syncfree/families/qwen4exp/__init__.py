@@ -12,6 +12,7 @@ the config's vision start/end ids, timestamps between frames.
 
 from __future__ import annotations
 
+from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
 from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
@@ -40,7 +41,8 @@ _PACKING = ("its gated-DeltaNet layers carry their state across the samples of a
 # Registered where the installed Qwen4-Exp has the indexed-attention layers its QSA edits stand for (Transformers
 # 5.24; 5.17 names them qwen_sparse_attention, with other code: left stock there).
 FAMILIES: tuple[Family, ...] = () if not installed_source_has(family_module("qwen4_exp"), "indexed_attention") else (
-    Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT, packing_refused=_PACKING),
+    Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT, packing_refused=_PACKING, one_graph=True,
+                                         plan=PlanHooks(fields=qsa.planned_counts)),
            helpers=qsa),
 )
 

@@ -15,6 +15,12 @@ mask tensor lives and is unchanged: every indexed layer of the forward shares th
 recompute (in the backward, after the plan is gone) hands the layers the very same tensor. A mask syncfree did not
 see made (a 4D or per-layer mask the caller passed, packed sequences, no plan, a cache whose query offset lives on
 the device outside ``generate()``) keeps stock's ``nonzero``: one read per (row, query), as stock.
+
+A traced forward cannot walk a host mask, so the plan makes the counts of a forward without earlier tokens once,
+when it is built from a 2D padding mask (``planned_counts``, its ``PlanHooks.fields``: ``Plan.family_counts``); the
+eager prefill takes the same. The traced text model's mask made from the forward's own padding mask with no earlier
+tokens is noted with them (``Entry.note``), and each indexer finds them by that mask's identity. The graph then
+follows stock's loop over every (row, query), each count a constant of it: one graph per layout.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from ...plan import active
 from ...rewrite.host_mask import host_padding_mask
 from ...rewrite.roles import wrapper
 
-__all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks"]
+__all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks", "planned_counts"]
+
+_PLANNED = "qsa_visible_counts"  # (Plan.family_counts: every (row, query)'s count, no earlier tokens)
 
 # What the text model passes create_causal_mask: any other argument (an extra mask function, block ids) changes the
 # mask, so the counts are not made for it.
@@ -53,12 +61,57 @@ def indexed_causal_mask(create_causal_mask, mask_kwargs: dict):
     """``create_causal_mask(**mask_kwargs)``; where the active plan knows the 2D padding mask it is made from,
     the number of keys each (row, query) of it sees is kept for the QSA indexers (``visible_positions``)."""
     mask = create_causal_mask(**mask_kwargs)
-    if torch.compiler.is_compiling() or not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        return mask
+    if torch.compiler.is_compiling():
+        _note_traced(mask_kwargs, mask)
         return mask
     counts = _planned_counts(mask_kwargs, mask)
     if counts is not None:
         _keep(mask, counts)
     return mask
+
+
+def planned_counts(spec, host: dict) -> dict:
+    """Every (row, query)'s number of visible keys in a forward without earlier tokens, from the host 2D padding mask
+    (``PlanHooks.fields``), made once per plan; none without a mask (stock then looks for packed sequences)."""
+    padding = host.get("attention_mask")
+    if not isinstance(padding, torch.Tensor) or padding.dim() != 2:
+        return {}
+    width = padding.shape[1]
+    return {"family_counts": {_PLANNED: visible_counts(padding.numpy() != 0, 0, width, width)}}
+
+
+def _plain_call(entry, mask_kwargs: dict) -> bool:
+    """The text model's own call on the forward's own 2D padding mask, of the batch's shape (what the plan's counts
+    describe, cache aside)."""
+    config, embeds, padding = mask_kwargs.get("config"), mask_kwargs.get("inputs_embeds"), mask_kwargs.get("attention_mask")
+    return (entry is not None and not set(mask_kwargs) - _PLAIN_KWARGS and getattr(config, "is_causal", True)
+            and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+            and isinstance(embeds, torch.Tensor) and embeds.dim() == 3
+            and isinstance(padding, torch.Tensor) and entry.given.get("attention_mask") is padding
+            and tuple(padding.shape) == tuple(entry.plan.batch_shape) == tuple(embeds.shape[:2]))
+
+
+def _note_traced(mask_kwargs: dict, mask: torch.Tensor) -> None:
+    """In a traced forward: note ``mask`` with the plan's counts where it is the mask of the forward's own tokens and
+    no earlier ones (no cache, or an empty one whose mask sizes are the batch's, as host ints)."""
+    entry = active.current()
+    counts = None if entry is None else entry.plan.family_counts.get(_PLANNED)
+    if counts is None or not _plain_call(entry, mask_kwargs):
+        return
+    batch, width = entry.plan.batch_shape
+    cache = mask_kwargs.get("cache")
+    if cache is not None:
+        from transformers.masking_utils import find_first_full_attention_index
+
+        layer = find_first_full_attention_index(cache)
+        sizes, offset = cache.get_mask_sizes(width, layer), cache.get_query_offset(layer)
+        if not (isinstance(offset, int) and offset == 0 and all(isinstance(n, int) for n in sizes)
+                and tuple(sizes) == (width, 0)):
+            return
+    if tuple(mask.shape) == (batch, 1, width, width):
+        entry.note(mask, None, counts)
 
 
 def _keep(mask: torch.Tensor, counts: list[list[int]]) -> None:
@@ -140,6 +193,9 @@ def _planned_counts(mask_kwargs: dict, mask: torch.Tensor) -> list[list[int]] | 
         q_offset = host.shape[1] - q_length
     if kv_offset != 0 or tuple(mask.shape) != (batch, 1, q_length, kv_length):
         return None
+    planned = entry.plan.family_counts.get(_PLANNED)
+    if planned is not None and q_offset == 0 and q_length == kv_length and _plain_call(entry, mask_kwargs):
+        return planned  # (the plan's own counts of this very mask: made once, when it was built)
     return visible_counts(host, q_offset, q_length, kv_length)
 
 
@@ -157,7 +213,13 @@ def visible_positions(row: torch.Tensor, mask: torch.Tensor, batch_idx: int, que
     """``torch.nonzero(row, as_tuple=False)`` for ``row``, the visible keys of query ``query_idx`` of row
     ``batch_idx`` of ``mask`` (the QSA indexer's causal mask): with the count kept for that mask, ``nonzero_static``
     (the same positions, no read of their number); otherwise stock's ``nonzero``."""
-    kept = None if torch.compiler.is_compiling() else _counts.get(id(mask))
+    if torch.compiler.is_compiling():
+        entry = active.current()
+        known = None if entry is None or row.dim() != 1 else entry.known(mask)
+        if known is None:
+            return torch.nonzero(row, as_tuple=False)
+        return torch.nonzero_static(row, size=known[1][batch_idx][query_idx])
+    kept = _counts.get(id(mask))
     if kept is None or kept[0]() is not mask or kept[1] != _version(mask) or row.dim() != 1:
         return torch.nonzero(row, as_tuple=False)
     return torch.nonzero_static(row, size=kept[2][batch_idx][query_idx])
