@@ -89,10 +89,6 @@ class TowerShape:
     # installs at the first such call, under a lock: a traced forward can neither take the lock nor register hooks,
     # so a patched instance's tower gets them when patched (``before_trace.install_output_recording``).
     records_hidden_states: bool = False
-    # The forward counts the pieces the features are split into (one per image or video, checked against tokens of
-    # its own): a traced forward then splits them per item as stock does, not as one piece of every item's features
-    # (``features_follow_patches``), so its graph follows the number of items.
-    pieces_counted: bool = False
 
     def segment_lengths(self, t: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.ndarray:
         """Patches per attention segment of the grid columns ``t, h, w`` (NumPy): one segment per frame, or per
@@ -124,7 +120,7 @@ class TowerShape:
     def features_follow_patches(self, features: int, patches: int, merge: int) -> bool:
         """Whether the features of all items together are the patches over the merge squared (no tokens added, none
         pooled away; a class token per segment is dropped before the merger, so it adds none)."""
-        return features * merge**2 == patches and not self.pieces_counted
+        return features * merge**2 == patches
 
     def item_merges(self, grid: torch.Tensor, rows: tuple, merge_sizes, name: str):
         """The rows' own merge sizes, checked, as a host (N,) int64 tensor and a list of ints (``item_merge_sizes``,

@@ -46,7 +46,8 @@ MERGE_VISUAL_FEATURES = (
          '_syncfree.scatter_features(inputs_embeds, visual_mask, visual_features, input_ids, '
          '"video" if is_video else "image")'),
     Edit("stmt", "num_boundary_tokens = boundary_mask.sum()",
-         "num_boundary_tokens = _syncfree.token_count(input_ids, boundary_mask, boundary_token_id)"),
+         "num_boundary_tokens = _syncfree.token_count(input_ids, boundary_mask, boundary_token_id, "
+         "num_visual_inputs)"),
 )
 
 # The tower's stock forward, as the wrapper relies on it: every helper pops the plan's value from its kwargs (the
@@ -80,9 +81,8 @@ FAMILIES: tuple[Family, ...] = () if not installed_source_has(_MODELING, "def _m
     Family("ovis2_5", _TARGETS,
            Layout(_MODELING, rope=RotaryIndex(mrope=False), token_types=False,
                   table=PositionTable(side="image_size", align_corners_from=f"{_P}VisionEmbeddings", mode="bicubic"),
-                  one_graph=True,
-                  tower=TowerShape(windows=True, holds_projector=False, records_hidden_states=True,
-                                   pieces_counted=True),
+                  one_graph=True, stream=True,
+                  tower=TowerShape(windows=True, holds_projector=False, records_hidden_states=True),
                   plan=PlanHooks(fields=boundaries.boundary_counts, values=boundaries.boundary_values)),
            helpers=boundaries),
 )

@@ -45,17 +45,23 @@ def boundary_counts(spec, host: dict) -> dict:
     return {"family_counts": {_COUNTS: counts}}
 
 
-def token_count(input_ids, mask: torch.Tensor, token_id):
-    """``mask.sum()`` for ``mask = input_ids == token_id`` (a count stock checks, Ovis2.5's boundary tokens): the
-    count of ``token_id`` in the plan's host copy of these input_ids, a host int, when the active plan was built from
-    them (the device's own sum otherwise)."""
+def token_count(input_ids, mask: torch.Tensor, token_id, pieces=None):
+    """``mask.sum()`` for ``mask = input_ids == token_id`` (a count stock checks against ``pieces``, the features'
+    pieces: Ovis2.5's boundary tokens): the count of ``token_id`` in the plan's host copy of these input_ids, a host
+    int, when the active plan was built from them (the device's own sum otherwise).
+
+    Traced, with the forward's own input_ids: ``pieces``. The plan checked these counts against the grid's rows when
+    it was built (``boundary_counts``: stock's error otherwise), and the graph checks that the input_ids are the ones
+    it was built from (their checksums), so stock's check holds; the features come as one piece there (the graph does
+    not follow the number of images), which stock's comparison would otherwise count as one image."""
     entry = active.current()
     if entry is None or not isinstance(token_id, int) or not isinstance(input_ids, torch.Tensor) \
             or mask.shape != input_ids.shape:
         return mask.sum()
-    if torch.compiler.is_compiling():  # (the forward's own input_ids: the plan's count, taken when it was built)
+    if torch.compiler.is_compiling():
         counts = entry.plan.family_counts.get(_COUNTS, {})
-        return counts[token_id] if entry.given.get("input_ids") is input_ids and token_id in counts else mask.sum()
+        ours = entry.given.get("input_ids") is input_ids and token_id in counts and isinstance(pieces, int)
+        return pieces if ours else mask.sum()
     host = entry.plan.host.get("input_ids") if entry.owns(input_ids) else None
     if not isinstance(host, torch.Tensor) or tuple(host.shape) != tuple(input_ids.shape):
         return mask.sum()
