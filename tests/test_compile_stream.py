@@ -264,3 +264,30 @@ def test_qwen3_omnis_grouped_convolution_is_one_graph_for_one_group_and_the_plan
             assert torch.equal(compiled(**syncfree.prepare(batch, "cpu", model)).logits, expected), frames
             graphs.append(counter.frame_count)
     assert graphs == [1, 1, 2, 3]
+
+
+# (the families whose stock takes no images and videos in one batch: the mixed stream above keeps only their images)
+_FRAMES_AS_IMAGES = [f for f in STREAM if layout_of(f).video.frames_as_images]
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=[] if f == "glm4v" else [pytest.mark.slow])
+                                    for f in _FRAMES_AS_IMAGES])
+def test_a_stream_of_videos_of_any_frame_count_is_one_graph(family):
+    """Video-only batches whose frame counts differ (each frame is an image to the tower: a per-frame grid of as many
+    rows as frames) through one compiled model: one graph, with the eager logits."""
+    import random
+
+    model, preset = _model(family)
+    unit, rng = unit_of(model.config), random.Random(0)
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    frames = set()
+    with torch.no_grad():
+        for i in range(6):
+            samples = [[Text(rng.randint(2, 6)), Video(2 * rng.randint(1, 3), rng.randint(1, 3) * unit,
+                                                       rng.randint(1, 2) * unit), Text(2)] for _ in range(2)]
+            frames.add(sum(item.frames for sample in samples for item in sample if isinstance(item, Video)))
+            batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+            expected = model(**syncfree.prepare(batch, "cpu", model)).logits
+            assert torch.equal(compiled(**syncfree.prepare(batch, "cpu", model)).logits, expected), f"batch {i}"
+    assert len(frames) > 2 and counter.frame_count == 1

@@ -11,8 +11,9 @@ What is their own, beside the Qwen-VL pieces ``vlm_targets`` declares:
   is handed the plan's copy of the grid on the device, never the host one;
 * GLM-4.6V has no tower of its own: it runs GLM-4.1V's classes;
 * in a traced forward (``Layout.one_graph``), the per-frame grid ``get_video_features`` makes is sized by the plan's
-  frames (``repeat_interleave`` with its ``output_size``) and known to the tower by identity (``video_frame_grid``,
-  its own rewrite helpers).
+  per-frame grid (``repeat_interleave`` with its ``output_size``: a symbol in a stream's graph, so a stream of videos
+  of any frame count is one graph) and known to the tower by identity (``video_frame_grid``, its own rewrite
+  helpers).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def video_frame_rows(video_grid_thw, hw, t):
     frames = entry.plan.video_frames if vp is not None else None
     if frames is None:
         return torch.repeat_interleave(hw, t, dim=0)
-    return torch.repeat_interleave(hw, t, dim=0, output_size=len(frames.rows))
+    # (the frames' count as the size of the plan's per-frame grid, which a stream's graph holds as a symbol: not the
+    # rows' Python count, which it would be specialised on)
+    return torch.repeat_interleave(hw, t, dim=0, output_size=frames.grid_thw.shape[0])
 
 
 def video_frame_grid(video_grid_thw, frame_grid):
