@@ -126,7 +126,8 @@ def mark_layout_dims(inputs: dict, plan) -> None:
     if isinstance(plan.checksums, torch.Tensor):
         _mark(plan.checksums)  # (one per control input, then the seed and key: fixed for a set of inputs)
     if stream:
-        plan.carriers = size_carriers({n: getattr(plan, n, None) for n in _PLAN_COUNTS})
+        plan.carriers = size_carriers({**{n: getattr(plan, n, None) for n in _PLAN_COUNTS},
+                                       **{n: plan.family_counts.get(n) for n in plan.spec.hooks.sizes}})
     for name, carrier in plan.carriers.items():
         _mark(carrier, per_item={0: f"syncfree.{name}"})
     for kind in ("image", "video", "video_frames"):

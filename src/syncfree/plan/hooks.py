@@ -54,6 +54,9 @@ class PlanHooks:
     rope_index: Callable | None = None
     # ``fields(spec, host) -> dict``: Plan fields the family adds (its audio encoder's plan).
     fields: Callable | None = None
+    # The ints of ``Plan.family_counts`` that a stream's graph takes as sizes (``Plan.carriers``: a symbol, not an
+    # int it would be specialised on).
+    sizes: tuple[str, ...] = ()
     # ``expand(plan, k) -> dict``: the inputs of a batch generate() expanded ``k`` times, where the shared rule
     # (``batch.expanded_inputs``) does not give them.
     expand: Callable | None = None

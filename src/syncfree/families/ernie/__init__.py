@@ -27,9 +27,9 @@ from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..shared import family_module, vlm_targets
-from . import frame_pairs, modality_moe
-from .edits import FEATURE_SPLITS, MODALITY_MOE, TEMPORAL_SLICES
-from .modality_moe import modality_counts
+from . import frame_pairs, modality_moe, stream
+from .edits import FEATURE_SPLITS, MODALITY_MOE, TEMPORAL_SLICES, TEMPORAL_SLICES_CALL
+from .modality_moe import MODALITY_SIZES, modality_counts
 
 __all__ = ["FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_ernie_inputs"]
@@ -40,7 +40,8 @@ _P = "Ernie4_5_VLMoe"
 # Its MoE routes each token to text or vision experts by ``moe_mm_token_type_ids``: a host copy, so the MoE blocks know
 # how many tokens each kind has without asking the device.
 # (and counts its vision tokens, which a traced forward's MoE blocks take as an int: ``modality_moe.modality_counts``)
-PLAN = PlanHooks(inputs=("moe_mm_token_type_ids",), per_row=("moe_mm_token_type_ids",), fields=modality_counts)
+PLAN = PlanHooks(inputs=("moe_mm_token_type_ids",), per_row=("moe_mm_token_type_ids",), fields=modality_counts,
+                 sizes=MODALITY_SIZES)
 
 
 def _ernie() -> Family:
@@ -51,12 +52,13 @@ def _ernie() -> Family:
     targets += (
         Target(f"{_P}MoeBlock", "forward", edits=MODALITY_MOE),
         Target(f"{_P}VariableResolutionResamplerModel", "_temporal_slicing", edits=TEMPORAL_SLICES),
+        Target(f"{_P}VariableResolutionResamplerModel", "forward", edits=TEMPORAL_SLICES_CALL),
     )
     layout = Layout(family_module("ernie4_5_vl_moe"), video=VideoLayout(temporal_merge=True),
-                    tower=TowerShape(holds_projector=False), plan=PLAN, one_graph=True,
+                    tower=TowerShape(holds_projector=False), plan=PLAN, one_graph=True, stream=True,
                     packing_refused="its batch carries per-token inputs of its own (moe_mm_token_type_ids) that the "
                                     "packing collator does not lay out")
-    helpers = {name: getattr(module, name) for module in (modality_moe, frame_pairs) for name in module.__all__}
+    helpers = {name: getattr(module, name) for module in (modality_moe, frame_pairs, stream) for name in module.__all__}
     return Family("ernie4_5_vl_moe", targets, layout, helpers=helpers)
 
 

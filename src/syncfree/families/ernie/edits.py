@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...rewrite.edits import feature_split
 from ...rewrite.rewriter import Edit
 
-__all__ = ["MODALITY_MOE", "TEMPORAL_SLICES", "FEATURE_SPLITS"]
+__all__ = ["MODALITY_MOE", "TEMPORAL_SLICES", "TEMPORAL_SLICES_CALL", "FEATURE_SPLITS"]
 
 # ERNIE-4.5-VL's MoE block runs text and vision tokens through separate experts: it asks whether the batch has
 # vision tokens, then moves each kind's rows with boolean masks over the hidden width (each one a read of the
@@ -46,9 +46,16 @@ TEMPORAL_SLICES = (
          "hidden_states.device)"),
 )
 
+# The resampler's call of its frame pairing: in a traced stream forward, one operator over the plan's host grid
+# (``stream.temporal_slices``).
+TEMPORAL_SLICES_CALL = (
+    Edit("expr", "self._temporal_slicing(hidden_states, grid_thw)",
+         "_syncfree.temporal_slices(self._temporal_slicing, hidden_states, grid_thw, self.spatial_merge_size)"),
+)
+
 # get_image_features and get_video_features split the resampled features per item by sizes read from the grid (host
 # values in eager): from the plan's rows in a traced forward (the image's the shared ``feature_split``; the video's
-# divided by the temporal merge too, ``frame_pairs.video_feature_sizes``).
+# divided by the temporal merge too, ``stream.video_feature_sizes``).
 FEATURE_SPLITS = feature_split("self.vision_tower.spatial_merge_size", kinds=("image",)) + (
     Edit("expr", "(video_grid_thw.prod(-1) // self.vision_tower.spatial_merge_size**2 "
                  "// self.resampler_model.temporal_merge_size).tolist()",

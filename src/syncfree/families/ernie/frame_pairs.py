@@ -1,5 +1,6 @@
 """ERNIE-4.5-VL's own rewrite helper for its resampler (its ``Family.helpers``, with ``modality_moe``'s): the rows its
-``_temporal_slicing`` pairs each item's frames by, and the video features' split, in a traced forward.
+``_temporal_slicing`` pairs each item's frames by, in a traced forward (a stream's runs the whole method as one
+operator instead: ``stream.py``).
 
 Stock walks the grid's rows (``zip`` over its columns: host values in eager, where the patched forward hands it the
 host grid) and builds the frame pairs' indices on the host. A traced forward cannot read a grid's values; there the
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ...rewrite.helpers import grid_products, traced_grid_rows
+from ...rewrite.helpers import traced_grid_rows
 
-__all__ = ["frame_pair_rows", "video_feature_sizes"]
+__all__ = ["frame_pair_rows"]
 
 
 def frame_pair_rows(grid_thw: torch.Tensor, merge: int, grid_t, grid_hw_after_conv, batch_offsets):
@@ -27,8 +28,3 @@ def frame_pair_rows(grid_thw: torch.Tensor, merge: int, grid_t, grid_hw_after_co
         found.append((t, h * w // merge**2, offset))
         offset += t * h * w // merge**2
     return found
-
-
-def video_feature_sizes(video_grid_thw: torch.Tensor, merge: int, temporal_merge: int) -> list:
-    """``(video_grid_thw.prod(-1) // merge**2 // temporal_merge).tolist()``, from the plan's rows in a traced forward."""
-    return [p // merge**2 // temporal_merge for p in grid_products(video_grid_thw)]

@@ -23,6 +23,10 @@ from ...plan.tensors import host_array
 
 __all__ = ["ModalityRows", "modality_rows", "any_vision_token", "experts_by_modality", "modality_counts"]
 
+_COUNT, _ANY = "moe_vision_tokens", "any_vision_token"
+# (the count a stream's graph takes as a size: ``PlanHooks.sizes``)
+MODALITY_SIZES = (_COUNT,)
+
 
 @dataclass(frozen=True)
 class ModalityRows:
@@ -62,7 +66,7 @@ def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     if entry is None or entry.given.get("moe_mm_token_type_ids") is not moe_mm_token_type_ids:
         return None
     host = entry.plan.host.get("moe_mm_token_type_ids")
-    n_vision = entry.plan.family_counts.get("moe_vision_tokens")
+    n_vision = entry.plan.family_counts.get(_COUNT)
     if not isinstance(host, torch.Tensor) or host.shape != moe_mm_token_type_ids.shape or n_vision is None:
         return None
     # The count from the plan's host copy (the plan checked it is this tensor's values), the positions on the device.
@@ -71,19 +75,27 @@ def modality_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     return rows
 
 
-def _rows(moe_mm_token_type_ids: torch.Tensor, n_vision: int) -> ModalityRows:
+def _rows(moe_mm_token_type_ids: torch.Tensor, n_vision, any_vision: bool | None = None) -> ModalityRows:
     flat = moe_mm_token_type_ids.reshape(-1) != 0
+    if any_vision is None:
+        any_vision = n_vision > 0
+    else:  # (a size of the graph: at most every token)
+        torch._check(n_vision <= flat.shape[0])
     return ModalityRows(torch.nonzero_static(~flat, size=flat.shape[0] - n_vision).reshape(-1),
-                        torch.nonzero_static(flat, size=n_vision).reshape(-1), n_vision > 0)
+                        torch.nonzero_static(flat, size=n_vision).reshape(-1), any_vision)
 
 
 def _traced_rows(moe_mm_token_type_ids) -> ModalityRows | None:
     """``modality_rows`` in a traced forward: for the forward's own tensor, by the plan's count (``modality_counts``),
-    which the graph cannot take from the tensor."""
+    which the graph cannot take from the tensor. In a stream's graph the count is a size (its carrier's: a symbol, so
+    one graph for every count), and whether there is any a bool of the plan's (fixed for a set of inputs)."""
     entry = active.current()
     if entry is None or entry.given.get("moe_mm_token_type_ids") is not moe_mm_token_type_ids:
         return None
-    n_vision = entry.plan.family_counts.get("moe_vision_tokens")
+    carrier = entry.plan.carriers.get(_COUNT)
+    if carrier is not None:
+        return _rows(moe_mm_token_type_ids, carrier.shape[0], entry.plan.family_counts[_ANY])
+    n_vision = entry.plan.family_counts.get(_COUNT)
     return None if n_vision is None else _rows(moe_mm_token_type_ids, n_vision)
 
 
@@ -93,7 +105,8 @@ def modality_counts(spec, host: dict) -> dict:
     types = host.get("moe_mm_token_type_ids")
     if not isinstance(types, torch.Tensor):
         return {}
-    return {"family_counts": {"moe_vision_tokens": int(np.count_nonzero(host_array(types)))}}
+    count = int(np.count_nonzero(host_array(types)))
+    return {"family_counts": {_COUNT: count, _ANY: count > 0}}
 
 
 def any_vision_token(moe_mm_token_type_ids):
