@@ -1,10 +1,10 @@
 """Ovis2.5's boundary-token count: stock checks ``(input_ids == boundary_token_id).sum()`` against the images it
 embeds; the plan's host copy of ``input_ids`` gives that count without reading the device.
 
-Eager, the count is taken from the plan's host copy when the forward's ``input_ids`` are the plan's. A traced forward
-cannot read a host tensor as an int without a graph break, so the plan counts every boundary id once when it is built
-(``PlanHooks.fields``: ``Plan.family_counts``) and the traced check takes that int: the graph is specialised on it,
-as it is on the number of images the features were split into.
+Eager, the count is taken from the plan's host copy when the forward's ``input_ids`` are the plan's. The plan counts
+every boundary id once when it is built (``PlanHooks.fields``: ``Plan.family_counts``) and checks them against the
+grids there, with stock's error; a traced forward, whose features come as one piece (its graph does not follow the
+number of images), then finds stock's check holding by construction (``token_count``).
 """
 
 from __future__ import annotations
