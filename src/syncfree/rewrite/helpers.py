@@ -33,7 +33,7 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to", "window_tail",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
            "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule", "conv_prefill",
-           "conv_tail"]
+           "conv_tail", "traced_stream_plan", "placeholder_carrier"]
 
 
 def _compiling() -> bool:
@@ -116,6 +116,20 @@ def grid_rows(grid_thw: torch.Tensor):
     forward the plan's rows of that grid as Python ints (the same values)."""
     rows = traced_grid_rows(grid_thw)
     return grid_thw if rows is None else rows
+
+
+def traced_stream_plan(grid_thw):
+    """The vision plan of ``grid_thw`` in a traced forward of a stream (``Layout.stream``: its host lengths and size
+    carriers made at prepare), else None: where a family runs its per-item loop as one operator over the host grid."""
+    vp = traced_vision_plan(grid_thw)
+    return vp if vp is not None and vp.host_seqlens is not None else None
+
+
+def placeholder_carrier(vp) -> torch.Tensor:
+    """In a traced forward of a stream, the size carrier of the placeholders of ``vp``'s kind (``Plan.carriers``): the
+    rows an operator over that kind's items yields, as a size the graph keeps symbolic."""
+    plan = active.current().plan
+    return plan.carriers["n_image_tokens" if vp is plan.image else "n_video_tokens"]
 
 
 def grid_list(grid_thw: torch.Tensor):

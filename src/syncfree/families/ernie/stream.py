@@ -15,25 +15,12 @@ from types import SimpleNamespace
 
 import torch
 
-from ...plan import active
-from ...rewrite.helpers import grid_products, traced_vision_plan
+from ...rewrite.helpers import grid_products, placeholder_carrier, traced_stream_plan
 from ...rewrite.recomputed_op import recomputed_op
 
 __all__ = ["temporal_slices", "video_feature_sizes"]
 
 _MODELING = "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe"
-
-
-def _stream_plan(grid_thw):
-    """The vision plan of ``grid_thw`` in a traced forward of a stream (its carriers made at prepare), else None."""
-    vp = traced_vision_plan(grid_thw)
-    return vp if vp is not None and vp.carriers else None
-
-
-def _features(vp) -> torch.Tensor:
-    """The carrier whose size is the placeholders of ``vp``'s kind."""
-    plan = active.current().plan
-    return plan.carriers["n_image_tokens" if vp is plan.image else "n_video_tokens"]
 
 
 def _slices(hidden: torch.Tensor, grid: torch.Tensor, merge: int) -> torch.Tensor:
@@ -50,16 +37,16 @@ _slices_op = recomputed_op("syncfree::ernie_temporal_slices", _slices,
 def temporal_slices(slicing, hidden_states: torch.Tensor, grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
     """``slicing(hidden_states, grid_thw)`` (stock's ``self._temporal_slicing``); in a traced stream forward one
     operator over the plan's host grid."""
-    vp = _stream_plan(grid_thw)
+    vp = traced_stream_plan(grid_thw)
     if vp is None or not isinstance(merge, int):
         return slicing(hidden_states, grid_thw)
-    return _slices_op(hidden_states, vp.grid_thw, merge, _features(vp))
+    return _slices_op(hidden_states, vp.grid_thw, merge, placeholder_carrier(vp))
 
 
 def video_feature_sizes(video_grid_thw: torch.Tensor, merge: int, temporal_merge: int) -> list:
     """``(video_grid_thw.prod(-1) // merge**2 // temporal_merge).tolist()``, from the plan's rows in a traced forward;
     in a stream's, one piece of every video's features (the forward concatenates the pieces again)."""
-    vp = _stream_plan(video_grid_thw)
+    vp = traced_stream_plan(video_grid_thw)
     if vp is not None:
-        return [_features(vp).shape[0]]
+        return [placeholder_carrier(vp).shape[0]]
     return [p // merge**2 // temporal_merge for p in grid_products(video_grid_thw)]

@@ -33,7 +33,7 @@ from ...rewrite.host_mask import host_padding_mask
 
 __all__ = ["pools_written", "kept_pools", "kept_prefix", "kept_counts", "kpool_value"]
 
-_KEPT, _WHOLE = "kept_pools", "kept_pools_whole"
+_KEPT = "kept_pools"
 
 _local = threading.local()
 
@@ -80,24 +80,18 @@ def kept_counts(spec, host: dict) -> dict:
         return {}
     valid = np.ones(tuple(ids.shape), dtype=bool) if mask is None else np.asarray(mask.numpy(), dtype=bool)
     length = kept_prefix(valid, kpool) if valid.shape == tuple(ids.shape) else None
-    # (whether the prefix is every whole pool of the batch's width, as where the longest row is unpadded: a traced
-    # forward then sizes it by its own width, and a stream of widths shares one graph)
-    return {} if length is None else {"family_counts": {_KEPT: length, _WHOLE: length == ids.shape[1] // kpool}}
+    return {} if length is None else {"family_counts": {_KEPT: length}}
 
 
 def _traced_kept(pool_valid: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
-    """``kept_pools`` in a traced forward: the plan's prefix where the pooled states are exactly the batch's tokens.
-    A prefix of every whole pool is sized by the states' own width (the graph's size, not the plan's int: one graph
-    for every width); another by the plan's length, which the graph is specialised on."""
+    """``kept_pools`` in a traced forward: the plan's prefix where the pooled states are exactly the batch's tokens
+    (a length the graph is specialised on, as on the batch's width)."""
     entry = active.current()
-    counts = None if entry is None else entry.plan.family_counts
-    if not counts or _WHOLE not in counts or kpool != entry.plan.spec.value("index_kpool") or valid_keys.dim() != 2 \
-            or tuple(valid_keys.shape) != tuple(entry.plan.shape):
+    length = None if entry is None else entry.plan.family_counts.get(_KEPT)
+    if length is None or kpool != entry.plan.spec.value("index_kpool") or valid_keys.dim() != 2 \
+            or tuple(valid_keys.shape) != tuple(entry.plan.batch_shape) or length > pool_valid.shape[1]:
         return pool_valid.any(0)
-    if counts[_WHOLE]:
-        return torch.arange(valid_keys.shape[1] // kpool, device=pool_valid.device)
-    length = counts[_KEPT]
-    return pool_valid.any(0) if length > pool_valid.shape[1] else torch.arange(length, device=pool_valid.device)
+    return torch.arange(length, device=pool_valid.device)
 
 
 def _host_valid_keys(entry: active.Entry, valid_keys: torch.Tensor, own: int) -> np.ndarray | None:

@@ -26,8 +26,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from ...plan import active
-from ...rewrite.helpers import traced_grid_rows, traced_vision_plan
+from ...rewrite.helpers import placeholder_carrier, traced_grid_rows, traced_stream_plan
 from ...rewrite.recomputed_op import recomputed_op
 
 __all__ = ["in_one_op", "resampled_positions", "item_patches", "merged_items", "listed_rows"]
@@ -43,15 +42,9 @@ def _path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _stream_plan(grid_thw):
-    """The vision plan of ``grid_thw`` in a traced forward of a stream (its host lengths made at prepare), else None."""
-    vp = traced_vision_plan(grid_thw)
-    return vp if vp is not None and vp.host_seqlens is not None else None
-
-
 def in_one_op(grid_thw) -> bool:
     """Whether a loop over ``grid_thw``'s items runs as one operator: in a traced forward of a stream."""
-    return _stream_plan(grid_thw) is not None
+    return traced_stream_plan(grid_thw) is not None
 
 
 # ---- the position table resampled to every item ------------------------------------------------------------------
@@ -79,7 +72,7 @@ _positions_op = recomputed_op(
 def resampled_positions(embed, embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     """Stock's per-item position embeddings, concatenated (the patch embedding ``embed``'s loop over ``grid_thw``),
     as one operator over the plan's host grid."""
-    return _positions_op(embed.position_embedding.weight, _stream_plan(grid_thw).grid_thw, _path(type(embed)),
+    return _positions_op(embed.position_embedding.weight, traced_stream_plan(grid_thw).grid_thw, _path(type(embed)),
                          embed.position_edge, embed.config.interpolate_mode, embeddings.dtype, embeddings)
 
 
@@ -204,8 +197,6 @@ def _merger_arguments(merger) -> tuple:
 def merged_items(merger, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     """The merger's outputs over every item of ``grid_thw``, concatenated (stock's loop), as one operator over the
     plan's host grid, sized by the count of the kind's placeholders."""
-    vp = _stream_plan(grid_thw)
+    vp = traced_stream_plan(grid_thw)
     params, *rest = _merger_arguments(merger)
-    entry = active.current()
-    features = entry.plan.carriers["n_image_tokens" if vp is entry.plan.image else "n_video_tokens"]
-    return _merged_op(hidden_states, params, vp.grid_thw, *rest, features)
+    return _merged_op(hidden_states, params, vp.grid_thw, *rest, placeholder_carrier(vp))

@@ -18,19 +18,12 @@ from __future__ import annotations
 import torch
 
 from ...plan.vision_tables import ITEM
-from ...rewrite.helpers import traced_vision_plan
+from ...rewrite.helpers import traced_stream_plan
 from ...rewrite.segment_op import segment_linear_op
 
 __all__ = ["block_chunks", "block_rows", "item_linear"]
 
 _I = {name: i for i, name in enumerate(ITEM)}
-
-
-def _stream_plan(grid_thw):
-    """The vision plan of ``grid_thw`` in a traced forward of a stream family (its host lengths made at prepare),
-    else None."""
-    vp = traced_vision_plan(grid_thw)
-    return vp if vp is not None and vp.host_seqlens is not None else None
 
 
 def _block_order(items: torch.Tensor, total: int, m1: int, m2: int) -> torch.Tensor:
@@ -51,7 +44,7 @@ def _block_order(items: torch.Tensor, total: int, m1: int, m2: int) -> torch.Ten
 def block_chunks(image_features: torch.Tensor, image_grid_thw: torch.Tensor, kernel) -> tuple | None:
     """In a traced stream forward the projector's chunks, one: all features in block order; else None (stock's split,
     ``grid_products``)."""
-    vp = _stream_plan(image_grid_thw)
+    vp = traced_stream_plan(image_grid_thw)
     if vp is None:
         return None
     order = _block_order(vp.items, image_features.shape[0], *kernel)
@@ -61,7 +54,7 @@ def block_chunks(image_features: torch.Tensor, image_grid_thw: torch.Tensor, ker
 def block_rows(image_grid_thw: torch.Tensor, chunks, kernel) -> list | None:
     """What the projector's loop takes as its chunk's grid row in a traced stream forward: one row ``(tokens, m1, m2)``
     for the one chunk in block order; else None (stock's rows, ``grid_rows``)."""
-    if _stream_plan(image_grid_thw) is None:
+    if traced_stream_plan(image_grid_thw) is None:
         return None
     m1, m2 = kernel
     return [(chunks[0].shape[0] // (m1 * m2), m1, m2)]
@@ -69,7 +62,7 @@ def block_rows(image_grid_thw: torch.Tensor, chunks, kernel) -> list | None:
 
 def item_linear(linear, x: torch.Tensor, image_grid_thw: torch.Tensor, kernel) -> torch.Tensor:
     """``linear(x)``: in a traced stream forward, over all images' rows, one call per image (one operator)."""
-    vp = _stream_plan(image_grid_thw)
+    vp = traced_stream_plan(image_grid_thw)
     if vp is None:
         return linear(x)
     m1, m2 = kernel

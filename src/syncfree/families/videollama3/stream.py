@@ -14,18 +14,12 @@ import importlib
 import torch
 
 from ...plan import active
-from ...rewrite.helpers import traced_vision_plan
+from ...rewrite.helpers import placeholder_carrier, traced_stream_plan
 from ...rewrite.recomputed_op import recomputed_op
 
-__all__ = ["unshuffled", "stream_plan"]
+__all__ = ["unshuffled"]
 
 _MODELING = "transformers.models.video_llama_3.modeling_video_llama_3"
-
-
-def stream_plan(grid_thw):
-    """The vision plan of ``grid_thw`` in a traced forward of a stream (its host lengths made at prepare), else None."""
-    vp = traced_vision_plan(grid_thw)
-    return vp if vp is not None and vp.host_seqlens is not None else None
 
 
 def _unshuffle(hidden: torch.Tensor, grid: torch.Tensor, merges: torch.Tensor) -> torch.Tensor:
@@ -44,13 +38,13 @@ def _features(vp):
     entry = active.current()
     if vp is entry.plan.video and entry.given.get("video_compression_mask") is not None:
         return entry.given["video_compression_mask"]
-    return entry.plan.carriers["n_image_tokens" if vp is entry.plan.image else "n_video_tokens"]
+    return placeholder_carrier(vp)
 
 
 def unshuffled(unshuffle, hidden_states: torch.Tensor, grid_thw: torch.Tensor, merge_sizes: torch.Tensor):
     """``unshuffle(hidden_states, grid_thw, merge_sizes)`` (stock's ``self.pixel_unshuffle``); in a traced stream
     forward one operator over the plan's host grid and merge sizes."""
-    vp = stream_plan(grid_thw)
+    vp = traced_stream_plan(grid_thw)
     if vp is None or vp.merge_sizes is None:
         return unshuffle(hidden_states, grid_thw, merge_sizes)
     return _unshuffle_op(hidden_states, vp.grid_thw, vp.merge_sizes, _features(vp))
