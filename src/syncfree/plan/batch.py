@@ -96,7 +96,8 @@ class Plan(DeviceFields):
     # what a traced forward compares the call's shape with (the ints would make it a graph for one shape).
     shape_carrier: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
     # Counts a family's hooks take from the host copies for its traced forward (``PlanHooks.fields``: tokens of one
-    # kind its blocks route apart, say): ints a graph guards on, one graph per value.
+    # kind its blocks route apart, say): ints a graph guards on, one graph per value; or host tables a traced forward
+    # hands an operator (marked like the batch's dimensions: ``dynamic_dims``).
     family_counts: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # A padding-free packed batch (``syncfree.packing_collator``): where each row's samples begin and end. The call
     # then gives its positions (each sample's own, restarted), and the text model's masks keep the samples apart.

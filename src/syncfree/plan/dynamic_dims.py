@@ -115,6 +115,9 @@ def mark_layout_dims(inputs: dict, plan) -> None:
     for name, value in plan.host.items():
         if isinstance(value, torch.Tensor) and id(value) not in own:
             _by_role(name, value, tokens, stream)
+    for name, value in plan.family_counts.items():  # (a family's own host tables: a (rows, tokens) one the batch's)
+        if isinstance(value, torch.Tensor):
+            _by_role(name, value, tokens, stream)
     for tensor, dims in audio_dims:
         _mark(tensor, dynamic=dims.get("dynamic", ()), per_item=dims.get("per_item"))
     for name in ("position_ids", "rope_deltas"):

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from ...plan.hooks import PlanHooks
 from ...plan.spec import Layout
+from ...rewrite.edits import CHUNK_DELTA_RULE
 from ...rewrite.targets import Family, Target
 from ..group import FamilyGroup
 from ..preset import Preset
 from ..qwen_vl import QWEN3_LAYOUT, qwen3_vl_targets
 from ..qwen_vl.inputs import build_inputs
 from ..shared import family_module, installed_source_has
-from . import qsa
-from .edits import QSA_MASK, QSA_VISIBLE
+from . import qsa, stream
+from .edits import QSA_MASK, QSA_SELECT, QSA_VISIBLE
 from .qsa import make_generation_masks
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP"]
@@ -31,6 +32,10 @@ _P = "Qwen4Exp"
 _TARGETS = qwen3_vl_targets(_P, deepstack=False) + (
     Target(f"{_P}TextModel", "forward", edits=QSA_MASK),
     Target(f"{_P}TextQSAIndexer", "forward", edits=QSA_VISIBLE, alt_attrs=("_select_tokens",)),
+    # (where the selection is a method of its own, ``forward``'s call of it: one operator in a stream's traced forward;
+    # and, as in Qwen3.5, the gated-DeltaNet layers' chunked delta rule)
+    Target(f"{_P}TextQSAIndexer", "forward", edits=QSA_SELECT, optional=True),
+    Target(f"{_P}TextGatedDeltaNet", "forward", edits=CHUNK_DELTA_RULE, optional=True),
     # (generate() with a static cache makes the masks itself: the counts for its indexed layers' mask)
     Target(f"{_P}ForConditionalGeneration", "prepare_inputs_for_generation", wrap=make_generation_masks,
            inherited=True),
@@ -40,10 +45,14 @@ _PACKING = ("its gated-DeltaNet layers carry their state across the samples of a
             "picks key blocks over the whole row")
 # Registered where the installed Qwen4-Exp has the indexed-attention layers its QSA edits stand for (Transformers
 # 5.24; 5.17 names them qwen_sparse_attention, with other code: left stock there).
+# One graph serves a stream where the indexer's selection is a method of its own (5.25: ``stream.py`` runs that call as
+# one operator) and the DeltaNet layers call the chunked rule; where the loop is inline in ``forward`` (5.24), one
+# graph per layout.
+_STREAM = installed_source_has(family_module("qwen4_exp"), "def _select_tokens(", "torch_chunk_gated_delta_rule(")
 FAMILIES: tuple[Family, ...] = () if not installed_source_has(family_module("qwen4_exp"), "indexed_attention") else (
     Family("qwen4_exp", _TARGETS, Layout(family_module("qwen4_exp"), **QWEN3_LAYOUT, packing_refused=_PACKING, one_graph=True,
-                                         plan=PlanHooks(fields=qsa.planned_counts)),
-           helpers=qsa),
+                                         stream=_STREAM, plan=PlanHooks(fields=qsa.planned_counts)),
+           helpers={**{name: getattr(qsa, name) for name in qsa.__all__}, "select_tokens": stream.select_tokens}),
 )
 
 # A tiny model with the real layout rules: patch 16, temporal patch 2, merge 2, an 8x8 learned table; interleaved

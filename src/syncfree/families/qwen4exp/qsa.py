@@ -38,6 +38,9 @@ from ...rewrite.roles import wrapper
 __all__ = ["indexed_causal_mask", "visible_positions", "visible_counts", "make_generation_masks", "planned_counts"]
 
 _PLANNED = "qsa_visible_counts"  # (Plan.family_counts: every (row, query)'s count, no earlier tokens)
+# (the same counts as a (rows, tokens) host table: what a stream's traced forward hands its indexers' operator,
+# ``stream.py``; marked like the batch's token dimensions, so a new layout is no new graph)
+PLANNED_TABLE = "qsa_visible_count_table"
 
 # What the text model passes create_causal_mask: any other argument (an extra mask function, block ids) changes the
 # mask, so the counts are not made for it.
@@ -68,7 +71,7 @@ def indexed_causal_mask(create_causal_mask, mask_kwargs: dict):
         return mask
     counts = _planned_counts(mask_kwargs, mask)
     if counts is not None:
-        _keep(mask, counts)
+        keep_counts(mask, counts)
     return mask
 
 
@@ -79,7 +82,8 @@ def planned_counts(spec, host: dict) -> dict:
     if not isinstance(padding, torch.Tensor) or padding.dim() != 2:
         return {}
     width = padding.shape[1]
-    return {"family_counts": {_PLANNED: visible_counts(padding.numpy() != 0, 0, width, width)}}
+    counts = visible_counts(padding.numpy() != 0, 0, width, width)
+    return {"family_counts": {_PLANNED: counts, PLANNED_TABLE: torch.tensor(counts, dtype=torch.int64)}}
 
 
 def _plain_call(entry, mask_kwargs: dict) -> bool:
@@ -90,7 +94,7 @@ def _plain_call(entry, mask_kwargs: dict) -> bool:
             and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
             and isinstance(embeds, torch.Tensor) and embeds.dim() == 3
             and isinstance(padding, torch.Tensor) and entry.given.get("attention_mask") is padding
-            and tuple(padding.shape) == tuple(entry.plan.batch_shape) == tuple(embeds.shape[:2]))
+            and tuple(padding.shape) == entry.plan.shape == tuple(embeds.shape[:2]))
 
 
 def _note_traced(mask_kwargs: dict, mask: torch.Tensor) -> None:
@@ -100,21 +104,23 @@ def _note_traced(mask_kwargs: dict, mask: torch.Tensor) -> None:
     counts = None if entry is None else entry.plan.family_counts.get(_PLANNED)
     if counts is None or not _plain_call(entry, mask_kwargs):
         return
-    batch, width = entry.plan.batch_shape
+    batch, width = entry.plan.shape  # (sizes a stream's graph keeps symbolic)
     cache = mask_kwargs.get("cache")
     if cache is not None:
         from transformers.masking_utils import find_first_full_attention_index
 
         layer = find_first_full_attention_index(cache)
         sizes, offset = cache.get_mask_sizes(width, layer), cache.get_query_offset(layer)
-        if not (isinstance(offset, int) and offset == 0 and all(isinstance(n, int) for n in sizes)
+        # (host ints, or in a stream's graph the width's own symbol: an empty cache's sizes are the call's)
+        if not (isinstance(offset, int) and offset == 0 and all(isinstance(n, (int, torch.SymInt)) for n in sizes)
                 and tuple(sizes) == (width, 0)):
             return
     if tuple(mask.shape) == (batch, 1, width, width):
         entry.note(mask, None, counts)
 
 
-def _keep(mask: torch.Tensor, counts: list[list[int]]) -> None:
+def keep_counts(mask: torch.Tensor, counts: list[list[int]]) -> None:
+    """Keep ``counts`` (every (row, query)'s) for ``mask``, while it lives unchanged (``visible_positions``)."""
     key = id(mask)
     _counts[key] = (weakref.ref(mask, _forget(key)), _version(mask), counts)
 
@@ -152,7 +158,7 @@ def _generation_counts(inputs, padding) -> None:
             or tuple(cache.get_mask_sizes(q_length, find_first_full_attention_index(cache))) != (kv_length, 0)):
         return
     # generate() grows the padding mask by one column per token: it covers the cached tokens and this step's.
-    _keep(mask, visible_counts(host.detach().numpy() != 0, host.shape[1] - q_length, q_length, kv_length))
+    keep_counts(mask, visible_counts(host.detach().numpy() != 0, host.shape[1] - q_length, q_length, kv_length))
 
 
 def _planned_counts(mask_kwargs: dict, mask: torch.Tensor) -> list[list[int]] | None:
