@@ -21,25 +21,15 @@ import torch
 
 from ..plan import active
 from ..plan.spec import layout_of
+from .op_keys import key_of, keyed
 from .recomputed_op import recomputed_op
 
 __all__ = ["chunk_delta_rule"]
 
 
-_RULES: dict = {}
-
-
-@torch._dynamo.assume_constant_result
-def _key(rule) -> int:
-    # (an operator takes no callable: the function stock calls is found inside it by this key, which Dynamo runs once
-    # while it traces, a constant of the graph; Transformers' module-level function lives as long as its module)
-    _RULES[id(rule)] = rule
-    return id(rule)
-
-
 def _rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
           initial_state: torch.Tensor | None, rule: int, final: bool, l2norm: bool) -> torch.Tensor:
-    out, state = _RULES[rule](query, key, value, g=g, beta=beta, initial_state=initial_state, output_final_state=final,
+    out, state = keyed(rule)(query, key, value, g=g, beta=beta, initial_state=initial_state, output_final_state=final,
                       use_qk_l2norm_in_kernel=l2norm)
     return torch.cat([out.reshape(-1).to(state.dtype), state.reshape(-1)]) if final else out
 
@@ -69,7 +59,7 @@ def _traced(stock, query, key, value, g, beta, initial_state=None, output_final_
                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      cu_seqlens=cu_seqlens, **kwargs)
     # (stock's wrapper drops the keyword arguments its implementation does not take: ``kwargs`` goes nowhere)
-    packed = _chunked(query, key, value, g, beta, initial_state, _key(stock),
+    packed = _chunked(query, key, value, g, beta, initial_state, key_of(stock),
                       bool(output_final_state), bool(use_qk_l2norm_in_kernel))
     if not output_final_state:
         return packed, None

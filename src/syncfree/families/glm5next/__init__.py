@@ -38,7 +38,7 @@ from ..shared import (
     vlm_targets,
 )
 from . import pooled_keep
-from .edits import POOLED_KEEP, POOLED_WRITTEN
+from .edits import KDA_CHUNKS, POOL_BUDGET, POOLED_KEEP, POOLED_WRITTEN
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "GROUP",
            "build_glm5next_inputs"]
@@ -50,12 +50,14 @@ def _glm5_next() -> Family:
     targets = vlm_targets(f"{_P}VisionAttention", f"{_P}VisionModel", f"{_P}Model", f"{_P}ForConditionalGeneration",
                           rope_needs=None, vision_edits=BLOCK_KWARGS, feature_split=FEATURE_SPLIT + FRAME_GRID)
     targets += (
-        Target(f"{_P}TextIndexer", "forward", edits=POOLED_WRITTEN),
+        Target(f"{_P}TextIndexer", "forward", edits=POOLED_WRITTEN + POOL_BUDGET),
         Target(f"{_P}TextIndexer", "get_pooled_states", edits=POOLED_KEEP),
+        Target(f"{_P}TextLinearAttention", "forward", edits=KDA_CHUNKS),
     )
-    layout = Layout(family_module("glm5_next"), rope=RotaryIndex(mrope=False), one_graph=True,
+    layout = Layout(family_module("glm5_next"), rope=RotaryIndex(mrope=False), one_graph=True, stream=True,
                     video=VideoLayout(frames_as_runs=True, frames_as_images=True, spans=True),
-                    plan=PlanHooks(fields=pooled_keep.kept_counts, values=pooled_keep.kpool_value))
+                    plan=PlanHooks(fields=pooled_keep.kept_counts, values=pooled_keep.kpool_value,
+                                   sizes=(pooled_keep.KEPT,)))
     helpers = {**{name: getattr(pooled_keep, name) for name in pooled_keep.__all__}, **FRAME_GRID_HELPERS}
     return Family("glm5_next", targets, layout, helpers=helpers)
 

@@ -29,11 +29,14 @@ import numpy as np
 import torch
 
 from ...plan import active
+from ...plan.spec import layout_of
 from ...rewrite.host_mask import host_padding_mask
+from ...rewrite.op_keys import key_of, keyed
 
-__all__ = ["pools_written", "kept_pools", "kept_prefix", "kept_counts", "kpool_value"]
+__all__ = ["pools_written", "pooled_states", "kept_pools", "kept_prefix", "kept_counts", "kpool_value", "pools_selected"]
 
-_KEPT = "kept_pools"
+KEPT = "kept_pools"  # (Plan.family_counts: the kept prefix; a size carrier in a stream)
+_KEPT = KEPT
 
 _local = threading.local()
 
@@ -109,9 +112,46 @@ def _host_valid_keys(entry: active.Entry, valid_keys: torch.Tensor, own: int) ->
     return None if host is None else host.numpy()
 
 
+@torch.library.custom_op("syncfree::glm5next_pooled_states", mutates_args=())
+def _pooled(packed_states: torch.Tensor, kept: torch.Tensor, kpool: int, indexer: int) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor,
+                                                                                               torch.Tensor]:
+    _local.kept = kept.shape[0]  # (kept_pools takes it: the plan's prefix, measured on its host mask)
+    try:
+        return tuple(t.contiguous() for t in keyed(indexer).get_pooled_states(packed_states=packed_states))
+    finally:
+        _local.kept = None
+
+
+@_pooled.register_fake
+def _(packed_states, kept, kpool, indexer):
+    # (the packed states are the keys, their gate scores (as wide) and the valid channel)
+    batch, pools, width = packed_states.shape[0], kept.shape[0], (packed_states.shape[-1] - 1) // 2
+    return (packed_states.new_empty((batch, pools, width)),
+            packed_states.new_empty((batch, pools, kpool), dtype=torch.long),
+            packed_states.new_empty((batch, pools), dtype=torch.bool))
+
+
+def pooled_states(indexer, packed_states: torch.Tensor, valid_keys: torch.Tensor):
+    """``indexer.get_pooled_states(packed_states=packed_states)``; in a traced forward of a stream whose states are
+    exactly the batch's tokens, one operator (``syncfree::glm5next_pooled_states``) that runs it with the plan's kept
+    prefix, a size of the graph (``Plan.carriers``): the number of pools, ``ceil(tokens / kpool)``, never reaches the
+    graph, which would otherwise guard on its being 1 (texts of up to ``kpool`` tokens) and on the kept count."""
+    entry = active.current() if torch.compiler.is_compiling() else None
+    layout = None if entry is None else layout_of(entry.plan.spec.model_type)
+    carrier = None if layout is None or not layout.stream else entry.plan.carriers.get(KEPT)
+    if (carrier is None or indexer.index_kpool != entry.plan.spec.value("index_kpool") or valid_keys.dim() != 2
+            or tuple(valid_keys.shape) != entry.plan.shape):
+        return indexer.get_pooled_states(packed_states=packed_states)
+    return _pooled(packed_states, carrier, indexer.index_kpool, key_of(indexer))
+
+
 def kept_pools(pool_valid: torch.Tensor, packed_states: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
     """``pool_valid.any(0)`` (the pools to keep), or, where the host knows they are a prefix, the index of that
     prefix on the device: ``x[:, index]`` then holds what ``x[:, pool_valid.any(0)]`` holds."""
+    kept = getattr(_local, "kept", None)
+    if kept is not None:  # (inside the stream's operator: the plan's prefix)
+        return torch.arange(kept, device=pool_valid.device)
     if torch.compiler.is_compiling():
         return _traced_kept(pool_valid, valid_keys, kpool)
     entry = active.current()
@@ -121,3 +161,9 @@ def kept_pools(pool_valid: torch.Tensor, packed_states: torch.Tensor, valid_keys
     if length is None or length > pool_valid.shape[1]:
         return pool_valid.any(0)
     return torch.arange(length, device=pool_valid.device)
+
+
+def pools_selected(budget: int, pools):
+    """``min(budget, pools)`` (the indexer's ``select_k``); in a traced forward ``torch.sym_min``, no guard on which is
+    smaller (the kept pools are a size of a stream's graph)."""
+    return torch.sym_min(budget, pools) if torch.compiler.is_compiling() else min(budget, pools)

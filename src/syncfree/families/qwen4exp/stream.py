@@ -16,32 +16,21 @@ as it is. The edit that routes the indexer's call through here is ``edits.QSA_SE
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ...plan import active
 from ...plan.spec import layout_of
+from ...rewrite.op_keys import key_of, keyed
 from .qsa import PLANNED_TABLE, keep_counts
 
 __all__ = ["select_tokens"]
-
-_INDEXERS: dict[int, weakref.ref] = {}
-
-
-@torch._dynamo.assume_constant_result
-def _key(indexer) -> int:
-    # (an operator takes no module: the indexer is found inside it by this key, which Dynamo runs once while it traces,
-    # a constant of the graph)
-    _INDEXERS[id(indexer)] = weakref.ref(indexer)
-    return id(indexer)
 
 
 @torch.library.custom_op("syncfree::qsa_select_tokens", mutates_args=())
 def _selected(hidden_states: torch.Tensor, q: torch.Tensor, raw_keys: torch.Tensor, full_cos: torch.Tensor,
               full_sin: torch.Tensor, attention_mask: torch.Tensor, counts: torch.Tensor, indexer: int) -> torch.Tensor:
     keep_counts(attention_mask, counts.tolist())
-    selected = _INDEXERS[indexer]()._select_tokens(hidden_states, q, raw_keys, full_cos, full_sin, attention_mask)
+    selected = keyed(indexer)._select_tokens(hidden_states, q, raw_keys, full_cos, full_sin, attention_mask)
     return selected.contiguous()  # (stock's is a slice of a wider mask: the same values, laid out as the fake says)
 
 
@@ -60,4 +49,4 @@ def select_tokens(indexer, hidden_states: torch.Tensor, q: torch.Tensor, raw_key
     table = None if layout is None or not layout.stream else entry.plan.family_counts.get(PLANNED_TABLE)
     if table is None or entry.known(attention_mask) is None:
         return indexer._select_tokens(hidden_states, q, raw_keys, full_cos, full_sin, attention_mask, **kwargs)
-    return _selected(hidden_states, q, raw_keys, full_cos, full_sin, attention_mask, table, _key(indexer))
+    return _selected(hidden_states, q, raw_keys, full_cos, full_sin, attention_mask, table, key_of(indexer))
