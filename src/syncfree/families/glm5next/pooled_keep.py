@@ -37,6 +37,7 @@ __all__ = ["pools_written", "pooled_states", "kept_pools", "kept_prefix", "kept_
 
 KEPT = "kept_pools"  # (Plan.family_counts: the kept prefix; a size carrier in a stream)
 _KEPT = KEPT
+_ANY_KEPT = "any_kept_pool"  # (whether that prefix holds a pool: a bool a stream's graph may guard on)
 
 _local = threading.local()
 
@@ -83,7 +84,7 @@ def kept_counts(spec, host: dict) -> dict:
         return {}
     valid = np.ones(tuple(ids.shape), dtype=bool) if mask is None else np.asarray(mask.numpy(), dtype=bool)
     length = kept_prefix(valid, kpool) if valid.shape == tuple(ids.shape) else None
-    return {} if length is None else {"family_counts": {_KEPT: length}}
+    return {} if length is None else {"family_counts": {_KEPT: length, _ANY_KEPT: length > 0}}
 
 
 def _traced_kept(pool_valid: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
@@ -140,17 +141,25 @@ def pooled_states(indexer, packed_states: torch.Tensor, valid_keys: torch.Tensor
     entry = active.current() if torch.compiler.is_compiling() else None
     layout = None if entry is None else layout_of(entry.plan.spec.model_type)
     carrier = None if layout is None or not layout.stream else entry.plan.carriers.get(KEPT)
-    if (carrier is None or indexer.index_kpool != entry.plan.spec.value("index_kpool") or valid_keys.dim() != 2
+    if (carrier is None or valid_keys.dim() != 2 or indexer.index_kpool != entry.plan.spec.value("index_kpool")
             or tuple(valid_keys.shape) != entry.plan.shape):
         return indexer.get_pooled_states(packed_states=packed_states)
+    if not entry.plan.family_counts.get(_ANY_KEPT):
+        # (no pool kept, the longest text being shorter than a pool: an empty prefix, a constant of the graph; a
+        # graph of its own, as the size below is at least 1)
+        return _pooled(packed_states, packed_states.new_empty((0, 0)), indexer.index_kpool, key_of(indexer))
+    # (at least one pool kept: what Inductor's matmul over the pools needs to know of the size)
+    torch._check(carrier.shape[0] >= 1)
     return _pooled(packed_states, carrier, indexer.index_kpool, key_of(indexer))
 
 
 def kept_pools(pool_valid: torch.Tensor, packed_states: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
     """``pool_valid.any(0)`` (the pools to keep), or, where the host knows they are a prefix, the index of that
     prefix on the device: ``x[:, index]`` then holds what ``x[:, pool_valid.any(0)]`` holds."""
-    kept = getattr(_local, "kept", None)
-    if kept is not None:  # (inside the stream's operator: the plan's prefix)
+    # (inside the stream's operator, which runs eagerly: the plan's prefix; a traced forward never reads the thread's
+    # state, which its graph would guard on)
+    kept = None if torch.compiler.is_compiling() else getattr(_local, "kept", None)
+    if kept is not None:
         return torch.arange(kept, device=pool_valid.device)
     if torch.compiler.is_compiling():
         return _traced_kept(pool_valid, valid_keys, kpool)
