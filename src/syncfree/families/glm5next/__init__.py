@@ -13,9 +13,11 @@ What is its own, beside the Qwen-VL pieces ``vlm_targets`` declares:
 * the pooled DSA indexer keeps its usable pools with a boolean select: by the plan's host mask where that shows
   they are a prefix (``POOLED_WRITTEN`` / ``POOLED_KEEP`` in ``edits.py``, with the family's own helpers in
   ``pooled_keep.py``); its KDA layers' all-ones mask check is the shared ``create_recurrent_attention_mask`` target;
-* in a traced forward (``Layout.one_graph``: one graph per layout), the indexer keeps the prefix the plan measured on
-  its host mask when it was built (``pooled_keep.kept_counts``), and ``get_video_features``' per-frame grid is sized
-  and made known as GLM-4.6V's (``glm.FRAME_GRID``);
+* in a traced forward (``Layout.one_graph``), the indexer keeps the prefix the plan measured on its host mask when it
+  was built (``pooled_keep.kept_counts``), and ``get_video_features``' per-frame grid is sized and made known as
+  GLM-4.6V's (``glm.FRAME_GRID``); in a stream's (``Layout.stream``), that prefix is a size of the graph, the pooling
+  one operator (``pooled_keep.pooled_states``), the pool budget a symbolic ``min`` (``POOL_BUDGET``) and the KDA
+  layers' chunked delta rule one operator as Qwen3.5's (``KDA_CHUNKS``);
 * a video frame is ``<|begin_of_image|>``, its placeholders, ``<|end_of_image|>`` and ``{seconds:.1f} seconds``,
   inside ``<|begin_of_video|>``..``<|end_of_video|>``; an image is its placeholders between the image markers.
 """

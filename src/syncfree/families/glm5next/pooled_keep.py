@@ -12,8 +12,10 @@ same order, as contiguous as stock's result; no read).
 
 A traced forward cannot walk a host mask, so the plan finds that length once when it is built (``kept_counts``,
 its ``PlanHooks.fields``: ``Plan.family_counts``); the traced indexer takes it where the states it pools are the
-forward's own tokens, no more (the batch's width: no cache, or an empty one as wide as the batch). The graph is then
-specialised on that length, as on the batch's width.
+forward's own tokens, no more (the batch's width: no cache, or an empty one as wide as the batch). In a stream's
+traced forward (``Layout.stream``) that length is a size of the graph (``PlanHooks.sizes``: ``Plan.carriers``) and
+the pooling runs as one operator (``pooled_states``) that calls stock's ``get_pooled_states`` with it: the number of
+pools, ``ceil(tokens / kpool)``, never reaches the graph. Elsewhere the graph is specialised on that length.
 
 Where the host cannot tell, stock runs: masks with holes (right padding extended by generate(), custom masks), a
 static cache whose slots are not all written yet (their valid channel is zero, the host mask does not say how many
@@ -36,7 +38,6 @@ from ...rewrite.op_keys import key_of, keyed
 __all__ = ["pools_written", "pooled_states", "kept_pools", "kept_prefix", "kept_counts", "kpool_value", "pools_selected"]
 
 KEPT = "kept_pools"  # (Plan.family_counts: the kept prefix; a size carrier in a stream)
-_KEPT = KEPT
 _ANY_KEPT = "any_kept_pool"  # (whether that prefix holds a pool: a bool a stream's graph may guard on)
 
 _local = threading.local()
@@ -84,14 +85,14 @@ def kept_counts(spec, host: dict) -> dict:
         return {}
     valid = np.ones(tuple(ids.shape), dtype=bool) if mask is None else np.asarray(mask.numpy(), dtype=bool)
     length = kept_prefix(valid, kpool) if valid.shape == tuple(ids.shape) else None
-    return {} if length is None else {"family_counts": {_KEPT: length, _ANY_KEPT: length > 0}}
+    return {} if length is None else {"family_counts": {KEPT: length, _ANY_KEPT: length > 0}}
 
 
 def _traced_kept(pool_valid: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
     """``kept_pools`` in a traced forward: the plan's prefix where the pooled states are exactly the batch's tokens
     (a length the graph is specialised on, as on the batch's width)."""
     entry = active.current()
-    length = None if entry is None else entry.plan.family_counts.get(_KEPT)
+    length = None if entry is None else entry.plan.family_counts.get(KEPT)
     if length is None or kpool != entry.plan.spec.value("index_kpool") or valid_keys.dim() != 2 \
             or tuple(valid_keys.shape) != tuple(entry.plan.batch_shape) or length > pool_valid.shape[1]:
         return pool_valid.any(0)

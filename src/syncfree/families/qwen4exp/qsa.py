@@ -19,8 +19,10 @@ the device outside ``generate()``) keeps stock's ``nonzero``: one read per (row,
 A traced forward cannot walk a host mask, so the plan makes the counts of a forward without earlier tokens once,
 when it is built from a 2D padding mask (``planned_counts``, its ``PlanHooks.fields``: ``Plan.family_counts``); the
 eager prefill takes the same. The traced text model's mask made from the forward's own padding mask with no earlier
-tokens is noted with them (``Entry.note``), and each indexer finds them by that mask's identity. The graph then
-follows stock's loop over every (row, query), each count a constant of it: one graph per layout.
+tokens is noted with them (``Entry.note``), and each indexer finds them by that mask's identity. In a stream's
+traced forward the indexer's selection on that mask is one operator over the same counts as a host table
+(``stream.py``); elsewhere the graph follows stock's loop over every (row, query), each count a constant of it: one
+graph per layout.
 """
 
 from __future__ import annotations
