@@ -144,7 +144,10 @@ def test_moved_code_is_patched_where_the_release_moved_it():
     try:
         syncfree.patch(families=("qwen4_exp",))
         assert (cls, holder) in REGISTRY.class_patches
-        assert not [a for a in (target.attr, *target.alt_attrs) if a != holder and (cls, a) in REGISTRY.class_patches]
+        # (the loop's edit in the method that holds it and in no other; ``forward`` may be patched for edits of its own)
+        edited = [a for a in (target.attr, *target.alt_attrs)
+                  if "visible_positions" in getattr(cls.__dict__.get(a), "__code__", compile("", "", "exec")).co_names]
+        assert edited == [holder]
     finally:
         syncfree.unpatch()
 
