@@ -33,11 +33,17 @@ __all__ = ["segment_attention", "segment_attention_with_weights", "split_segment
            "has_vision_tokens_after", "planned_sizes", "none_packed", "packed_sequences", "host_scalar_to", "window_tail",
            "planned_kwargs", "host_index_to", "feature_split_sizes", "grid_products", "grid_rows", "grid_list",
            "traced_vision_plan", "traced_grid_rows", "chunk_delta_rule", "conv_prefill",
-           "conv_tail", "traced_stream_plan", "placeholder_carrier"]
+           "conv_tail", "traced_stream_plan", "placeholder_carrier", "size_min"]
 
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def size_min(bound: int, size):
+    """``min(bound, size)`` where ``size`` is a size a stream's graph keeps symbolic: in a traced forward
+    ``torch.sym_min``, which Python's ``min`` would turn into a guard on which is smaller (a graph per side)."""
+    return torch.sym_min(bound, size) if _compiling() else min(bound, size)
 
 
 def all_ones(attention_mask: torch.Tensor):

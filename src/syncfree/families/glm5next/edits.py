@@ -22,10 +22,10 @@ POOLED_KEEP = (
     Edit("expr", "pool_valid.any(0)", "_syncfree.kept_pools(pool_valid, packed_states, valid_keys, self.index_kpool)"),
 )
 # The indexer's budget of pools, ``min(topk // kpool, pools)``: in a stream's traced forward the kept pools are a size
-# the graph keeps symbolic, which Python's ``min`` would guard on (``pooled_keep.pools_selected``).
+# the graph keeps symbolic, which Python's ``min`` would guard on (the shared ``size_min``).
 POOL_BUDGET = (
     Edit("expr", "min(self.index_topk // self.index_kpool, index_scores.shape[-1])",
-         "_syncfree.pools_selected(self.index_topk // self.index_kpool, index_scores.shape[-1])"),
+         "_syncfree.size_min(self.index_topk // self.index_kpool, index_scores.shape[-1])"),
 )
 # Its KDA layers scan their chunked delta rule in a Python loop over 64-token chunks, as Qwen3.5's gated-DeltaNet
 # layers do, with the same arguments: in a traced stream forward one operator (``rewrite/chunk_delta_rule.py``).

@@ -35,7 +35,7 @@ from ...plan.spec import layout_of
 from ...rewrite.host_mask import host_padding_mask
 from ...rewrite.op_keys import key_of, keyed
 
-__all__ = ["pools_written", "pooled_states", "kept_pools", "kept_prefix", "kept_counts", "kpool_value", "pools_selected"]
+__all__ = ["pools_written", "pooled_states", "kept_pools", "kept_prefix", "kept_counts", "kpool_value"]
 
 KEPT = "kept_pools"  # (Plan.family_counts: the kept prefix; a size carrier in a stream)
 _ANY_KEPT = "any_kept_pool"  # (whether that prefix holds a pool: a bool a stream's graph may guard on)
@@ -157,13 +157,13 @@ def pooled_states(indexer, packed_states: torch.Tensor, valid_keys: torch.Tensor
 def kept_pools(pool_valid: torch.Tensor, packed_states: torch.Tensor, valid_keys: torch.Tensor, kpool: int):
     """``pool_valid.any(0)`` (the pools to keep), or, where the host knows they are a prefix, the index of that
     prefix on the device: ``x[:, index]`` then holds what ``x[:, pool_valid.any(0)]`` holds."""
-    # (inside the stream's operator, which runs eagerly: the plan's prefix; a traced forward never reads the thread's
-    # state, which its graph would guard on)
-    kept = None if torch.compiler.is_compiling() else getattr(_local, "kept", None)
-    if kept is not None:
-        return torch.arange(kept, device=pool_valid.device)
+    # (a traced forward never reads the thread's state, which its graph would guard on)
     if torch.compiler.is_compiling():
         return _traced_kept(pool_valid, valid_keys, kpool)
+    # (inside the stream's operator, which runs eagerly: the plan's prefix)
+    kept = getattr(_local, "kept", None)
+    if kept is not None:
+        return torch.arange(kept, device=pool_valid.device)
     entry = active.current()
     own = None if entry is None else _own_tokens(packed_states)
     host = None if own is None or valid_keys.dim() != 2 else _host_valid_keys(entry, valid_keys, own)
@@ -171,9 +171,3 @@ def kept_pools(pool_valid: torch.Tensor, packed_states: torch.Tensor, valid_keys
     if length is None or length > pool_valid.shape[1]:
         return pool_valid.any(0)
     return torch.arange(length, device=pool_valid.device)
-
-
-def pools_selected(budget: int, pools):
-    """``min(budget, pools)`` (the indexer's ``select_k``); in a traced forward ``torch.sym_min``, no guard on which is
-    smaller (the kept pools are a size of a stream's graph)."""
-    return torch.sym_min(budget, pools) if torch.compiler.is_compiling() else min(budget, pools)

@@ -47,16 +47,16 @@ _TARGETS += (Target("MiniMaxM3VLVisionModel", "__init__", check_only=True,
                     needs=("self.merge_temporal = True", "self.include_temporal = True")),)
 # The indexer's block padding and its top-k of blocks, sized by the keys: Python branches on the key count that a traced
 # forward would guard on (a graph for lengths that fill their last block and one for lengths that do not; one for fewer
-# blocks than the top k), asked without a guard there (``pad_keys``, ``blocks_kept``); and the top-k's width, which a
-# traced forward keeps at ``topk_blocks`` (``top_blocks``: a width of ``min(topk, blocks)`` guards on being 1 in every
-# broadcast that follows it, stock's own ``masked_fill`` first).
+# blocks than the top k), asked without a guard there (``pad_keys``, the shared ``size_min``); and the top-k's width,
+# which a traced forward keeps at ``topk_blocks`` (``top_blocks``: a width of ``min(topk, blocks)`` guards on being 1
+# in every broadcast that follows it, stock's own ``masked_fill`` first).
 _TARGETS += (Target("MiniMaxM3VLIndexer", "forward", edits=(
     Edit("stmt", """
          if pad:
              scores = F.pad(scores, (0, pad), value=float("-inf"))""", """
          if _syncfree.pad_keys(pad):
              scores = F.pad(scores, (0, pad), value=float("-inf"))"""),
-    Edit("expr", "min(self.topk_blocks, num_key_blocks)", "_syncfree.blocks_kept(self.topk_blocks, num_key_blocks)"),
+    Edit("expr", "min(self.topk_blocks, num_key_blocks)", "_syncfree.size_min(self.topk_blocks, num_key_blocks)"),
     Edit("expr", "block_scores.topk(topk, dim=-1)", "_syncfree.top_blocks(block_scores, topk, self.topk_blocks)"),
 )), Target("MiniMaxM3VLIndexer", "build_block_mask", edits=(
     Edit("expr", "(bias == 0.0).repeat_interleave(self.block_size, dim=-1)[..., :key_length]",
@@ -67,11 +67,6 @@ _TARGETS += (Target("MiniMaxM3VLIndexer", "forward", edits=(
 def pad_keys(pad) -> bool:
     """``if pad:``: in a traced forward always (a pad by 0 keeps the same values), so the graph serves every length."""
     return True if torch.compiler.is_compiling() else bool(pad)
-
-
-def blocks_kept(topk: int, blocks) -> int:
-    """``min(topk, blocks)``, in a traced forward without a guard on which is smaller (``torch.sym_min``)."""
-    return torch.sym_min(topk, blocks) if torch.compiler.is_compiling() else min(topk, blocks)
 
 
 def top_blocks(block_scores: torch.Tensor, topk, topk_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +103,7 @@ FAMILIES: tuple[Family, ...] = () if not _written_for() else (
            Layout(_MODELING, rope=RotaryIndex(mrope=False), vision_markers=False, token_types=False,
                   tower=TowerShape(holds_projector=False, clip_segments=True, temporal_position_ids=True),
                   one_graph=True, stream=True),
-           helpers={"pad_keys": pad_keys, "blocks_kept": blocks_kept, "top_blocks": top_blocks,
+           helpers={"pad_keys": pad_keys, "top_blocks": top_blocks,
                     "keys_of_blocks": keys_of_blocks}),
 )
 
