@@ -13,7 +13,9 @@ C++ builds Inductor made and the seconds they took (one per kernel on a CPU: mos
 
 With ``--buckets`` a third run: patched, each batch padded up to a ``syncfree.Buckets`` bucket (right-padded, images
 only), the mode CUDA graphs need on a GPU (``--device cuda --mode reduce-overhead``). ``--passes 2`` runs the stream
-again after the compiles and reports its real tokens per second (the steady state a long run sees).
+again after the compiles and reports its real tokens per second (the steady state a long run sees). ``--stages`` also
+records where each side's compile seconds went, from Dynamo's and Inductor's own timers (``STAGES``), and each
+compile's seconds in order (a whole graph's, or a piece's between graph breaks).
 """
 
 from __future__ import annotations
@@ -42,6 +44,19 @@ def _tiny_preset(family: str) -> str:
     return next(name for name, p in PRESETS.items() if p.values["model_type"] == family and name.endswith("-tiny"))
 
 
+# The compile stages ``--stages`` reports, as Dynamo's timers name them. They nest and overlap (C++ builds run in
+# Inductor's worker processes while its code generation goes on), so they do not add up to ``compile_s``.
+STAGES = {
+    "bytecode_tracing": "Dynamo tracing the Python bytecode",
+    "aot_collect_metadata": "AOTAutograd's first pass over the graph",
+    "GraphLowering.run": "Inductor lowering the graph to its IR",
+    "Scheduler.__init__": "Inductor fusing the IR into kernels",
+    "GraphLowering.codegen": "Inductor writing the kernels' and the wrapper's code",
+    "compile_file": "the C++ builds",
+    "async_compile.wait": "waiting for the builds after code generation",
+}
+
+
 def _compile_seconds() -> float:
     from torch._dynamo.utils import compilation_time_metrics
 
@@ -54,7 +69,7 @@ def _sync(device: str) -> None:
 
 
 def _run(model, batches: list[dict], patched: bool, backend: str, device: str = "cpu", mode: str | None = None,
-         buckets=None, passes: int = 1) -> dict:
+         buckets=None, passes: int = 1, stages: bool = False) -> dict:
     torch._dynamo.reset()
     from torch._dynamo.utils import compilation_time_metrics, counters
 
@@ -80,6 +95,9 @@ def _run(model, batches: list[dict], patched: bool, backend: str, device: str = 
                 builds = compilation_time_metrics.get("compile_file", [])  # (Inductor's C++ builds, one per kernel)
                 found = {"graphs": int(counters["stats"]["unique_graphs"]), "compile_s": round(_compile_seconds(), 2),
                          "wall_s": round(wall, 2), "cpp_builds": len(builds), "cpp_build_s": round(sum(builds), 2)}
+                if stages:
+                    found["stages_s"] = {name: round(sum(compilation_time_metrics.get(name, [])), 2) for name in STAGES}
+                    found["each_compile_s"] = [round(t, 2) for t in compilation_time_metrics["_compile.compile_inner"]]
             else:
                 found["tokens_per_s"] = round(tokens / wall, 1)
     return found
@@ -96,7 +114,8 @@ def _batch(config, samples: list, pad_token_id, padding_side: str) -> dict:
 
 
 def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu", dtype: str = "float32",
-            mode: str | None = None, buckets: bool = False, passes: int = 1, partial=lambda row: None) -> dict:
+            mode: str | None = None, buckets: bool = False, passes: int = 1, stages: bool = False,
+            partial=lambda row: None) -> dict:
     """The row of ``family``; ``partial(row)`` after each run (a caller cut short keeps what was measured). With
     ``buckets`` the patched runs come first (what a GPU cell is for), stock last."""
     preset = _tiny_preset(family)
@@ -108,7 +127,7 @@ def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu
         stream_layouts(count, image_unit(model.config), videos=videos, seed=seed,
                        audio=is_omni(model.config) and not buckets)
     batches = [_batch(model.config, samples, PRESETS[preset].pad_token_id, side) for samples in layouts]
-    run = dict(backend=backend, device=device, mode=mode, passes=passes)
+    run = dict(backend=backend, device=device, mode=mode, passes=passes, stages=stages)
     row = {"family": family, "preset": preset, "batches": count}
     variants = {"stock": None, "patched": None}
     if buckets:
@@ -142,6 +161,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", help="torch.compile's mode (reduce-overhead: CUDA graphs, on a GPU)")
     parser.add_argument("--buckets", action="store_true", help="also run patched with syncfree.Buckets")
     parser.add_argument("--passes", type=int, default=1, help="2: the stream again, timed (tokens per second)")
+    parser.add_argument("--stages", action="store_true",
+                        help="also record each side's seconds per compile stage and per compile")
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--append", action="store_true",
                         help="keep --out's rows of other families (recorded with the same versions and settings)")
@@ -166,7 +187,7 @@ def main(argv=None) -> int:
 
     for family in tqdm(families, desc="families", file=sys.stderr):
         rows.append(measure(family, args.batches, args.backend, args.seed, args.device, args.dtype, args.mode,
-                            args.buckets, args.passes, partial=write))
+                            args.buckets, args.passes, args.stages, partial=write))
         print(json.dumps(rows[-1]), flush=True)
         write()
     return 0
