@@ -21,6 +21,7 @@ compile's seconds in order (a whole graph's, or a piece's between graph breaks).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -69,15 +70,31 @@ def _sync(device: str) -> None:
 
 
 def _run(model, batches: list[dict], patched: bool, backend: str, device: str = "cpu", mode: str | None = None,
-         buckets=None, passes: int = 1, stages: bool = False) -> dict:
+         buckets=None, passes: int = 1, stages: bool = False, caches: str = "off") -> dict:
     torch._dynamo.reset()
     from torch._dynamo.utils import compilation_time_metrics, counters
-
-    from syncfree.families import batch_to
 
     compilation_time_metrics.clear()
     counters.clear()
     compiled = torch.compile(model, fullgraph=patched, backend=backend, mode=mode)
+    with _cold_caches(caches):
+        return _stream(compiled, model, batches, patched, device, buckets, passes, stages)
+
+
+def _cold_caches(caches: str):
+    """``fresh``: Inductor's caches start empty for this side, in a new directory, and serve what the side compiled
+    to its later graphs (as a first run of a new job has them); ``off``: no cache at all, so a kernel that two graphs
+    share is built twice (``force_disable_caches``, set in ``main``)."""
+    from torch._inductor import utils
+
+    fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache  # (the older name before torch 2.9)
+    return fresh() if caches == "fresh" else contextlib.nullcontext()
+
+
+def _stream(compiled, model, batches, patched, device, buckets, passes, stages) -> dict:
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    from syncfree.families import batch_to
 
     def inputs(batch: dict) -> dict:
         return syncfree.prepare(batch, device, model, buckets=buckets) if patched else batch_to(batch, device)
@@ -115,7 +132,7 @@ def _batch(config, samples: list, pad_token_id, padding_side: str) -> dict:
 
 def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu", dtype: str = "float32",
             mode: str | None = None, buckets: bool = False, passes: int = 1, stages: bool = False,
-            partial=lambda row: None) -> dict:
+            caches: str = "off", partial=lambda row: None) -> dict:
     """The row of ``family``; ``partial(row)`` after each run (a caller cut short keeps what was measured). With
     ``buckets`` the patched runs come first (what a GPU cell is for), stock last."""
     preset = _tiny_preset(family)
@@ -127,7 +144,7 @@ def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu
         stream_layouts(count, image_unit(model.config), videos=videos, seed=seed,
                        audio=is_omni(model.config) and not buckets)
     batches = [_batch(model.config, samples, PRESETS[preset].pad_token_id, side) for samples in layouts]
-    run = dict(backend=backend, device=device, mode=mode, passes=passes, stages=stages)
+    run = dict(backend=backend, device=device, mode=mode, passes=passes, stages=stages, caches=caches)
     row = {"family": family, "preset": preset, "batches": count}
     variants = {"stock": None, "patched": None}
     if buckets:
@@ -163,6 +180,8 @@ def main(argv=None) -> int:
     parser.add_argument("--passes", type=int, default=1, help="2: the stream again, timed (tokens per second)")
     parser.add_argument("--stages", action="store_true",
                         help="also record each side's seconds per compile stage and per compile")
+    parser.add_argument("--inductor-caches", choices=("off", "fresh"), default="off",
+                        help="off: no Inductor cache; fresh: empty caches for each side, kept through its stream")
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--append", action="store_true",
                         help="keep --out's rows of other families (recorded with the same versions and settings)")
@@ -171,12 +190,12 @@ def main(argv=None) -> int:
     families = args.families or [f for f in types if layout_of(f) is not None and layout_of(f).one_graph]
     torch.set_num_threads(1)
     # (cold compiles on both sides: Inductor's on-disk caches would serve one side what an earlier run compiled)
-    inductor_config.force_disable_caches = True
+    inductor_config.force_disable_caches = args.inductor_caches == "off"
     import transformers
 
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "backend": args.backend,
             "threads": 1, "seed": args.seed, "device": args.device, "dtype": args.dtype, "mode": args.mode,
-            "inductor_caches": "off"}
+            "inductor_caches": args.inductor_caches}
     rows = []
     kept = _kept_rows(args.out, meta, families) if args.append else []
 
@@ -187,7 +206,7 @@ def main(argv=None) -> int:
 
     for family in tqdm(families, desc="families", file=sys.stderr):
         rows.append(measure(family, args.batches, args.backend, args.seed, args.device, args.dtype, args.mode,
-                            args.buckets, args.passes, args.stages, partial=write))
+                            args.buckets, args.passes, args.stages, args.inductor_caches, partial=write))
         print(json.dumps(rows[-1]), flush=True)
         write()
     return 0
