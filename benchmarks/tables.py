@@ -690,13 +690,14 @@ def render_compile_stream_fresh_caches() -> str:
     doc = _load(name)
     keys = [(lambda side: side["graphs"], "{}"), (lambda side: side["compile_s"], "{:.1f}"),
             (lambda side: side["stages_s"]["bytecode_tracing"], "{:.1f}"),
+            (lambda side: side["stages_s"]["aot_collect_metadata"], "{:.1f}"),
             (lambda side: side["stages_s"]["GraphLowering.codegen"], "{:.1f}"),
             (lambda side: side["cpp_build_s"], "{:.1f}")]
     rows = [(display_name(row["family"]), *_stream_cells(row["stock"], row["patched"], keys))
             for row in sorted(doc["rows"], key=lambda row: display_name(row["family"]))]
-    head = ("family", "graphs", "compile s", "of it: Dynamo tracing s", "Inductor code generation s",
+    head = ("family", "graphs", "compile s", "Dynamo tracing s", "AOTAutograd metadata s", "Inductor code generation s",
             "C++ builds s")
-    return _stream_note(doc.get("meta", {})) + _table(head, rows, "lrrrrr") + "\n" + _reproduce(name)
+    return _stream_note(doc.get("meta", {})) + _table(head, rows, "lrrrrrr") + "\n" + _reproduce(name)
 
 
 RENDERERS: dict[str, Callable[[], str]] = {
