@@ -6,8 +6,9 @@ audio-only family; with clips too for an Omni thinker) twice: stock under ``torc
 allowed, as it must be: stock's data-dependent reads break its graph), and patched under
 ``torch.compile(model, fullgraph=True)`` with each batch from ``syncfree.prepare``. For each: the graphs Dynamo made
 (its ``unique_graphs``), the seconds spent compiling (Dynamo's ``_compile.compile_inner``, the backend's compile
-inside it; Inductor's on-disk caches off, so both sides compile cold), the wall time of the whole stream, and how many
-C++ builds Inductor made and the seconds they took (one per kernel on a CPU: most of a whole-graph compile there).
+inside it; both sides compile cold: Inductor's caches off, or with ``--inductor-caches fresh`` empty at the start of
+each side and kept through its stream), the wall time of the whole stream, and how many C++ builds Inductor made and
+the seconds they took (one per kernel on a CPU: most of a whole-graph compile there).
 
     python benchmarks/compile_stream.py --families qwen2_5_vl qwen3_vl glm4v --batches 16 --out results/compile_stream.json
 
@@ -46,7 +47,7 @@ def _tiny_preset(family: str) -> str:
 
 
 # The compile stages ``--stages`` reports, as Dynamo's timers name them. They nest and overlap (C++ builds run in
-# Inductor's worker processes while its code generation goes on), so they do not add up to ``compile_s``.
+# Inductor's worker threads while its code generation goes on), so they do not add up to ``compile_s``.
 STAGES = {
     "bytecode_tracing": "Dynamo tracing the Python bytecode",
     "aot_collect_metadata": "AOTAutograd's first pass over the graph",
@@ -189,7 +190,8 @@ def main(argv=None) -> int:
     types = [patched_type(f) for f in discover()]  # (an Omni model's census name is its folder's)
     families = args.families or [f for f in types if layout_of(f) is not None and layout_of(f).one_graph]
     torch.set_num_threads(1)
-    # (cold compiles on both sides: Inductor's on-disk caches would serve one side what an earlier run compiled)
+    # (cold compiles on both sides: Inductor's on-disk caches would serve one side what an earlier run compiled; with
+    # fresh caches each side has its own new directory, ``_cold_caches``)
     inductor_config.force_disable_caches = args.inductor_caches == "off"
     import transformers
 
