@@ -29,8 +29,9 @@ class FamilyGroup:
     presets: dict[str, Preset] = field(default_factory=dict)
     vision_classes: dict[str, str] = field(default_factory=dict)
     model_classes: dict[str, Callable] = field(default_factory=dict)
-    # Each model type as its authors write it (``Qwen2.5-VL``), for the tables and the docs (``benchmarks/tables.py``
-    # reads this literal from the folder's source, whether or not this release registers the family).
+    # Each model type as its authors write it (``Qwen2.5-VL``), for the tables and the docs
+    # (``benchmarks/doc_tables/common.py`` reads this literal from the folder's source, whether or not this release
+    # registers the family).
     display: dict[str, str] = field(default_factory=dict)
     # The census's config fixes by model type (``census.fixes``): what its shrunk default config needs to build.
     census_fixes: dict[str, Callable] = field(default_factory=dict)
