@@ -15,6 +15,9 @@ images and its 3 columns share one, which the next batch of 4 images breaks; and
   symbol per quantity (``shape_id``), so no coincidence of values and no 0 or 1 makes another graph;
 - every other dimension (columns, channels, rotary axes, table rows): static (``mark_static``).
 
+A family whose traced forward loops over the items in Python (``PlanHooks.item_sizes``) is also handed each item's
+height and width as sizes (``VisionPlan.row_carriers``), unbacked, one symbol each: a graph per item count.
+
 The unbacked marks and the carriers only for a family whose traced forward was shown to take them
 (``Layout.stream``): code that branches on a per-item size cannot be traced with an unbacked one. Elsewhere, and on a
 PyTorch whose ``mark_unbacked`` has no ``shape_id``, the per-item dimensions are marked dynamic (Dynamo may still
@@ -141,6 +144,8 @@ def mark_layout_dims(inputs: dict, plan) -> None:
             vp.host_seqlens = torch.tensor([s + vp.segment_prefix for s in vp.seqlens], dtype=torch.int64)
             vp.host_window_seqlens = torch.tensor(vp.window_seqlens, dtype=torch.int64) if vp.window_seqlens else None
         items = {0: f"syncfree.{kind}_grid_thw"}  # (the grid's rows: the input's own shape id, see _by_role)
+        if kind == "image" and plan.spec.hooks.tower_grid is not None:
+            items = {0: "syncfree.image.tower_grid"}  # (the tower sees some of the input's rows: GLM-Image's sources)
         for name in ("grid_thw", "device_grid", "merge_sizes"):
             value = getattr(vp, name, None)
             if isinstance(value, torch.Tensor):
@@ -157,6 +162,11 @@ def mark_layout_dims(inputs: dict, plan) -> None:
         vp.carriers = size_carriers({n: getattr(vp, n, None) or None for n in _VISION_COUNTS})
         for name, carrier in vp.carriers.items():
             _mark(carrier, per_item={0: f"syncfree.{kind}.{name}"})
+        if plan.spec.hooks.item_sizes:  # (each item's height and width, for a forward that loops over the items)
+            vp.row_carriers = tuple(tuple(torch.empty((size, 0)) for size in row[1:]) for row in vp.rows)
+            for i, pair in enumerate(vp.row_carriers):
+                for axis, carrier in zip(("height", "width"), pair):
+                    _mark(carrier, per_item={0: f"syncfree.{kind}.item{i}.{axis}"})
         if vp.tower_tables.temporal_pooling is not None and kind in ("image", "video"):
             # (a pooling tower's merged tokens: its features, as many as the kind's placeholders, one symbol for both)
             vp.carriers.update(size_carriers({"merged_tokens": sum(vp.split_sizes)}))

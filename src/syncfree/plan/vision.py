@@ -68,6 +68,9 @@ class VisionPlan(DeviceFields):
     features_follow_patches: bool = field(default=False, compare=False, repr=False)
     # ``max_seqlen`` and ``max_window_seqlen`` for a traced forward, as sizes (see ``Plan.carriers``).
     carriers: dict = field(default_factory=dict, compare=False, repr=False)
+    # Each item's height and width for a traced forward, as sizes: one (height, width) pair of carriers per item (see
+    # ``Plan.carriers``), for a family whose forward loops over its items in Python (``PlanHooks.item_sizes``).
+    row_carriers: tuple = field(default=(), compare=False, repr=False)
     # ``split_sizes`` as the host int64 array they were computed as (None where not made so): the plan's later steps
     # take them whole (a NaViT batch has thousands of crops, and a tuple back to an array costs as much again).
     split_array: np.ndarray | None = field(default=None, compare=False, repr=False)

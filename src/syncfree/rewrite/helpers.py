@@ -88,9 +88,20 @@ def traced_vision_plan(tensor, field: str = "grid_thw"):
 
 
 def traced_grid_rows(grid_thw) -> tuple | None:
-    """The plan's rows (Python ints) of ``grid_thw`` in a traced forward (``_traced_vision_plan``), or None."""
+    """The plan's rows of ``grid_thw`` in a traced forward (``_traced_vision_plan``), or None: Python ints, or where
+    the plan hands each item's height and width as sizes (``VisionPlan.row_carriers``) those (frames an int)."""
     vp = traced_vision_plan(grid_thw)
-    return None if vp is None else vp.rows
+    if vp is None:
+        return None
+    if not vp.row_carriers:
+        return vp.rows
+    rows = []
+    for (t, _, _), (height, width) in zip(vp.rows, vp.row_carriers):
+        h, w = height.shape[0], width.shape[0]
+        torch._check(h >= 1)  # (a grid's sides: checked at prepare; a view by (-1, h, w) divides by them)
+        torch._check(w >= 1)
+        rows.append((t, h, w))
+    return tuple(rows)
 
 
 def feature_split_sizes(grid_thw: torch.Tensor, merge_size: int):

@@ -88,7 +88,7 @@ def installed_code_supported() -> bool:
 
 FAMILIES: tuple[Family, ...] = () if not installed_code_supported() else (
     Family("glm_image", _TARGETS, Layout(_MODELING, token_types=False, rope=RotaryIndex(host_class=_MODEL), plan=PLAN,
-                                         one_graph=True), helpers=image_ids),
+                                         one_graph=True, stream=True), helpers=image_ids),
 )
 
 # A tiny model with the real layout rules: patch 16, no merge, a learned 8x8 position table (image_size 128) resampled

@@ -19,11 +19,12 @@ BLOCK_KWARGS_NO_POSITIONS = (
 )
 
 # get_placeholder_mask compares the placeholders' device sum with the number of VQ codes (an ``if`` on a device
-# tensor): the plan's host count instead. Its message formats the count with ``.item()``: ``int()`` gives the same text
-# for the host int and for stock's tensor.
+# tensor): the plan's host count instead (``image_ids.placeholder_codes_count``; in a stream's graph, the codes' number
+# asserted equal to it). Its message formats the count with ``.item()``: ``int()`` gives the same text for the host
+# int and for stock's tensor.
 PLACEHOLDER_IDS_CHECK = (
     Edit("stmt", "n_placeholder_tokens = special_image_mask.sum()",
-         'n_placeholder_tokens = _syncfree.placeholder_count(input_ids, special_image_mask, "image")'),
+         "n_placeholder_tokens = _syncfree.placeholder_codes_count(input_ids, special_image_mask, image_ids)"),
     Edit("expr", "n_placeholder_tokens.item()", "int(n_placeholder_tokens)"),
 )
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from ...plan import active
-from ...rewrite.helpers import grid_products, traced_grid_rows
+from ...rewrite.helpers import grid_products, placeholder_count, traced_grid_rows
 
-__all__ = ["scatter_image_ids", "source_feature_sizes", "source_grid_row"]
+__all__ = ["scatter_image_ids", "source_feature_sizes", "source_grid_row", "placeholder_codes_count"]
 
 
 def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
@@ -40,3 +40,18 @@ def source_grid_row(grid_thw: torch.Tensor, index: int) -> list:
     """``image_grid_thw[index].tolist()``: from the plan's rows in a traced forward, stock's expression otherwise."""
     rows = traced_grid_rows(grid_thw)
     return grid_thw[index].tolist() if rows is None else list(rows[index])
+
+
+def placeholder_codes_count(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor):
+    """``special_image_mask.sum()``, compared by stock with the number of VQ codes (``image_ids.shape[0]``): the plan's
+    count where it was built from these input_ids (``placeholder_count``). In a traced forward of a stream, where that
+    count and the codes' number are two sizes (the placeholders' carrier; a sum over the images' heights and widths,
+    ``VisionPlan.row_carriers``), the codes' number, asserted equal to the plan's count: ``prepare`` checked that the
+    grids' features are the placeholders (stock's message where not), and Dynamo could not compare the two sizes."""
+    count = placeholder_count(input_ids, mask, "image")
+    entry = active.current() if torch.compiler.is_compiling() else None
+    vp = entry.plan.image if entry is not None and entry.owns(input_ids) else None
+    if vp is None or not vp.row_carriers:  # (eager, or a graph of one layout: two ints)
+        return count
+    torch._check(count == image_ids.shape[0])
+    return image_ids.shape[0]

@@ -65,7 +65,8 @@ def vq_words(name: str, tokens: int, features: int, spec) -> str:
 
 
 # ``images_per_sample``: the grid rows per sample, its sources and then its targets; read on the host with
-# ``.tolist()``, as the grids are. Its index finds each image by its start and end ids (``rope_config``).
+# ``.tolist()``, as the grids are. Its index finds each image by its start and end ids (``rope_config``). Its forward
+# returns a tensor per source image, each of its own grid's sides (``item_sizes``: a stream's graph per image count).
 PLAN = PlanHooks(inputs=("images_per_sample",), host_only=("images_per_sample",), tower_grid=source_grids,
                  rope_config=("image_start_token_id", "image_end_token_id"),
-                 positions=target_grid_rope, expand=expanded_inputs, feature_words=vq_words)
+                 positions=target_grid_rope, expand=expanded_inputs, feature_words=vq_words, item_sizes=True)

@@ -43,7 +43,11 @@ def make_decode_cache_rope_index(stock):
         elif entry is None:
             plan = prepared_plan(given, names)  # called on a prepared batch outside a forward
         if plan is not None:
-            self._cached_decode_position_ids, self._prefill_len = plan.decode_position_ids, plan.prefill_len
+            # (stock's prefill length is the ids' padded length: in a traced forward that size itself, which a
+            # stream's graph keeps symbolic, rather than the plan's int, which it would compile a graph per length for)
+            traced = torch.compiler.is_compiling() and input_ids is not None  # (not plan.prefill_len: a guard on it)
+            self._cached_decode_position_ids = plan.decode_position_ids
+            self._prefill_len = input_ids.shape[-1] if traced else plan.prefill_len
             return plan.position_ids, plan.rope_deltas
         found = stock_index_on_host(stock, self, {n: given[n] for n in names if n in given})
         if isinstance(input_ids, torch.Tensor) and isinstance(self._cached_decode_position_ids, torch.Tensor):
