@@ -36,8 +36,7 @@ import syncfree
 from syncfree.census.inputs import image_unit
 from syncfree.census.run import discover, patched_type
 from syncfree.families import PRESETS
-from syncfree.inputs import Video, audio_stream_layouts, is_audio_only, is_omni, processor_batch, stream_layouts
-from syncfree.plan.errors import InputsNotTaken
+from syncfree.inputs import audio_stream_layouts, is_audio_only, is_omni, stream_batch, stream_layouts
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
 
@@ -122,13 +121,9 @@ def _stream(compiled, model, batches, patched, device, buckets, passes, stages) 
 
 
 def _batch(config, samples: list, pad_token_id, padding_side: str) -> dict:
-    """The processor batch of ``samples``; a family whose stock refuses images and videos in one batch gets the
-    images of such a batch only (as tests/test_compile_stream.py feeds it)."""
-    try:
-        return processor_batch(config, samples, pad_token_id=pad_token_id, padding_side=padding_side)
-    except InputsNotTaken:
-        samples = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
-        return processor_batch(config, samples, pad_token_id=pad_token_id, padding_side=padding_side)
+    """The processor batch of ``samples``, as far as the family's processor takes it (``stream_batch``: images only,
+    or one image per sample, where it refuses others; as tests/test_compile_stream.py feeds it)."""
+    return stream_batch(config, samples, pad_token_id=pad_token_id, padding_side=padding_side)
 
 
 def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu", dtype: str = "float32",

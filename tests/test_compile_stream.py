@@ -29,9 +29,9 @@ from syncfree.inputs import (
     is_audio_only,
     is_omni,
     processor_batch,
+    stream_batch,
     stream_layouts,
 )
-from syncfree.plan.errors import InputsNotTaken
 from syncfree.plan.spec import layout_of
 from syncfree.presets import build_model
 
@@ -55,11 +55,8 @@ def _stream(model, preset: str, count: int, training: bool = False):
     layouts = audio_stream_layouts(count, long_every=4) if is_audio_only(model.config) else \
         stream_layouts(count, unit_of(model.config), videos=videos, long_every=4, audio=is_omni(model.config))
     for samples in layouts:
-        try:
-            batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
-        except InputsNotTaken:  # (a family whose stock refuses images and videos in one batch: its images only)
-            samples = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
-            batch = processor_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
+        # (as the family's processor takes it: images only, or one image per sample, where it refuses others)
+        batch = stream_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id)
         if training:
             batch["labels"] = torch.where(batch["input_ids"] < vocab, batch["input_ids"], -100)
         yield batch
@@ -79,7 +76,8 @@ def _params(quick: set, families: list) -> list:
 
 
 # (dynamic=True too: Qwen2.5-VL, and the HunYuan towers, whose loops are operators sized by a carrier and the pixels)
-_DYNAMIC = [f for f in ("qwen2_5_vl", "hunyuan_vl", "hy_v4_vl") if f in STREAM]
+# (and GLM-Image, whose per-image loop stays in the graph, over each image's height and width as sizes)
+_DYNAMIC = [f for f in ("qwen2_5_vl", "hunyuan_vl", "hy_v4_vl", "glm_image") if f in STREAM]
 
 
 @pytest.mark.parametrize("family,dynamic", [*_params(_QUICK, STREAM),

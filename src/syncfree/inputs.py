@@ -13,23 +13,25 @@ import random
 
 from .families import batch_to, processor_batch
 from .families.omni.inputs import (
-                                   OMNI_LAYOUT_NAMES,
-                                   VideoWithAudio,
-                                   audio_tokens,
-                                   build_omni_inputs,
-                                   is_omni,
-                                   omni_forward_kwargs,
-                                   omni_layout,
+    OMNI_LAYOUT_NAMES,
+    VideoWithAudio,
+    audio_tokens,
+    build_omni_inputs,
+    is_omni,
+    omni_forward_kwargs,
+    omni_layout,
 )
 from .families.qwen3asr import ASR_LAYOUT_NAMES, asr_layout, build_asr_inputs, is_audio_only
 from .families.qwen_vl.inputs import LAYOUT_NAMES, build_inputs, named_layout
 from .items import Audio, Image, Item, Text, Video, Waveform, check_items, pixel_inputs
+from .plan.errors import InputsNotTaken
+from .plan.spec import layout_of
 
 __all__ = ["processor_batch", "batch_to", "Image", "Video", "Text", "Item", "Audio", "Waveform", "VideoWithAudio",
            "check_items", "build_inputs", "build_omni_inputs", "named_layout", "omni_layout", "omni_forward_kwargs",
            "audio_tokens", "is_omni", "pixel_inputs", "LAYOUT_NAMES", "OMNI_LAYOUT_NAMES",
            "ASR_LAYOUT_NAMES", "asr_layout", "build_asr_inputs", "is_audio_only", "stream_layouts",
-           "audio_stream_layouts"]
+           "audio_stream_layouts", "stream_batch"]
 
 
 def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, seed: int = 0,
@@ -66,6 +68,37 @@ def stream_layouts(count: int, unit: int, rows: int = 2, videos: bool = True, se
 
     return [[with_audio(sample(long=row == 0 and long_every > 0 and batch % long_every == 0), row == 0)
              for row in range(rows)] for batch in range(count)]
+
+
+def stream_batch(config, samples: list, **kwargs) -> dict:
+    """``processor_batch(config, samples, **kwargs)`` of a ``stream_layouts`` batch, as far as the family's processor
+    takes it: where it refuses images and videos in one batch, the images only; where it needs as many images in
+    every sample (GLM-Image's, image-to-image), one each: a sample's first, or the batch's first where it has none (a
+    batch without any image stays so: text-to-image). So too for a family whose stream has a graph per image count
+    (``PlanHooks.item_sizes``): its stream keeps the count, as an image-editing stream does."""
+    layout = layout_of(config.model_type)
+    if layout is None or not layout.plan.item_sizes:
+        try:
+            return processor_batch(config, samples, **kwargs)
+        except InputsNotTaken:
+            samples = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
+        try:
+            return processor_batch(config, samples, **kwargs)
+        except InputsNotTaken:
+            pass
+    samples = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
+    first = next((item for sample in samples for item in sample if isinstance(item, Image)), None)
+    if first is not None:
+        samples = [_one_image(sample, first) for sample in samples]
+    return processor_batch(config, samples, **kwargs)
+
+
+def _one_image(sample: list, default: Image) -> list:
+    """``sample`` without its images after the first; with ``default`` after its opening text where it has none."""
+    at = next((i for i, item in enumerate(sample) if isinstance(item, Image)), None)
+    if at is None:
+        return [*sample[:1], default, *sample[1:]]
+    return [item for i, item in enumerate(sample) if i <= at or not isinstance(item, Image)]
 
 
 def audio_stream_layouts(count: int, rows: int = 2, seed: int = 0, long_every: int = 0,

@@ -31,7 +31,7 @@ import torch
 from ...items import Draft, Image, Row, Text, batch_builder, item_grid, pixel_inputs
 from ...plan.errors import InputsNotTaken
 from ...plan.spec import Layout, RotaryIndex
-from ...rewrite.edits import VISION_ATTENTION
+from ...rewrite.edits import ROPE_DELTAS_AFTER_CACHE, VISION_ATTENTION
 from ...rewrite.targets import Family, Target
 from ...rewrite.wrappers import make_generate, make_model_forward, make_vision_forward_device_grid
 from ..group import FamilyGroup
@@ -40,7 +40,7 @@ from ..shared import family_module, installed_source_has
 from . import image_ids
 from .edits import BLOCK_KWARGS_NO_POSITIONS, IMAGE_IDS_SCATTER, PLACEHOLDER_IDS_CHECK, SOURCE_FEATURES
 from .plan import PLAN
-from .wrappers import make_decode_cache_rope_index, make_traced_source_grids
+from .wrappers import make_decode_cache_rope_index, make_traced_image_tokens, make_traced_source_grids
 
 __all__ = ["CENSUS_FIXES", "FAMILIES", "PRESETS", "VISION_CLASSES", "MODEL_CLASSES", "GROUP",
            "build_glm_image_inputs", "target_grids",
@@ -71,9 +71,13 @@ _TARGETS = (
     Target(_MODEL, "get_image_features", edits=SOURCE_FEATURES,
            needs=("sum(images_per_sample) == len(image_grid_thw)", "image_grid_thw[i].tolist()")),
     # (a traced forward: the plan's source grids, which the tower and get_image_features then find the plan's rows of)
+    # (a traced forward of a stream: the images' VQ codes as one operator, which Inductor compiles for any image size)
+    Target(_MODEL, "get_image_tokens", wrap=make_traced_image_tokens, params=("hidden_states",),
+           needs=("self.vqmodel.encode(hs[None, ...])", "torch.cat(all_image_toks, dim=0)")),
     Target(_MODEL, "get_image_grids_for_generation", wrap=make_traced_source_grids,
            params=("images_per_sample", "image_grid_thw"), needs=("images_per_sample.tolist()",)),
-    Target(_MODEL, "compute_3d_position_ids", check_only=True,
+    # (and a forward without a cache asks first whether it has one: no guard on rope deltas an earlier call left)
+    Target(_MODEL, "compute_3d_position_ids", edits=ROPE_DELTAS_AFTER_CACHE,
            needs=("self._cached_decode_position_ids[:, :, step : step + seq_length]",)),
     Target("GlmImageForConditionalGeneration", "generate", wrap=make_generate, inherited=True),
 )

@@ -19,8 +19,9 @@ from ...plan.tensors import move
 from ...rewrite.call_args import given_args, positional_names
 from ...rewrite.roles import wrapper
 from ...rewrite.wrappers import prepared_plan, rope_index_wrapper, stock_index_on_host
+from .codes_op import codes_in_one_op, image_codes
 
-__all__ = ["make_decode_cache_rope_index", "make_traced_source_grids"]
+__all__ = ["make_decode_cache_rope_index", "make_traced_source_grids", "make_traced_image_tokens"]
 
 
 @wrapper("the plan's positions and the decode steps' positions it leaves on the model (the family's own stock "
@@ -77,3 +78,20 @@ def make_traced_source_grids(stock):
         return stock(self, *args, **kwargs)
 
     return get_image_grids_for_generation
+
+
+@wrapper("in a traced forward of a stream, the source images' VQ codes as one operator")
+def make_traced_image_tokens(stock):
+    """``get_image_tokens(hidden_states)``, a loop of ``self.vqmodel.encode`` over the images' features: in a traced
+    forward of a stream, the same calls inside one operator (``codes_op``), which Inductor compiles for any image
+    sizes; stock's loop otherwise."""
+    names = positional_names(stock)
+
+    @functools.wraps(stock)
+    def get_image_tokens(self, *args, **kwargs):
+        features = given_args(names, args, kwargs).get("hidden_states")
+        if codes_in_one_op(self.vqmodel, features):
+            return image_codes(self.vqmodel, features)
+        return stock(self, *args, **kwargs)
+
+    return get_image_tokens
