@@ -271,3 +271,32 @@ def test_the_numpy_index_is_stocks(drawn, left, seed, edits, per_sample, masked)
         assert (g is None) == (w is None)
         if w is not None:
             assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("layout", ["one image", "images of different sizes", "two prompts with padding"])
+def test_the_vq_codes_operator_gives_stocks_codes(layout):
+    """``codes_op`` (a stream's graph encodes the source images in one operator): stock's ``get_image_tokens`` loop,
+    the same codes, for images of any sides (one of a single patch among them)."""
+    from syncfree.families.glm_image.codes_op import image_codes
+
+    stock, _ = _pair()
+    batch = _inputs(stock.config, LAYOUTS[layout])
+    model = stock.model
+    with torch.no_grad():
+        sources = model.get_image_grids_for_generation(batch["images_per_sample"], batch["image_grid_thw"])
+        features = model.get_image_features(batch["pixel_values"], sources).pooler_output
+        assert torch.equal(image_codes(model.vqmodel, features), model.get_image_tokens(features))
+
+
+def test_a_stream_keeps_one_source_image_per_sample():
+    """``stream_batch``: GLM-Image's graph is per number of source images, so its stream keeps one per sample (a
+    sample's first, or the batch's first image where it has none); a batch without any image stays text-to-image."""
+    from syncfree.inputs import stream_batch
+
+    stock, _ = _pair()
+    samples = [[Text(2), Image(U, 2 * U), Text(1), Image(2 * U, U), Text(2)], [Text(3)]]
+    batch = stream_batch(stock.config, samples)
+    assert batch["images_per_sample"].tolist() == [2, 2]  # (a source and a target each)
+    assert batch["image_grid_thw"][[0, 2], 1:].tolist() == [[1, 2], [1, 2]]  # (the first image, in both)
+    text_only = stream_batch(stock.config, [[Text(2)], [Text(4)]])
+    assert "pixel_values" not in text_only
