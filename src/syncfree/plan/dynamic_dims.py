@@ -145,7 +145,7 @@ def mark_layout_dims(inputs: dict, plan) -> None:
             vp.host_window_seqlens = torch.tensor(vp.window_seqlens, dtype=torch.int64) if vp.window_seqlens else None
         items = {0: f"syncfree.{kind}_grid_thw"}  # (the grid's rows: the input's own shape id, see _by_role)
         if kind == "image" and plan.spec.hooks.tower_grid is not None:
-            items = {0: "syncfree.image.tower_grid"}  # (the tower sees some of the input's rows: GLM-Image's sources)
+            items = {0: "syncfree.image.tower_grid"}  # (the tower sees some of the input's rows: its own shape id)
         for name in ("grid_thw", "device_grid", "merge_sizes"):
             value = getattr(vp, name, None)
             if isinstance(value, torch.Tensor):

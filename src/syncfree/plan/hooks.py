@@ -57,9 +57,9 @@ class PlanHooks:
     # The ints of ``Plan.family_counts`` that a stream's graph takes as sizes (``Plan.carriers``: a symbol, not an
     # int it would be specialised on).
     sizes: tuple[str, ...] = ()
-    # The traced forward loops over the image items in Python and keeps a tensor per item (GLM-Image returns one per
-    # source image): a stream's graph takes each item's height and width as sizes (``VisionPlan.row_carriers``), so
-    # it serves every item size, one graph per item count (the number of tensors it returns).
+    # The traced forward loops over the image items in Python and keeps a tensor per item (a forward that returns one
+    # per image): a stream's graph takes each item's height and width as sizes (``VisionPlan.row_carriers``), so it
+    # serves every item size, one graph per item count (the number of tensors it returns).
     item_sizes: bool = False
     # ``expand(plan, k) -> dict``: the inputs of a batch generate() expanded ``k`` times, where the shared rule
     # (``batch.expanded_inputs``) does not give them.
