@@ -25,6 +25,7 @@ from family_checks import (
 )
 from syncfree.inputs import Image, Text, Video, processor_batch
 from syncfree.plan.errors import InputsNotTaken
+from syncfree.rewrite.recomputed_op import class_path
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers.models.hunyuan_vl") is None,
                                 reason="this Transformers release has no HunYuan-VL")
@@ -197,7 +198,7 @@ def test_the_stream_operators_are_stocks_loops_with_their_gradients(preset):
 
     embeddings = torch.randn(patches, embed.embed_dim, generator=gen)
     table = embed.position_embedding.weight
-    args = (table, grid, stream._path(type(embed)), embed.position_edge, embed.config.interpolate_mode,
+    args = (table, grid, class_path(type(embed)), embed.position_edge, embed.config.interpolate_mode,
             embeddings.dtype, embeddings)
     torch.library.opcheck(stream._positions_op, args)
     want = torch.concat([embed.interpolate_pos_encoding(embeddings, h, w).squeeze(0).repeat(t, 1) for t, h, w in rows])

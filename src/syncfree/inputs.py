@@ -77,16 +77,14 @@ def stream_batch(config, samples: list, **kwargs) -> dict:
     batch without any image stays so: text-to-image). So too for a family whose stream has a graph per image count
     (``PlanHooks.item_sizes``): its stream keeps the count, as an image-editing stream does."""
     layout = layout_of(config.model_type)
+    without_videos = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
     if layout is None or not layout.plan.item_sizes:
-        try:
-            return processor_batch(config, samples, **kwargs)
-        except InputsNotTaken:
-            samples = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
-        try:
-            return processor_batch(config, samples, **kwargs)
-        except InputsNotTaken:
-            pass
-    samples = [[item for item in sample if not isinstance(item, Video)] for sample in samples]
+        for attempt in (samples, without_videos):
+            try:
+                return processor_batch(config, attempt, **kwargs)
+            except InputsNotTaken:
+                pass
+    samples = without_videos
     first = next((item for sample in samples for item in sample if isinstance(item, Image)), None)
     if first is not None:
         samples = [_one_image(sample, first) for sample in samples]

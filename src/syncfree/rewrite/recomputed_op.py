@@ -15,13 +15,26 @@ checkpointing costs). Stock's function is traced by neither.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import typing
 from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["recomputed_op", "autograd_inside", "laid_out_like"]
+__all__ = ["recomputed_op", "autograd_inside", "laid_out_like", "class_path", "stock_class"]
+
+
+def class_path(cls: type) -> str:
+    """``cls`` named as ``module:Class``: an operator's schema takes no class, so a stock class whose method the
+    operator calls travels by name (``stock_class`` finds it again)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def stock_class(path: str) -> type:
+    """The class ``class_path`` named."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def laid_out_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

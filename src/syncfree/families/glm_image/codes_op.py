@@ -11,28 +11,22 @@ defaults, stock's quantizer ``forward`` on a stand-in holding the codebook; the 
 
 from __future__ import annotations
 
-import importlib
 import types
 
 import torch
 import torch.nn.functional as F
 
-from ...plan import active
+from ...rewrite.recomputed_op import class_path, stock_class
+from .image_ids import traced_item_sizes
 
 __all__ = ["codes_in_one_op", "image_codes"]
-
-
-def _stock(path: str):
-    """Stock's class named ``module:Class``."""
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @torch.library.custom_op("syncfree::glm_image_codes", mutates_args=())
 def _codes(features: list[torch.Tensor], conv_weight: torch.Tensor, conv_bias: torch.Tensor | None,
            codebook: torch.Tensor, quantizer: str, beta: float) -> torch.Tensor:
     """Stock's loop: each image's ``encode`` (``quant_conv``, then the quantizer), its codes concatenated."""
-    forward = _stock(quantizer).forward
+    forward = stock_class(quantizer).forward
     module = types.SimpleNamespace(embedding=types.SimpleNamespace(weight=codebook),
                                    embedding_dim=codebook.shape[-1], beta=beta)
     with torch.no_grad():
@@ -49,12 +43,8 @@ def _(features, conv_weight, conv_bias, codebook, quantizer, beta):
 def codes_in_one_op(vqmodel, features) -> bool:
     """Whether ``get_image_tokens`` of ``features`` runs as one operator: in a traced forward whose plan hands each
     image's sides as sizes (a stream's), with a tensor per image and the VQ-VAE's plain 1x1 convolution."""
-    if (not torch.compiler.is_compiling() or not isinstance(features, (list, tuple)) or not features
-            or not _plain_conv(getattr(vqmodel, "quant_conv", None))):
-        return False
-    entry = active.current()
-    vp = entry.plan.image if entry is not None else None
-    return vp is not None and bool(vp.row_carriers)
+    return (isinstance(features, (list, tuple)) and bool(features) and _plain_conv(getattr(vqmodel, "quant_conv", None))
+            and traced_item_sizes() is not None)
 
 
 def _plain_conv(conv) -> bool:
@@ -67,6 +57,5 @@ def image_codes(vqmodel, features) -> torch.Tensor:
     """``torch.cat([vqmodel.encode(hs[None, ...]).image_tokens for hs in features])`` as one operator (see the
     module)."""
     conv, quantizer = vqmodel.quant_conv, vqmodel.quantize
-    quantizer_path = f"{type(quantizer).__module__}:{type(quantizer).__qualname__}"
-    return _codes(list(features), conv.weight, conv.bias, quantizer.embedding.weight, quantizer_path,
+    return _codes(list(features), conv.weight, conv.bias, quantizer.embedding.weight, class_path(type(quantizer)),
                   float(quantizer.beta))

@@ -9,7 +9,7 @@ import torch
 from ...plan import active
 from ...rewrite.helpers import grid_products, placeholder_count, traced_grid_rows
 
-__all__ = ["scatter_image_ids", "source_feature_sizes", "source_grid_row", "placeholder_codes_count"]
+__all__ = ["scatter_image_ids", "source_feature_sizes", "source_grid_row", "placeholder_codes_count", "traced_item_sizes"]
 
 
 def scatter_image_ids(input_ids: torch.Tensor, mask: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
@@ -49,9 +49,18 @@ def placeholder_codes_count(input_ids: torch.Tensor, mask: torch.Tensor, image_i
     ``VisionPlan.row_carriers``), the codes' number, asserted equal to the plan's count: ``prepare`` checked that the
     grids' features are the placeholders (stock's message where not), and Dynamo could not compare the two sizes."""
     count = placeholder_count(input_ids, mask, "image")
-    entry = active.current() if torch.compiler.is_compiling() else None
-    vp = entry.plan.image if entry is not None and entry.owns(input_ids) else None
-    if vp is None or not vp.row_carriers:  # (eager, or a graph of one layout: two ints)
+    if traced_item_sizes(input_ids) is None:  # (eager, or a graph of one layout: two ints)
         return count
     torch._check(count == image_ids.shape[0])
     return image_ids.shape[0]
+
+
+def traced_item_sizes(input_ids: torch.Tensor | None = None):
+    """The active plan's images (its ``VisionPlan``) in a traced forward of a stream, where each source image's
+    height and width are sizes (``VisionPlan.row_carriers``) and, given ``input_ids``, the plan was built from them;
+    ``None`` otherwise (eager, or a graph of one layout)."""
+    entry = active.current() if torch.compiler.is_compiling() else None
+    if entry is None or (input_ids is not None and not entry.owns(input_ids)):
+        return None
+    vp = entry.plan.image
+    return vp if vp is not None and vp.row_carriers else None

@@ -20,26 +20,15 @@ parts the forward reads and nothing else, and fails by name on a part it does no
 from __future__ import annotations
 
 import functools
-import importlib
 import types
 
 import torch
 import torch.nn.functional as F
 
 from ...rewrite.helpers import placeholder_carrier, traced_grid_rows, traced_stream_plan
-from ...rewrite.recomputed_op import recomputed_op
+from ...rewrite.recomputed_op import class_path, recomputed_op, stock_class
 
 __all__ = ["in_one_op", "resampled_positions", "item_patches", "merged_items", "listed_rows"]
-
-
-def _stock(path: str):
-    """Stock's class named ``module:Class``."""
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def in_one_op(grid_thw) -> bool:
@@ -54,7 +43,7 @@ def _positions(table: torch.Tensor, grid: torch.Tensor, embed: str, edge: int, m
     """Stock's loop (``...VisionPatchEmbed.forward``): its ``interpolate_pos_encoding`` per grid row, on a stand-in
     holding the table (what the method reads of its module: the table, its edge and width, the mode; of the
     embeddings: their dtype)."""
-    method = _stock(embed).interpolate_pos_encoding
+    method = stock_class(embed).interpolate_pos_encoding
     module = types.SimpleNamespace(position_embedding=types.SimpleNamespace(weight=table), position_edge=edge,
                                    embed_dim=table.shape[-1], config=types.SimpleNamespace(interpolate_mode=mode))
     like = types.SimpleNamespace(dtype=dtype)
@@ -72,8 +61,9 @@ _positions_op = recomputed_op(
 def resampled_positions(embed, embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     """Stock's per-item position embeddings, concatenated (the patch embedding ``embed``'s loop over ``grid_thw``),
     as one operator over the plan's host grid."""
-    return _positions_op(embed.position_embedding.weight, traced_stream_plan(grid_thw).grid_thw, _path(type(embed)),
-                         embed.position_edge, embed.config.interpolate_mode, embeddings.dtype, embeddings)
+    return _positions_op(embed.position_embedding.weight, traced_stream_plan(grid_thw).grid_thw,
+                         class_path(type(embed)), embed.position_edge, embed.config.interpolate_mode,
+                         embeddings.dtype, embeddings)
 
 
 # ---- the merger on every item -----------------------------------------------------------------------------------
@@ -99,7 +89,7 @@ def _stand_in(params: list[torch.Tensor], parts: str, norm: str, eps: list[float
     for name in parts.split(","):
         kind = _KINDS[name]
         if kind == "norm":
-            value = functools.partial(_stock(norm).forward,
+            value = functools.partial(stock_class(norm).forward,
                                       types.SimpleNamespace(weight=next(params), variance_epsilon=next(eps)))
         elif kind == "conv":
             value = functools.partial(_conv, weight=next(params), bias=next(params), stride=next(strides))
@@ -121,7 +111,7 @@ def _merged(hidden: torch.Tensor, params: list[torch.Tensor], grid: torch.Tensor
             norm: str, eps: list[float], strides: list[int], act: str, width: int) -> torch.Tensor:
     """Stock's split and loop (the tower's ``forward``): the merger's ``forward`` on each item's patches, on a stand-in
     holding ``params``; concatenated. (``width``: of the output, for the fake only.)"""
-    forward, module = _stock(merger).forward, _stand_in(params, parts, norm, eps, strides, act)
+    forward, module = stock_class(merger).forward, _stand_in(params, parts, norm, eps, strides, act)
     rows = grid.tolist()
     items = torch.split(hidden, [t * h * w for t, h, w in rows], dim=1)
     return torch.cat([forward(module, item, size=(h, w)) for (_, h, w), item in zip(rows, items)], dim=1)
@@ -189,9 +179,9 @@ def _merger_arguments(merger) -> tuple:
             strides += [int(part.stride[0])] if kind == "conv" else []
         elif kind == "tensor":
             params.append(part)
-    norm = next((_path(type(getattr(merger, n))) for n in parts if _KINDS[n] == "norm"), "")
+    norm = next((class_path(type(getattr(merger, n))) for n in parts if _KINDS[n] == "norm"), "")
     width = merger.mlp.out_features if "mlp" in parts else merger.proj_out.out_channels
-    return (params, _path(type(merger)), ",".join(parts), norm, eps, strides, merger.config.hidden_act, width)
+    return (params, class_path(type(merger)), ",".join(parts), norm, eps, strides, merger.config.hidden_act, width)
 
 
 def merged_items(merger, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
