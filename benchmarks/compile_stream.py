@@ -120,12 +120,6 @@ def _stream(compiled, model, batches, patched, device, buckets, passes, stages) 
     return found
 
 
-def _batch(config, samples: list, pad_token_id, padding_side: str) -> dict:
-    """The processor batch of ``samples``, as far as the family's processor takes it (``stream_batch``: images only,
-    or one image per sample, where it refuses others; as tests/test_compile_stream.py feeds it)."""
-    return stream_batch(config, samples, pad_token_id=pad_token_id, padding_side=padding_side)
-
-
 def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu", dtype: str = "float32",
             mode: str | None = None, buckets: bool = False, passes: int = 1, stages: bool = False,
             caches: str = "off", partial=lambda row: None) -> dict:
@@ -139,7 +133,9 @@ def measure(family: str, count: int, backend: str, seed: int, device: str = "cpu
     layouts = audio_stream_layouts(count, seed=seed) if is_audio_only(model.config) else \
         stream_layouts(count, image_unit(model.config), videos=videos, seed=seed,
                        audio=is_omni(model.config) and not buckets)
-    batches = [_batch(model.config, samples, PRESETS[preset].pad_token_id, side) for samples in layouts]
+    # (as the family's processor takes them: images only, or one image per sample, where it refuses others)
+    batches = [stream_batch(model.config, samples, pad_token_id=PRESETS[preset].pad_token_id, padding_side=side)
+               for samples in layouts]
     run = dict(backend=backend, device=device, mode=mode, passes=passes, stages=stages, caches=caches)
     row = {"family": family, "preset": preset, "batches": count}
     variants = {"stock": None, "patched": None}
